@@ -1,0 +1,1 @@
+"""Warren's engine: vhosts, exchanges, queues, channels and connections, and the asyncio server."""

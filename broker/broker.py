@@ -1,0 +1,45 @@
+"""The broker: settings, virtual hosts, users and the live connections."""
+
+from __future__ import annotations
+
+import hmac
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from broker.timers import Timers
+from broker.vhost import VirtualHost
+from config import Settings
+
+if TYPE_CHECKING:
+    from broker.connection import Connection
+
+
+class Broker:
+    def __init__(self, settings: Settings | None = None, timers: Timers | None = None) -> None:
+        self.settings = settings or Settings()
+        self.timers = timers or Timers()
+        self.log: Any = structlog.get_logger("warren")
+        self.vhosts: dict[str, VirtualHost] = {}
+        self.users: dict[str, str] = {self.settings.default_user: self.settings.default_pass}
+        self.connections: set[Connection] = set()
+        self.add_vhost(self.settings.default_vhost)
+
+    def add_vhost(self, name: str) -> VirtualHost:
+        vhost = self.vhosts.get(name)
+        if vhost is None:
+            vhost = self.vhosts[name] = VirtualHost(name, self.timers)
+        return vhost
+
+    def default_vhost_obj(self) -> VirtualHost:
+        return self.vhosts[self.settings.default_vhost]
+
+    def authenticate(self, user: str, password: str) -> bool:
+        expected = self.users.get(user)
+        return expected is not None and hmac.compare_digest(expected.encode(), password.encode())
+
+    def connection_opened(self, connection: Connection) -> None:
+        self.connections.add(connection)
+
+    def connection_closed(self, connection: Connection) -> None:
+        self.connections.discard(connection)

@@ -1,0 +1,577 @@
+"""A channel: what each AMQP method does, looked up by its name in ``Channel.handlers``.
+
+Errors are raised as ``ChannelError``/``ConnectionError_`` anywhere below and
+turned into channel.close or connection.close by the connection.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands
+
+from broker.consumer import Consumer
+from broker.exchange import Exchange
+from broker.message import Message
+from protocol.connection import Content
+from protocol.constants import (
+    ACCESS_REFUSED,
+    NO_ROUTE,
+    NOT_ALLOWED,
+    NOT_FOUND,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+)
+from protocol.errors import ChannelError, ConnectionError_
+from protocol.frames import content_frames
+from protocol.methods import (
+    BasicAck,
+    BasicNack,
+    BasicReject,
+    ack_frame,
+    cancel_frame,
+    deliver_frame,
+    get_ok_frame,
+    nack_frame,
+    return_frame,
+)
+from protocol.properties import (
+    FLAG_EXPIRATION,
+    FLAG_USER_ID,
+    decode_field,
+    split_properties,
+)
+
+if TYPE_CHECKING:
+    from broker.connection import Connection
+    from broker.queue import Queue
+
+
+def parse_expiration(value: str) -> int:
+    """RabbitMQ's reading of the expiration property (Erlang's string:to_integer)."""
+    digits = value[1:] if value[:1] in "+-" else value
+    n = 0
+    while n < len(digits) and digits[n].isdigit():
+        n += 1
+    if n == 0:
+        raise ChannelError(PRECONDITION_FAILED, f"invalid expiration '{value}': no_integer")
+    number = int(value[: len(value) - len(digits) + n])
+    leftover = digits[n:]
+    if leftover:
+        raise ChannelError(
+            PRECONDITION_FAILED, f"invalid expiration '{value}': {{leftover_string,\"{leftover}\"}}"
+        )
+    if number < 0:
+        raise ChannelError(
+            PRECONDITION_FAILED, f"invalid expiration '{value}': {{value_negative,{number}}}"
+        )
+    return number
+
+
+def _ctag() -> str:
+    return "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+
+
+class Channel:
+    def __init__(self, connection: Connection, channel_id: int) -> None:
+        self.id = channel_id
+        self.conn = connection
+        self.vhost = connection.vhost
+        self.consumers: dict[str, Consumer] = {}
+        self.unacked: dict[int, Message] = {}
+        self.next_tag = 0
+        self.prefetch_count = 0  # basic.qos global=false: for consumers created later
+        self.prefetch_global = 0  # basic.qos global=true: shared by the channel
+        self.flow_active = True
+        self.closed = False
+        self.last_queue = ""  # the queue name an empty name stands for
+        # publisher confirms
+        self.confirm = False
+        self.publish_seq = 0
+        self.confirmed = 0  # highest sequence number acked or nacked to the client
+        self.confirm_upto = 0  # highest sequence number ready to be acked
+        # transactions
+        self.tx = False
+        self.tx_publishes: list[tuple[Exchange, Message, bool, int | None]] = []
+        self.tx_settles: list[tuple[str, list[Message], bool]] = []
+        self.handlers: dict[type, Callable[[Any], None]] = {
+            Content: self.on_content,
+            BasicAck: self.on_basic_ack,
+            BasicNack: self.on_basic_nack,
+            BasicReject: self.on_basic_reject,
+            commands.Basic.Qos: self.on_basic_qos,
+            commands.Basic.Consume: self.on_basic_consume,
+            commands.Basic.Cancel: self.on_basic_cancel,
+            commands.Basic.Get: self.on_basic_get,
+            commands.Basic.Recover: self.on_basic_recover,
+            commands.Basic.RecoverAsync: self.on_basic_recover_async,
+            commands.Channel.Flow: self.on_channel_flow,
+            commands.Channel.FlowOk: self.on_ignored,
+            commands.Exchange.Declare: self.on_exchange_declare,
+            commands.Exchange.Delete: self.on_exchange_delete,
+            commands.Exchange.Bind: self.on_exchange_bind,
+            commands.Exchange.Unbind: self.on_exchange_unbind,
+            commands.Queue.Declare: self.on_queue_declare,
+            commands.Queue.Bind: self.on_queue_bind,
+            commands.Queue.Unbind: self.on_queue_unbind,
+            commands.Queue.Purge: self.on_queue_purge,
+            commands.Queue.Delete: self.on_queue_delete,
+            commands.Confirm.Select: self.on_confirm_select,
+            commands.Tx.Select: self.on_tx_select,
+            commands.Tx.Commit: self.on_tx_commit,
+            commands.Tx.Rollback: self.on_tx_rollback,
+        }
+
+    def reply(self, method: Any) -> None:
+        self.conn.send_method(self.id, method)
+
+    def on_ignored(self, method: Any) -> None:
+        pass
+
+    # ---- delivery (called by queues) ----
+
+    def can_deliver(self, consumer: Consumer) -> bool:
+        return (
+            self.flow_active
+            and self.conn.writable
+            and (not consumer.prefetch or consumer.unacked < consumer.prefetch)
+            and (not self.prefetch_global or consumer.no_ack
+                 or len(self.unacked) < self.prefetch_global)
+        )
+
+    def deliver(self, consumer: Consumer, msg: Message) -> None:
+        self.next_tag = tag = self.next_tag + 1
+        if consumer.no_ack:
+            consumer.queue.settled(msg)
+        else:
+            msg.tag = tag
+            msg.channel = self
+            msg.consumer = consumer
+            self.unacked[tag] = msg
+            consumer.unacked += 1
+        conn = self.conn
+        conn.write(deliver_frame(self.id, consumer.tag_enc, tag, msg.redelivered, msg.ex_rk))
+        conn.write_many(content_frames(self.id, msg.properties, msg.body, conn.frame_max))
+
+    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
+        """The queue went away: tell clients that understand basic.cancel."""
+        if self.consumers.pop(consumer.tag, None) is None:
+            return
+        if self.conn.capabilities.get("consumer_cancel_notify") is True and not self.closed:
+            self.conn.write(cancel_frame(self.id, consumer.tag))
+
+    # ---- basic.publish ----
+
+    def on_content(self, content: Content) -> None:
+        method = content.method
+        if method.immediate:
+            raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true", 60, 40)
+        exchange = self.vhost.exchanges.get(method.exchange)
+        if exchange is None:
+            raise ChannelError(
+                NOT_FOUND, f"no exchange '{method.exchange}' in vhost '{self.vhost.name}'"
+            )
+        if exchange.internal:
+            raise ChannelError(
+                ACCESS_REFUSED,
+                f"cannot publish to internal exchange '{exchange.name}' "
+                f"in vhost '{self.vhost.name}'",
+            )
+        props = content.properties
+        ttl = None
+        if ((props[0] << 8) | props[1]) & (FLAG_EXPIRATION | FLAG_USER_ID):
+            ttl = self._check_properties(props)
+        msg = Message(method.exchange, method.routing_key, props, content.body)
+        if self.tx:
+            self.tx_publishes.append((exchange, msg, method.mandatory, ttl))
+            return
+        seq = 0
+        if self.confirm:
+            self.publish_seq = seq = self.publish_seq + 1
+        self._route(exchange, msg, method.mandatory, ttl, seq)
+
+    def _check_properties(self, props: bytes) -> int | None:
+        try:
+            fields = split_properties(props)
+        except ValueError as exc:
+            raise ConnectionError_(502, f"content header properties: {exc}", 60, 40) from None
+        user_id = fields.get("user_id")
+        if user_id is not None:
+            claimed = decode_field("user_id", user_id)
+            if claimed != self.conn.user:
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"user_id property set to '{claimed}' but authenticated user was "
+                    f"'{self.conn.user}'",
+                )
+        expiration = fields.get("expiration")
+        if expiration is None:
+            return None
+        return parse_expiration(decode_field("expiration", expiration))
+
+    def _route(
+        self, exchange: Exchange, msg: Message, mandatory: bool, ttl: int | None, seq: int
+    ) -> None:
+        queues = self.vhost.route(exchange, msg)
+        accepted = True
+        if queues:
+            first = True
+            for queue in queues:
+                if not queue.publish(msg if first else msg.copy(), ttl):
+                    accepted = False
+                first = False
+        elif mandatory:
+            self.conn.write(return_frame(self.id, NO_ROUTE, "NO_ROUTE", msg.ex_rk))
+            self.conn.write_many(
+                content_frames(self.id, msg.properties, msg.body, self.conn.frame_max)
+            )
+        if seq:
+            if accepted:
+                self.confirm_upto = seq
+                self.conn.pending_confirms.add(self)
+            else:
+                self.flush_confirms()
+                self.conn.write(nack_frame(self.id, seq, False))
+                self.confirmed = seq
+
+    def flush_confirms(self) -> None:
+        upto = self.confirm_upto
+        if upto > self.confirmed:
+            self.conn.write(ack_frame(self.id, upto, upto - self.confirmed > 1))
+            self.confirmed = upto
+
+    # ---- acks ----
+
+    def _take(self, tag: int, multiple: bool) -> list[Message]:
+        """Remove and return the unacked deliveries a settle names (RabbitMQ's rules)."""
+        unacked = self.unacked
+        if multiple:
+            if tag == 0:
+                taken = list(unacked.values())
+                unacked.clear()
+                return taken
+            taken = []
+            for current in unacked:
+                if current > tag:
+                    break
+                taken.append(current)
+            if not taken or taken[-1] != tag:
+                raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+            return [unacked.pop(t) for t in taken]
+        msg = unacked.pop(tag, None)
+        if msg is None:
+            raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+        return [msg]
+
+    def on_basic_ack(self, method: BasicAck) -> None:
+        msgs = self._take(method.delivery_tag, method.multiple)
+        if self.tx:
+            self.tx_settles.append(("ack", msgs, False))
+            return
+        self._ack(msgs)
+
+    def _ack(self, msgs: list[Message]) -> None:
+        touched: list[Queue] = []
+        for msg in msgs:
+            queue = msg.queue
+            assert queue is not None
+            consumer = msg.consumer
+            if consumer is not None:
+                consumer.unacked -= 1
+                if queue not in touched:
+                    touched.append(queue)
+            queue.settled(msg)
+        self._redispatch(touched)
+
+    def on_basic_nack(self, method: BasicNack) -> None:
+        msgs = self._take(method.delivery_tag, method.multiple)
+        if self.tx:
+            self.tx_settles.append(("nack", msgs, method.requeue))
+            return
+        self._reject(msgs, method.requeue)
+
+    def on_basic_reject(self, method: BasicReject) -> None:
+        msgs = self._take(method.delivery_tag, False)
+        if self.tx:
+            self.tx_settles.append(("nack", msgs, method.requeue))
+            return
+        self._reject(msgs, method.requeue)
+
+    def _reject(self, msgs: list[Message], requeue: bool) -> None:
+        by_queue = self._group(msgs)
+        for queue, group in by_queue.items():
+            if requeue:
+                queue.return_unacked(group)
+            else:
+                for msg in group:
+                    queue.rejected(msg, False)
+        self._redispatch(list(by_queue))
+
+    def _group(self, msgs: list[Message]) -> dict[Queue, list[Message]]:
+        """Group deliveries by queue, taking them off their consumers' counts."""
+        by_queue: dict[Queue, list[Message]] = {}
+        for msg in msgs:
+            if msg.consumer is not None:
+                msg.consumer.unacked -= 1
+            queue = msg.queue
+            assert queue is not None
+            by_queue.setdefault(queue, []).append(msg)
+        return by_queue
+
+    def _redispatch(self, queues: list[Queue]) -> None:
+        if self.prefetch_global:
+            for consumer in list(self.consumers.values()):
+                if consumer.queue not in queues:
+                    queues.append(consumer.queue)
+        for queue in queues:
+            if queue.consumers and not queue.deleted:
+                queue.dispatch()
+
+    # ---- consumers ----
+
+    def on_basic_qos(self, method: commands.Basic.Qos) -> None:
+        if method.prefetch_size:
+            raise ConnectionError_(
+                NOT_IMPLEMENTED, f"prefetch_size!=0 ({method.prefetch_size})", 60, 10
+            )
+        if method.global_:
+            self.prefetch_global = method.prefetch_count
+        else:
+            self.prefetch_count = method.prefetch_count
+        self.reply(commands.Basic.QosOk())
+        self._redispatch([])
+
+    def _queue_name(self, name: str) -> str:
+        return name or self.last_queue
+
+    def on_basic_consume(self, method: commands.Basic.Consume) -> None:
+        queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
+        tag = method.consumer_tag or _ctag()
+        if tag in self.consumers:
+            raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", 60, 20)
+        if queue.exclusive_consumer is not None or (method.exclusive and queue.consumers):
+            raise ChannelError(
+                ACCESS_REFUSED,
+                f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use",
+            )
+        limit = self.conn.broker.settings.consumer_max_per_channel
+        if limit is not None and len(self.consumers) >= limit:
+            raise ChannelError(
+                NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel"
+            )
+        consumer = Consumer(
+            tag, self, queue, method.no_ack, method.exclusive,
+            0 if method.no_ack else self.prefetch_count, method.arguments or {},
+        )
+        self.consumers[tag] = consumer
+        if not method.nowait:
+            self.reply(commands.Basic.ConsumeOk(consumer_tag=tag))
+        queue.add_consumer(consumer)
+
+    def on_basic_cancel(self, method: commands.Basic.Cancel) -> None:
+        consumer = self.consumers.pop(method.consumer_tag, None)
+        if not method.nowait:
+            self.reply(commands.Basic.CancelOk(consumer_tag=method.consumer_tag))
+        if consumer is not None:
+            consumer.queue.remove_consumer(consumer)
+
+    def on_basic_get(self, method: commands.Basic.Get) -> None:
+        queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
+        msg = queue.get()
+        if msg is None:
+            self.reply(commands.Basic.GetEmpty())
+            return
+        self.next_tag = tag = self.next_tag + 1
+        if method.no_ack:
+            queue.settled(msg)
+        else:
+            msg.tag = tag
+            msg.channel = self
+            msg.consumer = None
+            self.unacked[tag] = msg
+        self.conn.write(get_ok_frame(self.id, tag, msg.redelivered, msg.ex_rk, queue.ready_count))
+        self.conn.write_many(content_frames(self.id, msg.properties, msg.body, self.conn.frame_max))
+
+    def on_basic_recover(self, method: commands.Basic.Recover) -> None:
+        self._recover(method.requeue)
+        self.reply(commands.Basic.RecoverOk())
+
+    def on_basic_recover_async(self, method: commands.Basic.RecoverAsync) -> None:
+        self._recover(method.requeue)
+
+    def _recover(self, requeue: bool) -> None:
+        if not requeue:
+            raise ConnectionError_(NOT_IMPLEMENTED, "requeue=false", 60, 110)
+        msgs = list(self.unacked.values())
+        self.unacked.clear()
+        self._reject(msgs, True)
+
+    def on_channel_flow(self, method: commands.Channel.Flow) -> None:
+        self.flow_active = method.active
+        self.reply(commands.Channel.FlowOk(active=method.active))
+        if method.active:
+            self._redispatch([])
+
+    # ---- exchanges ----
+
+    def on_exchange_declare(self, method: commands.Exchange.Declare) -> None:
+        self.vhost.declare_exchange(
+            method.exchange,
+            method.exchange_type,
+            passive=method.passive,
+            durable=method.durable,
+            auto_delete=method.auto_delete,
+            internal=method.internal,
+            arguments=method.arguments or {},
+        )
+        if not method.nowait:
+            self.reply(commands.Exchange.DeclareOk())
+
+    def on_exchange_delete(self, method: commands.Exchange.Delete) -> None:
+        self.vhost.delete_exchange(method.exchange, method.if_unused)
+        if not method.nowait:
+            self.reply(commands.Exchange.DeleteOk())
+
+    def on_exchange_bind(self, method: commands.Exchange.Bind) -> None:
+        destination = self.vhost.exchange(method.destination)
+        self.vhost.bind(
+            method.source, destination, method.routing_key, method.arguments or {}
+        )
+        if not method.nowait:
+            self.reply(commands.Exchange.BindOk())
+
+    def on_exchange_unbind(self, method: commands.Exchange.Unbind) -> None:
+        destination = self.vhost.exchange(method.destination)
+        self.vhost.unbind(
+            method.source, destination, method.routing_key, method.arguments or {}
+        )
+        if not method.nowait:
+            self.reply(commands.Exchange.UnbindOk())
+
+    # ---- queues ----
+
+    def on_queue_declare(self, method: commands.Queue.Declare) -> None:
+        name = method.queue
+        server_named = not name and not method.passive
+        if server_named:
+            name = self.vhost.new_queue_name()
+        queue = self.vhost.declare_queue(
+            self._queue_name(name),
+            server_named=server_named,
+            connection=self.conn,
+            passive=method.passive,
+            durable=method.durable,
+            exclusive=method.exclusive,
+            auto_delete=method.auto_delete,
+            arguments=method.arguments or {},
+        )
+        if queue.exclusive_owner is self.conn:
+            self.conn.exclusive_queues[queue.name] = queue
+        self.last_queue = queue.name
+        if not method.nowait:
+            self.reply(
+                commands.Queue.DeclareOk(
+                    queue=queue.name,
+                    message_count=queue.ready_count,
+                    consumer_count=len(queue.consumers),
+                )
+            )
+
+    def on_queue_bind(self, method: commands.Queue.Bind) -> None:
+        queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
+        self.vhost.bind(method.exchange, queue, method.routing_key, method.arguments or {})
+        if not method.nowait:
+            self.reply(commands.Queue.BindOk())
+
+    def on_queue_unbind(self, method: commands.Queue.Unbind) -> None:
+        queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
+        self.vhost.unbind(method.exchange, queue, method.routing_key, method.arguments or {})
+        self.reply(commands.Queue.UnbindOk())
+
+    def on_queue_purge(self, method: commands.Queue.Purge) -> None:
+        queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
+        count = queue.purge()
+        if not method.nowait:
+            self.reply(commands.Queue.PurgeOk(message_count=count))
+
+    def on_queue_delete(self, method: commands.Queue.Delete) -> None:
+        name = self._queue_name(method.queue)
+        queue = self.vhost.queues.get(name)
+        count = 0
+        if queue is not None:
+            self.vhost.check_exclusive(queue, self.conn)
+            where = f"queue '{name}' in vhost '{self.vhost.name}'"
+            if method.if_unused and queue.consumers:
+                raise ChannelError(PRECONDITION_FAILED, f"{where} in use")
+            if method.if_empty and queue.ready_count:
+                raise ChannelError(PRECONDITION_FAILED, f"{where} not empty")
+            count = self.vhost.delete_queue(queue)
+            self.conn.exclusive_queues.pop(name, None)
+        if not method.nowait:
+            self.reply(commands.Queue.DeleteOk(message_count=count))
+
+    # ---- confirms and transactions ----
+
+    def on_confirm_select(self, method: commands.Confirm.Select) -> None:
+        if self.tx:
+            raise ChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
+        self.confirm = True
+        if not method.nowait:
+            self.reply(commands.Confirm.SelectOk())
+
+    def on_tx_select(self, method: commands.Tx.Select) -> None:
+        if self.confirm:
+            raise ChannelError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
+        self.tx = True
+        self.reply(commands.Tx.SelectOk())
+
+    def _require_tx(self) -> None:
+        if not self.tx:
+            raise ChannelError(PRECONDITION_FAILED, "channel is not transactional")
+
+    def on_tx_commit(self, method: commands.Tx.Commit) -> None:
+        self._require_tx()
+        publishes, self.tx_publishes = self.tx_publishes, []
+        settles, self.tx_settles = self.tx_settles, []
+        for exchange, msg, mandatory, ttl in publishes:
+            if not exchange.deleted:
+                self._route(exchange, msg, mandatory, ttl, 0)
+        for kind, msgs, requeue in settles:
+            if kind == "ack":
+                self._ack(msgs)
+            else:
+                self._reject(msgs, requeue)
+        self.reply(commands.Tx.CommitOk())
+
+    def on_tx_rollback(self, method: commands.Tx.Rollback) -> None:
+        self._require_tx()
+        self.tx_publishes = []
+        settles, self.tx_settles = self.tx_settles, []
+        if settles:
+            for _, msgs, _ in settles:
+                for msg in msgs:
+                    self.unacked[msg.tag] = msg
+            self.unacked = dict(sorted(self.unacked.items()))
+        self.reply(commands.Tx.RollbackOk())
+
+    # ---- closing ----
+
+    def close(self) -> None:
+        """The channel ends (closed by either side, or its connection went): requeue its work."""
+        if self.closed:
+            return
+        self.closed = True
+        consumers = list(self.consumers.values())
+        self.consumers.clear()
+        for consumer in consumers:
+            consumer.queue.remove_consumer(consumer)
+        msgs = list(self.unacked.values())
+        self.unacked.clear()
+        self.tx_publishes = []
+        self.tx_settles = []
+        if msgs:
+            for queue, group in self._group(msgs).items():
+                queue.return_unacked(group)

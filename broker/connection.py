@@ -1,0 +1,448 @@
+"""One client connection: handshake, channels, heartbeats and the output buffer.
+
+The server feeds it bytes (``data_received``) and gives it a transport to
+write to; everything else is here. Output is collected and written once per
+event-loop turn, so a burst of deliveries costs one transport write.
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pamqp import commands
+
+from broker.channel import Channel
+from protocol.connection import Content, ProtocolConnection, Sentinel
+from protocol.constants import (
+    ACCESS_REFUSED,
+    COMMAND_INVALID,
+    CONNECTION_FORCED,
+    FRAME_MIN_SIZE,
+    INTERNAL_ERROR,
+    NOT_ALLOWED,
+    PROTOCOL_HEADER,
+)
+from protocol.errors import AMQPError, ChannelError, ConnectionError_
+from protocol.frames import HEARTBEAT_FRAME
+from protocol.methods import method_frame
+from protocol.tables import TableError, decode_table
+
+if TYPE_CHECKING:
+    from broker.broker import Broker
+    from broker.queue import Queue
+    from broker.timers import TimerHandle
+    from broker.vhost import VirtualHost
+
+VERSION = "0.1.0"
+
+
+class Transport(Protocol):
+    def write(self, data: bytes) -> None: ...
+    def close(self) -> None: ...
+    def is_closing(self) -> bool: ...
+
+
+def server_properties() -> dict[str, Any]:
+    return {
+        "product": "Warren",
+        "version": VERSION,
+        "platform": f"Python {platform.python_version()}",
+        "copyright": "The Warren authors",
+        "information": "An AMQP 0-9-1 broker in Python",
+        "cluster_name": "warren@" + platform.node(),
+        "capabilities": {
+            "publisher_confirms": True,
+            "exchange_exchange_bindings": True,
+            "basic.nack": True,
+            "consumer_cancel_notify": True,
+            "connection.blocked": True,
+            "consumer_priorities": True,
+            "authentication_failure_close": True,
+            "per_consumer_qos": True,
+            "direct_reply_to": True,
+        },
+    }
+
+
+class Connection:
+    def __init__(self, broker: Broker, transport: Transport, peer: tuple[str, int] | None) -> None:
+        self.broker = broker
+        self.transport = transport
+        self.peer = peer
+        settings = broker.settings
+        self.protocol = ProtocolConnection(settings.frame_max or 2**31, settings.max_message_size)
+        self.frame_max = FRAME_MIN_SIZE
+        self.channel_max = settings.channel_max
+        self.heartbeat = 0
+        self.user = ""
+        self.vhost: VirtualHost = broker.default_vhost_obj()
+        self.client_properties: dict[str, Any] = {}
+        self.capabilities: dict[str, Any] = {}
+        self.channels: dict[int, Channel] = {}
+        self.exclusive_queues: dict[str, Queue] = {}
+        self.pending_confirms: set[Channel] = set()
+        self.writable = True
+        self.opened = False
+        self.closing = False
+        self.closed = False
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._received = True
+        self._sent = False
+        self._silent_ticks = 0
+        self._heartbeat_handle: TimerHandle | None = None
+        self._close_timer: TimerHandle | None = None
+        self._handshake_timer: TimerHandle | None = broker.timers.call_later(
+            settings.handshake_timeout / 1000, self._handshake_timed_out
+        )
+
+    # ---- output ----
+
+    def write(self, data: bytes) -> None:
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.broker.timers.call_soon(self.flush)
+
+    def write_many(self, parts: list[bytes]) -> None:
+        self._out.extend(parts)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.broker.timers.call_soon(self.flush)
+
+    def send_method(self, channel: int, method: Any) -> None:
+        self.write(method_frame(channel, method))
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if self.pending_confirms:
+            pending = self.pending_confirms
+            self.pending_confirms = set()
+            for channel in pending:
+                channel.flush_confirms()
+        if self._out and not self.closed:
+            data = b"".join(self._out)
+            self._out.clear()
+            self._sent = True
+            self.transport.write(data)
+        elif self._out:
+            self._out.clear()
+
+    # ---- input ----
+
+    def data_received(self, data: bytes) -> None:
+        self._received = True
+        proto = self.protocol
+        proto.receive_data(data)
+        while not self.closed:
+            try:
+                event = proto.next_event()
+                if event is Sentinel.NEED_DATA:
+                    break
+                if isinstance(event, tuple):
+                    channel_id, method = event
+                    if channel_id:
+                        self._channel_event(channel_id, method)
+                    else:
+                        self._connection_method(method)
+                elif event is Sentinel.PROTOCOL_HEADER:
+                    self._send_start()
+                elif event is Sentinel.BAD_PROTOCOL_HEADER:
+                    self.transport.write(PROTOCOL_HEADER)
+                    self._close_transport()
+                    break
+            except ConnectionError_ as exc:
+                self.connection_error(exc)
+                break
+            except ChannelError as exc:  # raised by the framing layer for one channel
+                channel = self.channels.get(exc.channel)
+                if channel is None or channel.closed:
+                    self.connection_error(ConnectionError_(exc.code, exc.text.split(" - ", 1)[1]))
+                    break
+                self.channel_error(channel, exc)
+            except Exception as exc:  # a bug must not take the broker down: close this connection
+                self.broker.log.exception("internal error", peer=self.peer)
+                self.connection_error(ConnectionError_(INTERNAL_ERROR, f"internal error: {exc!r}"))
+                break
+        self.flush()
+
+    def _channel_event(self, channel_id: int, method: Any) -> None:
+        if not self.opened:
+            raise ConnectionError_(
+                COMMAND_INVALID, "channel methods are not allowed before connection.open"
+            )
+        channel = self.channels.get(channel_id)
+        if channel is None:
+            if isinstance(method, commands.Channel.Open):
+                self.channels[channel_id] = Channel(self, channel_id)
+                self.send_method(channel_id, commands.Channel.OpenOk())
+            return
+        if channel.closed:
+            if isinstance(method, commands.Channel.CloseOk):
+                del self.channels[channel_id]
+            elif isinstance(method, commands.Channel.Close):
+                self.send_method(channel_id, commands.Channel.CloseOk())
+            return
+        if isinstance(method, commands.Channel.Close):
+            channel.close()
+            del self.channels[channel_id]
+            self.protocol.channel_closed(channel_id)
+            self.send_method(channel_id, commands.Channel.CloseOk())
+            return
+        handler = channel.handlers.get(type(method))
+        try:
+            if handler is None:
+                raise ConnectionError_(
+                    COMMAND_INVALID, f"method {getattr(method, 'name', method)} not allowed here"
+                )
+            handler(method)
+        except ChannelError as exc:
+            self.channel_error(channel, exc.at(*_ids(method)))
+        except ConnectionError_ as exc:
+            raise exc.at(*_ids(method)) from None
+
+    def channel_error(self, channel: Channel, exc: AMQPError) -> None:
+        channel.flush_confirms()
+        self.protocol.close_channel(channel.id)
+        self.send_method(
+            channel.id,
+            commands.Channel.Close(
+                reply_code=exc.code, reply_text=exc.text[:255],
+                class_id=exc.class_id, method_id=exc.method_id,
+            ),
+        )
+        channel.close()
+
+    def connection_error(self, exc: AMQPError) -> None:
+        if self.closing or self.closed:
+            return
+        self.closing = True
+        self.protocol.close()
+        self.send_method(
+            0,
+            commands.Connection.Close(
+                reply_code=exc.code, reply_text=exc.text[:255],
+                class_id=exc.class_id, method_id=exc.method_id,
+            ),
+        )
+        self._release()
+        # a client that never answers close-ok loses its socket anyway
+        self._close_timer = self.broker.timers.call_later(1.0, self._close_transport)
+
+    # ---- connection class ----
+
+    def _send_start(self) -> None:
+        self.send_method(
+            0,
+            commands.Connection.Start(
+                version_major=0, version_minor=9,
+                server_properties=server_properties(),
+                mechanisms="PLAIN AMQPLAIN", locales="en_US",
+            ),
+        )
+
+    def _connection_method(self, method: Any) -> None:
+        if isinstance(method, commands.Connection.StartOk):
+            self._on_start_ok(method)
+        elif isinstance(method, commands.Connection.TuneOk):
+            self._on_tune_ok(method)
+        elif isinstance(method, commands.Connection.Open):
+            self._on_open(method)
+        elif isinstance(method, commands.Connection.Close):
+            self.send_method(0, commands.Connection.CloseOk())
+            self._release()
+            self.flush()
+            self._close_transport()
+        elif isinstance(method, commands.Connection.CloseOk):
+            self._close_transport()
+        elif isinstance(method, commands.Connection.BlockedOk | commands.Connection.UpdateSecretOk):
+            pass
+        elif isinstance(method, commands.Connection.UpdateSecret):
+            self.send_method(0, commands.Connection.UpdateSecretOk())
+        else:
+            raise ConnectionError_(
+                COMMAND_INVALID, f"unexpected method {getattr(method, 'name', method)} on channel 0"
+            ).at(*_ids(method))
+
+    def _on_start_ok(self, method: commands.Connection.StartOk) -> None:
+        self.client_properties = method.client_properties or {}
+        caps = self.client_properties.get("capabilities")
+        self.capabilities = caps if isinstance(caps, dict) else {}
+        mechanism = method.mechanism
+        response = method.response if isinstance(method.response, bytes) else b""
+        if mechanism == "PLAIN":
+            parts = response.split(b"\x00")
+            user, password = (parts[1], parts[2]) if len(parts) == 3 else (b"", b"")
+        elif mechanism == "AMQPLAIN":
+            try:
+                table, _ = decode_table(len(response).to_bytes(4, "big") + response)
+            except TableError:
+                table = {}
+            user, password = _as_bytes(table.get("LOGIN")), _as_bytes(table.get("PASSWORD"))
+        else:
+            raise ConnectionError_(
+                ACCESS_REFUSED, f"unsupported authentication mechanism '{mechanism}'", 10, 11
+            )
+        name = user.decode(errors="replace")
+        if not self.broker.authenticate(name, password.decode(errors="replace")):
+            self._refuse_login(
+                f"Login was refused using authentication mechanism {mechanism}. "
+                "For details see the broker logfile."
+            )
+            return
+        if name in self.broker.settings.loopback_users and not self._from_loopback():
+            self._refuse_login(f"user '{name}' can only connect via localhost")
+            return
+        self.user = name
+        settings = self.broker.settings
+        self.send_method(
+            0,
+            commands.Connection.Tune(
+                channel_max=settings.channel_max,
+                frame_max=settings.frame_max,
+                heartbeat=settings.heartbeat,
+            ),
+        )
+
+    def _refuse_login(self, detail: str) -> None:
+        if self.capabilities.get("authentication_failure_close") is True:
+            self.connection_error(ConnectionError_(ACCESS_REFUSED, detail, 10, 11))
+            self.flush()
+        self._close_transport()
+
+    def _from_loopback(self) -> bool:
+        host = self.peer[0] if self.peer else ""
+        return host.startswith("127.") or host in ("::1", "localhost") or host.startswith(
+            "::ffff:127."
+        )
+
+    def _on_tune_ok(self, method: commands.Connection.TuneOk) -> None:
+        settings = self.broker.settings
+        frame_max = method.frame_max or settings.frame_max or 2**31 - 1
+        if settings.frame_max and frame_max > settings.frame_max:
+            raise ConnectionError_(
+                NOT_ALLOWED,
+                f"frame_max={frame_max} > {settings.frame_max} max size", 10, 31,
+            )
+        if frame_max < FRAME_MIN_SIZE:
+            raise ConnectionError_(
+                NOT_ALLOWED, f"frame_max={frame_max} < {FRAME_MIN_SIZE} min size", 10, 31
+            )
+        channel_max = method.channel_max or settings.channel_max or 65535
+        if settings.channel_max:
+            channel_max = min(channel_max, settings.channel_max)
+        self.frame_max = frame_max
+        self.channel_max = channel_max
+        self.protocol.tuned(frame_max, channel_max)
+        self.heartbeat = method.heartbeat
+        if self.heartbeat:
+            self._schedule_heartbeat()
+
+    def _on_open(self, method: commands.Connection.Open) -> None:
+        vhost = self.broker.vhosts.get(method.virtual_host)
+        if vhost is None:
+            raise ConnectionError_(NOT_ALLOWED, f"vhost {method.virtual_host} not found", 10, 40)
+        self.vhost = vhost
+        self.opened = True
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+        self.send_method(0, commands.Connection.OpenOk())
+        self.broker.connection_opened(self)
+
+    def _handshake_timed_out(self) -> None:
+        self._handshake_timer = None
+        if not self.opened and not self.closed:
+            self.broker.log.info("handshake timeout", peer=self.peer)
+            self._close_transport()
+
+    # ---- heartbeats ----
+
+    def _schedule_heartbeat(self) -> None:
+        # tick twice per interval: send when we were quiet, count the client's quiet ticks
+        self._heartbeat_handle = self.broker.timers.call_later(
+            self.heartbeat / 2, self._heartbeat_tick
+        )
+
+    def _heartbeat_tick(self) -> None:
+        if self.closed:
+            return
+        if self._received:
+            self._silent_ticks = 0
+            self._received = False
+        else:
+            self._silent_ticks += 1
+            if self._silent_ticks >= 4:  # two whole intervals without a byte
+                self.broker.log.info("missed heartbeats", peer=self.peer, user=self.user)
+                self._close_transport()
+                return
+        if not self._sent:
+            self.transport.write(HEARTBEAT_FRAME)
+        self._sent = False
+        self._schedule_heartbeat()
+
+    # ---- flow control from the transport ----
+
+    def pause_writing(self) -> None:
+        self.writable = False
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        for channel in list(self.channels.values()):
+            channel._redispatch([])
+
+    # ---- shutdown ----
+
+    def force_close(self, text: str = "broker forced connection closure with reason 'shutdown'") -> None:
+        """Broker shutdown: connection.close 320 CONNECTION_FORCED."""
+        self.connection_error(ConnectionError_(CONNECTION_FORCED, text))
+        self.flush()
+
+    def _release(self) -> None:
+        """Give back what the connection held: unacked messages, consumers, exclusive queues."""
+        channels = list(self.channels.values())
+        for channel in channels:
+            channel.close()
+        for queue in list(self.exclusive_queues.values()):
+            queue.vhost.delete_queue(queue)
+        self.exclusive_queues.clear()
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+        if self._heartbeat_handle is not None:
+            self._heartbeat_handle.cancel()
+            self._heartbeat_handle = None
+
+    def _close_transport(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_lost(self) -> None:
+        if self.closed:
+            return
+        self._release()
+        self.closed = True
+        self.channels.clear()
+        self._out.clear()
+        if self._close_timer is not None:
+            self._close_timer.cancel()
+        self.broker.connection_closed(self)
+
+
+def _ids(method: Any) -> tuple[int, int]:
+    if isinstance(method, Content):
+        return 60, 40
+    index = getattr(method, "index", None)
+    if index is None:
+        name = getattr(method, "name", "")
+        return {"Basic.Ack": (60, 80), "Basic.Nack": (60, 120), "Basic.Reject": (60, 90)}.get(
+            name, (0, 0)
+        )
+    return index >> 16, index & 0xFFFF
+
+
+def _as_bytes(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    return str(value or "").encode()

@@ -1,0 +1,51 @@
+"""A consumer: one basic.consume on one channel for one queue."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from protocol.methods import shortstr
+
+if TYPE_CHECKING:
+    from broker.channel import Channel
+    from broker.queue import Queue
+
+
+class Consumer:
+    __slots__ = (
+        "arguments",
+        "channel",
+        "exclusive",
+        "no_ack",
+        "prefetch",
+        "priority",
+        "queue",
+        "tag",
+        "tag_enc",
+        "unacked",
+    )
+
+    def __init__(
+        self,
+        tag: str,
+        channel: Channel,
+        queue: Queue,
+        no_ack: bool,
+        exclusive: bool,
+        prefetch: int,
+        arguments: dict[str, Any],
+    ) -> None:
+        self.tag = tag
+        self.tag_enc = shortstr(tag)  # encoded once, sent in every basic.deliver
+        self.channel = channel
+        self.queue = queue
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.prefetch = prefetch  # per-consumer limit taken from basic.qos(global=false)
+        self.arguments = arguments
+        priority = arguments.get("x-priority", 0)
+        self.priority = priority if isinstance(priority, int) else 0
+        self.unacked = 0
+
+    def has_capacity(self) -> bool:
+        return not self.prefetch or self.unacked < self.prefetch

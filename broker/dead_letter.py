@@ -1,0 +1,66 @@
+"""The dead-lettered copy of a message: RabbitMQ's x-death headers, byte-exact elsewhere.
+
+Only the headers the broker owns are rebuilt; every other header entry and
+property keeps the publisher's bytes.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from broker.message import Message
+from protocol.properties import decode_field, join_properties, split_properties
+from protocol.tables import decode_table, encode_value, join_entries, table_entries
+
+
+def dead_letter_copy(
+    msg: Message, queue: str, reason: str, exchange: str, routing_key: str
+) -> tuple[Message, list[dict[str, Any]]]:
+    """Return the copy to route to the dead-letter exchange, and its x-death list."""
+    fields = split_properties(msg.properties)
+    expiration = fields.pop("expiration", None)
+    entries: dict[str, bytes] = {}
+    if "headers" in fields:
+        entries, _ = table_entries(fields["headers"])
+    deaths: list[dict[str, Any]] = []
+    if "x-death" in entries:
+        raw = entries["x-death"]
+        if raw[:1] == b"A":
+            deaths = _decode_array(raw)
+    now = datetime.datetime.now(tz=datetime.UTC).replace(microsecond=0)
+    for i, death in enumerate(deaths):
+        if death.get("queue") == queue and death.get("reason") == reason:
+            death = deaths.pop(i)
+            count = death.get("count", 0)
+            death["count"] = (count if isinstance(count, int) else 0) + 1
+            death["time"] = now
+            deaths.insert(0, death)
+            break
+    else:
+        death = {
+            "count": 1,
+            "reason": reason,
+            "queue": queue,
+            "time": now,
+            "exchange": msg.exchange,
+            "routing-keys": [msg.routing_key],
+        }
+        if expiration is not None:
+            death["original-expiration"] = decode_field("expiration", expiration)
+        deaths.insert(0, death)
+    entries["x-death"] = encode_value(deaths)
+    for key, value in (("reason", reason), ("queue", queue), ("exchange", msg.exchange)):
+        entries.setdefault(f"x-first-death-{key}", encode_value(value))
+        entries[f"x-last-death-{key}"] = encode_value(value)
+    fields["headers"] = join_entries(entries)
+    copy = Message(exchange, routing_key, join_properties(fields), msg.body)
+    return copy, deaths
+
+
+def _decode_array(raw: bytes) -> list[dict[str, Any]]:
+    # wrap the array in a one-entry table to reuse the table decoder
+    body = b"\x01a" + raw
+    table, _ = decode_table(len(body).to_bytes(4, "big") + body)
+    items = table.get("a", [])
+    return [d for d in items if isinstance(d, dict)] if isinstance(items, list) else []

@@ -1,0 +1,347 @@
+"""A queue: ready messages in publish order, consumers, and the message lifecycle.
+
+Ready messages sit in a deque ordered by ``seq`` (their arrival number), so a
+requeued message goes back to its original place. A message that leaves the
+middle of the deque (expiry) is marked GONE and skipped when it reaches the
+head: counts are exact at once, the deque entry goes later.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from broker.message import GONE, READY, UNACKED, Message
+from broker.timers import Deadline
+
+if TYPE_CHECKING:
+    from broker.consumer import Consumer
+    from broker.vhost import VirtualHost
+
+
+class QueueStats:
+    __slots__ = ("dead_lettered", "expired", "published", "redelivered")
+
+    def __init__(self) -> None:
+        self.published = 0
+        self.expired = 0
+        self.dead_lettered: dict[str, int] = {}
+        self.redelivered = 0
+
+
+class Queue:
+    def __init__(
+        self,
+        vhost: VirtualHost,
+        name: str,
+        *,
+        durable: bool = False,
+        exclusive_owner: object | None = None,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.durable = durable
+        self.exclusive_owner = exclusive_owner  # the owning connection of an exclusive queue
+        self.auto_delete = auto_delete
+        self.arguments = arguments or {}
+        self.ready: deque[Message] = deque()
+        self.ready_count = 0
+        self.ready_bytes = 0
+        self.unacked_count = 0
+        self.consumers: list[Consumer] = []
+        self.exclusive_consumer: Consumer | None = None
+        self._rr = 0
+        self._next_seq = 0
+        self.deleted = False
+        self.stats = QueueStats()
+        self._had_consumers = False
+        timers = vhost.timers
+        self._now = timers.now
+        # per-message deadlines: (expires_at, seq, message), earliest first
+        self._expiry: list[tuple[float, int, Message]] = []
+        self._expiry_timer = Deadline(timers, self._expire_due)
+        self._unused_timer = Deadline(timers, self._check_unused)
+        self._last_used = self._now()
+        args = self.arguments
+        ttl = args.get("x-message-ttl")
+        self.message_ttl: int | None = ttl if isinstance(ttl, int) else None
+        expires = args.get("x-expires")
+        self.expires: int | None = expires if isinstance(expires, int) else None
+        max_len = args.get("x-max-length")
+        self.max_length: int | None = max_len if isinstance(max_len, int) else None
+        max_bytes = args.get("x-max-length-bytes")
+        self.max_length_bytes: int | None = max_bytes if isinstance(max_bytes, int) else None
+        overflow = args.get("x-overflow", "drop-head")
+        self.overflow: str = overflow if isinstance(overflow, str) else "drop-head"
+        dlx = args.get("x-dead-letter-exchange")
+        self.dead_letter_exchange: str | None = dlx if isinstance(dlx, str) else None
+        dlrk = args.get("x-dead-letter-routing-key")
+        self.dead_letter_routing_key: str | None = dlrk if isinstance(dlrk, str) else None
+        self._limited = self.max_length is not None or self.max_length_bytes is not None
+        self.touch()
+
+    # ---- in ----
+
+    def publish(self, msg: Message, ttl: int | None) -> bool:
+        """Enqueue; False if the queue refused it (overflow reject-publish)."""
+        if self._limited and self.overflow != "drop-head" and self._full_for(len(msg.body)):
+            if self.overflow == "reject-publish-dlx":
+                self._dead_letter(msg, "maxlen")
+            return False
+        self._next_seq += 1
+        msg.seq = self._next_seq
+        msg.queue = self
+        self.stats.published += 1
+        queue_ttl = self.message_ttl
+        if queue_ttl is not None and (ttl is None or queue_ttl < ttl):
+            ttl = queue_ttl
+        self.ready.append(msg)
+        self.ready_count += 1
+        self.ready_bytes += len(msg.body)
+        if self._limited:
+            self._drop_head_over_limit()
+        if self.consumers:
+            self.dispatch()
+        if ttl is not None and msg.state == READY:
+            msg.expires_at = self._now() + ttl / 1000
+            if ttl == 0:
+                self._expire(msg)  # nobody could take it at once: RabbitMQ's stand-in for immediate
+            else:
+                self._track_expiry(msg)
+        return True
+
+    def _full_for(self, size: int) -> bool:
+        if self.max_length is not None and self.ready_count >= self.max_length:
+            return True
+        return self.max_length_bytes is not None and self.ready_bytes + size > self.max_length_bytes
+
+    def _drop_head_over_limit(self) -> None:
+        max_len, max_bytes = self.max_length, self.max_length_bytes
+        while self.ready_count and (
+            (max_len is not None and self.ready_count > max_len)
+            or (max_bytes is not None and self.ready_bytes > max_bytes)
+        ):
+            msg = self._pop_ready(check_expiry=False)
+            if msg is None:
+                break
+            msg.state = GONE
+            self._dead_letter(msg, "maxlen")
+
+    def requeue(self, msgs: list[Message]) -> None:
+        """Put unacked messages back at their original positions, marked redelivered."""
+        now = self._now()
+        back: list[Message] = []
+        for msg in msgs:
+            if msg.state != UNACKED:
+                continue
+            msg.channel = None
+            msg.consumer = None
+            msg.tag = 0
+            msg.redelivered = True
+            if msg.expires_at is not None and msg.expires_at <= now:
+                msg.state = GONE
+                self.stats.expired += 1
+                self._dead_letter(msg, "expired")
+                continue
+            msg.state = READY
+            back.append(msg)
+        if not back:
+            return
+        back.sort(key=_seq)
+        ready = self.ready
+        if not ready or back[-1].seq < ready[0].seq:
+            ready.extendleft(reversed(back))
+        elif back[0].seq > ready[-1].seq:
+            ready.extend(back)
+        else:
+            self.ready = deque(heapq.merge(ready, back, key=_seq))
+        self.ready_count += len(back)
+        self.stats.redelivered += len(back)
+        for msg in back:
+            self.ready_bytes += len(msg.body)
+            if msg.expires_at is not None:
+                self._track_expiry(msg)
+        self.dispatch()
+
+    # ---- out ----
+
+    def _pop_ready(self, check_expiry: bool = True) -> Message | None:
+        ready = self.ready
+        while ready:
+            msg = ready.popleft()
+            if msg.state != READY:
+                continue  # expired or otherwise gone while waiting
+            if check_expiry and msg.expires_at is not None and msg.expires_at < self._now():
+                self._expire(msg)
+                continue
+            self.ready_count -= 1
+            self.ready_bytes -= len(msg.body)
+            return msg
+        return None
+
+    def dispatch(self) -> None:
+        """Hand ready messages to consumers with capacity, round-robin."""
+        consumers = self.consumers
+        while self.ready_count and consumers:
+            n = len(consumers)
+            for _ in range(n):
+                consumer = consumers[self._rr % n]
+                self._rr += 1
+                if consumer.channel.can_deliver(consumer):
+                    break
+            else:
+                return
+            msg = self._pop_ready()
+            if msg is None:
+                return
+            msg.state = UNACKED
+            self.unacked_count += 1
+            consumer.channel.deliver(consumer, msg)
+
+    def get(self) -> Message | None:
+        """basic.get: the head message, now unacked (the channel settles it for no-ack)."""
+        self.touch()
+        msg = self._pop_ready()
+        if msg is not None:
+            msg.state = UNACKED
+            self.unacked_count += 1
+        return msg
+
+    # ---- settling ----
+
+    def settled(self, msg: Message) -> None:
+        """Acked (or delivered with no-ack): the message is done."""
+        if msg.state == UNACKED:
+            msg.state = GONE
+            self.unacked_count -= 1
+
+    def rejected(self, msg: Message, requeue: bool) -> None:
+        if msg.state != UNACKED:
+            return
+        if requeue:
+            self.unacked_count -= 1
+            self.requeue_unacked([msg])
+        else:
+            msg.state = GONE
+            self.unacked_count -= 1
+            self._dead_letter(msg, "rejected")
+
+    def requeue_unacked(self, msgs: list[Message]) -> None:
+        """Requeue messages whose unacked count was already taken off."""
+        self.requeue(msgs)
+
+    def return_unacked(self, msgs: list[Message]) -> None:
+        """A channel closed or recovered: its unacked messages of this queue come back."""
+        live = [m for m in msgs if m.state == UNACKED]
+        self.unacked_count -= len(live)
+        if not self.deleted:
+            self.requeue(live)
+        else:
+            for msg in live:
+                msg.state = GONE
+
+    def purge(self) -> int:
+        count = self.ready_count
+        for msg in self.ready:
+            msg.state = GONE
+        self.ready.clear()
+        self._expiry.clear()
+        self._expiry_timer.cancel()
+        self.ready_count = 0
+        self.ready_bytes = 0
+        return count
+
+    # ---- consumers ----
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers.append(consumer)
+        if consumer.exclusive:
+            self.exclusive_consumer = consumer
+        self._had_consumers = True
+        self._unused_timer.cancel()
+        self.dispatch()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        try:
+            self.consumers.remove(consumer)
+        except ValueError:
+            return
+        if self.exclusive_consumer is consumer:
+            self.exclusive_consumer = None
+        if not self.consumers:
+            if self.auto_delete and self._had_consumers:
+                self.vhost.delete_queue(self)
+                return
+            self.touch()
+
+    # ---- TTL ----
+
+    def _track_expiry(self, msg: Message) -> None:
+        assert msg.expires_at is not None
+        heapq.heappush(self._expiry, (msg.expires_at, msg.seq, msg))
+        self._expiry_timer.arm(self._expiry[0][0])
+
+    def _expire_due(self) -> None:
+        now = self._now()
+        heap = self._expiry
+        while heap and heap[0][0] <= now:
+            _, _, msg = heapq.heappop(heap)
+            if msg.state == READY and msg.expires_at is not None and msg.expires_at <= now:
+                self._expire(msg)
+        # messages that were delivered meanwhile stay in the heap until their time; drop them
+        while heap and heap[0][2].state != READY:
+            heapq.heappop(heap)
+        if heap:
+            self._expiry_timer.arm(heap[0][0])
+
+    def _expire(self, msg: Message) -> None:
+        """Remove a ready message wherever it is in the queue."""
+        msg.state = GONE
+        self.ready_count -= 1
+        self.ready_bytes -= len(msg.body)
+        self.stats.expired += 1
+        if self.ready and self.ready[0] is msg:
+            self.ready.popleft()
+        self._dead_letter(msg, "expired")
+        if not self.ready_count:
+            self.ready.clear()
+
+    def _dead_letter(self, msg: Message, reason: str) -> None:
+        if self.dead_letter_exchange is not None:
+            self.stats.dead_lettered[reason] = self.stats.dead_lettered.get(reason, 0) + 1
+            self.vhost.dead_letter(self, msg, reason)
+        msg.body = b""  # free the memory now; a GONE deque entry may linger until the head
+
+    # ---- x-expires ----
+
+    def touch(self) -> None:
+        """A use that restarts the x-expires timer (declare, get, last consumer gone)."""
+        if self.expires is None:
+            return
+        self._last_used = self._now()
+        if not self.consumers:
+            self._unused_timer.cancel()
+            self._unused_timer.arm(self._last_used + self.expires / 1000)
+
+    def _check_unused(self) -> None:
+        if self.deleted or self.consumers or self.expires is None:
+            return
+        due = self._last_used + self.expires / 1000
+        if self._now() >= due:
+            self.vhost.delete_queue(self)
+        else:
+            self._unused_timer.arm(due)
+
+    def close(self) -> None:
+        """Deleted: stop the timers and drop the messages."""
+        self.deleted = True
+        self._expiry_timer.cancel()
+        self._unused_timer.cancel()
+        self.purge()
+
+
+def _seq(msg: Message) -> int:
+    return msg.seq

@@ -1,0 +1,92 @@
+"""The asyncio shell: sockets in, bytes to the connection, bytes out.
+
+Nothing here knows AMQP; ``broker.connection.Connection`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from typing import Any
+
+from broker.broker import Broker
+from broker.connection import Connection
+from broker.timers import Timers
+from config import Settings
+
+
+class AMQPServerProtocol(asyncio.Protocol):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.connection: Connection | None = None
+
+    def connection_made(self, transport: Any) -> None:  # uvloop's transports are not subclasses
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # bounded output per connection: past this the consumer's deliveries pause
+        transport.set_write_buffer_limits(high=4 * 1024 * 1024, low=1024 * 1024)
+        peer = transport.get_extra_info("peername")
+        self.connection = Connection(self.broker, transport, peer[:2] if peer else None)
+        self.broker.connections.add(self.connection)
+
+    def data_received(self, data: bytes) -> None:
+        assert self.connection is not None
+        self.connection.data_received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.connection is not None:
+            self.connection.connection_lost()
+
+    def pause_writing(self) -> None:
+        if self.connection is not None:
+            self.connection.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.connection is not None:
+            self.connection.resume_writing()
+
+
+class Server:
+    """A broker with its TCP listeners on the running loop."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.broker = Broker(settings, Timers(asyncio.get_running_loop()))
+        self.servers: list[asyncio.AbstractServer] = []
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for listener in self.settings.listeners:
+            server = await loop.create_server(
+                lambda: AMQPServerProtocol(self.broker),
+                host=listener.host,
+                port=listener.port,
+                reuse_address=True,
+                backlog=1024,
+            )
+            self.servers.append(server)
+
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        out: list[tuple[str, int]] = []
+        for server in self.servers:
+            for sock in server.sockets:
+                name: Any = sock.getsockname()
+                out.append((name[0], name[1]))
+        return out
+
+    async def stop(self) -> None:
+        """Stop listening, close every client with 320 CONNECTION_FORCED, and wait briefly."""
+        for server in self.servers:
+            server.close()
+        for connection in list(self.broker.connections):
+            connection.force_close()
+        for server in self.servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 0.5)
+        for connection in list(self.broker.connections):
+            connection.connection_lost()
+            connection.transport.close()

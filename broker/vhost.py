@@ -1,0 +1,342 @@
+"""A virtual host: its exchanges, queues and bindings, and routing between them."""
+
+from __future__ import annotations
+
+import base64
+import os
+from typing import TYPE_CHECKING, Any
+
+from broker.arguments import check_equivalent_arguments, validate_queue_arguments
+from broker.dead_letter import dead_letter_copy
+from broker.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exchange
+from broker.message import Message
+from broker.queue import Queue
+from protocol.constants import (
+    ACCESS_REFUSED,
+    COMMAND_INVALID,
+    NOT_FOUND,
+    PRECONDITION_FAILED,
+    RESOURCE_LOCKED,
+)
+from protocol.errors import ChannelError, ConnectionError_
+
+if TYPE_CHECKING:
+    from broker.timers import Timers
+
+STANDARD_EXCHANGES = (
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
+
+
+class DefaultExchange(DirectExchange):
+    """The nameless exchange: routes to the queue named by the routing key."""
+
+    def __init__(self, vhost: VirtualHost) -> None:
+        super().__init__("", durable=True)
+        self._queues = vhost.queues
+
+    def route(self, routing_key: str, headers: Any) -> list[Any]:
+        queue = self._queues.get(routing_key)
+        return [queue] if queue is not None else []
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+class VirtualHost:
+    def __init__(self, name: str, timers: Timers) -> None:
+        self.name = name
+        self.timers = timers
+        self.queues: dict[str, Queue] = {}
+        self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self)}
+        for ex_name, kind in STANDARD_EXCHANGES:
+            self.exchanges[ex_name] = EXCHANGE_TYPES[kind](ex_name, durable=True)
+
+    # ---- names and lookups ----
+
+    def _where(self) -> str:
+        return f"in vhost '{self.name}'"
+
+    def exchange(self, name: str) -> Exchange:
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            raise ChannelError(NOT_FOUND, f"no exchange '{name}' {self._where()}")
+        return exchange
+
+    def queue(self, name: str, connection: object | None = None) -> Queue:
+        queue = self.queues.get(name)
+        if queue is None:
+            raise ChannelError(NOT_FOUND, f"no queue '{name}' {self._where()}")
+        if connection is not None:
+            self.check_exclusive(queue, connection)
+        return queue
+
+    def check_exclusive(self, queue: Queue, connection: object) -> None:
+        if queue.exclusive_owner is not None and queue.exclusive_owner is not connection:
+            raise ChannelError(
+                RESOURCE_LOCKED,
+                f"cannot obtain exclusive access to locked queue '{queue.name}' {self._where()}. "
+                "It could be originally declared on another connection or the exclusive "
+                "property value does not match that of the original declaration.",
+            )
+
+    @staticmethod
+    def _not_default(name: str) -> None:
+        if name == "":
+            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
+
+    # ---- exchanges ----
+
+    def declare_exchange(
+        self,
+        name: str,
+        kind: str,
+        *,
+        passive: bool,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        arguments: dict[str, Any],
+    ) -> Exchange:
+        self._not_default(name)
+        existing = self.exchanges.get(name)
+        if passive:
+            if existing is None:
+                raise ChannelError(NOT_FOUND, f"no exchange '{name}' {self._where()}")
+            return existing
+        if name.startswith("amq.") and existing is None:
+            raise ChannelError(
+                ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'"
+            )
+        cls = EXCHANGE_TYPES.get(kind)
+        if cls is None:
+            raise ConnectionError_(COMMAND_INVALID, f"unknown exchange type '{kind}'")
+        if existing is not None:
+            self._check_exchange_equivalent(
+                existing, kind, durable, auto_delete, internal, arguments
+            )
+            return existing
+        exchange = cls(
+            name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments
+        )
+        self.exchanges[name] = exchange
+        return exchange
+
+    def _check_exchange_equivalent(
+        self,
+        existing: Exchange,
+        kind: str,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        arguments: dict[str, Any],
+    ) -> None:
+        where = f"for exchange '{existing.name}' {self._where()}"
+        checks = (
+            ("type", kind, existing.kind),
+            ("durable", _bool(durable), _bool(existing.durable)),
+            ("auto_delete", _bool(auto_delete), _bool(existing.auto_delete)),
+            ("internal", _bool(internal), _bool(existing.internal)),
+        )
+        for arg, got, have in checks:
+            if got != have:
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"inequivalent arg '{arg}' {where}: received '{got}' but current is '{have}'",
+                )
+        got_ae = arguments.get("alternate-exchange")
+        have_ae = existing.arguments.get("alternate-exchange")
+        if got_ae != have_ae:
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"inequivalent arg 'alternate-exchange' {where}: "
+                f"received {_describe(got_ae)} but current is {_describe(have_ae)}",
+            )
+
+    def delete_exchange(self, name: str, if_unused: bool) -> None:
+        self._not_default(name)
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            return  # RabbitMQ: deleting a missing exchange succeeds
+        if name.startswith("amq.") and name in dict(STANDARD_EXCHANGES):
+            raise ChannelError(
+                ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'"
+            )
+        if if_unused and (exchange.bindings or self._is_destination(exchange)):
+            raise ChannelError(
+                PRECONDITION_FAILED, f"exchange '{name}' {self._where()} in use"
+            )
+        self._remove_exchange(exchange)
+
+    def _is_destination(self, exchange: Exchange) -> bool:
+        return any(
+            b.destination is exchange for ex in self.exchanges.values() for b in ex.bindings.values()
+        )
+
+    def _remove_exchange(self, exchange: Exchange) -> None:
+        exchange.deleted = True
+        self.exchanges.pop(exchange.name, None)
+        exchange.bindings.clear()
+        exchange._bindings_changed()
+        for other in list(self.exchanges.values()):
+            if any(b.destination is exchange for b in other.bindings.values()):
+                other.unbind_destination(exchange)
+                self._maybe_auto_delete(other)
+
+    def _maybe_auto_delete(self, exchange: Exchange) -> None:
+        if exchange.auto_delete and not exchange.bindings and not exchange.deleted:
+            self._remove_exchange(exchange)
+
+    # ---- queues ----
+
+    def new_queue_name(self) -> str:
+        while True:
+            name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+            if name not in self.queues:
+                return name
+
+    def declare_queue(
+        self,
+        name: str,
+        *,
+        connection: object,
+        server_named: bool = False,
+        passive: bool,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        arguments: dict[str, Any],
+    ) -> Queue:
+        existing = self.queues.get(name)
+        if passive:
+            if existing is None:
+                raise ChannelError(NOT_FOUND, f"no queue '{name}' {self._where()}")
+            self.check_exclusive(existing, connection)
+            existing.touch()
+            return existing
+        if existing is not None:
+            self.check_exclusive(existing, connection)
+            if exclusive and existing.exclusive_owner is None:
+                self.check_exclusive(existing, object())  # RabbitMQ: exclusive mismatch is 405
+            where = f"for queue '{name}' {self._where()}"
+            for arg, got, have in (
+                ("durable", durable, existing.durable),
+                ("auto_delete", auto_delete, existing.auto_delete),
+            ):
+                if got != have:
+                    raise ChannelError(
+                        PRECONDITION_FAILED,
+                        f"inequivalent arg '{arg}' {where}: received '{_bool(got)}' "
+                        f"but current is '{_bool(have)}'",
+                    )
+            check_equivalent_arguments(existing.arguments, arguments, name, self.name)
+            existing.touch()
+            return existing
+        if name.startswith("amq.") and not server_named:
+            raise ChannelError(
+                ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'"
+            )
+        validate_queue_arguments(arguments, name, self.name)
+        queue = Queue(
+            self,
+            name,
+            durable=durable,
+            exclusive_owner=connection if exclusive else None,
+            auto_delete=auto_delete,
+            arguments=arguments,
+        )
+        self.queues[name] = queue
+        return queue
+
+    def delete_queue(self, queue: Queue) -> int:
+        """Delete a queue with its bindings and messages; cancel its consumers."""
+        if queue.deleted:
+            return 0
+        count = queue.ready_count
+        self.queues.pop(queue.name, None)
+        for exchange in list(self.exchanges.values()):
+            if any(b.destination is queue for b in exchange.bindings.values()):
+                exchange.unbind_destination(queue)
+                self._maybe_auto_delete(exchange)
+        queue.close()
+        for consumer in list(queue.consumers):
+            consumer.channel.consumer_cancelled_by_broker(consumer)
+        queue.consumers.clear()
+        return count
+
+    # ---- bindings ----
+
+    def bind(
+        self, source: str, destination: Any, routing_key: str, arguments: dict[str, Any]
+    ) -> None:
+        self._not_default(source)
+        exchange = self.exchange(source)
+        exchange.bind(Binding(destination, routing_key, arguments))
+
+    def unbind(
+        self, source: str, destination: Any, routing_key: str, arguments: dict[str, Any]
+    ) -> None:
+        self._not_default(source)
+        exchange = self.exchange(source)
+        exchange.unbind(destination, routing_key, arguments)
+        self._maybe_auto_delete(exchange)
+
+    # ---- routing ----
+
+    def route(self, exchange: Exchange, msg: Message) -> list[Queue]:
+        """The queues a message published to ``exchange`` reaches."""
+        dests = exchange.route(msg.routing_key, lambda: msg.headers)
+        if not exchange.has_exchange_destinations and (dests or not exchange.alternate_exchange):
+            return dests
+        queues: list[Queue] = []
+        self._route_into(exchange, msg, queues, {id(exchange)})
+        return queues
+
+    def _route_into(
+        self, exchange: Exchange, msg: Message, queues: list[Queue], seen: set[int]
+    ) -> None:
+        before = len(queues)
+        for dest in exchange.route(msg.routing_key, lambda: msg.headers):
+            if isinstance(dest, Exchange):
+                if id(dest) not in seen:
+                    seen.add(id(dest))
+                    self._route_into(dest, msg, queues, seen)
+            elif dest not in queues:
+                queues.append(dest)
+        if len(queues) == before and exchange.alternate_exchange is not None:
+            alternate = self.exchanges.get(exchange.alternate_exchange)
+            if alternate is not None and id(alternate) not in seen:
+                seen.add(id(alternate))
+                self._route_into(alternate, msg, queues, seen)
+
+    def dead_letter(self, queue: Queue, msg: Message, reason: str) -> None:
+        """Route a dead-lettered copy through the queue's dead-letter exchange, if it exists."""
+        dlx_name = queue.dead_letter_exchange
+        if dlx_name is None:
+            return
+        exchange = self.exchanges.get(dlx_name)
+        if exchange is None:
+            return  # RabbitMQ drops the message silently
+        routing_key = queue.dead_letter_routing_key
+        copy, deaths = dead_letter_copy(
+            msg, queue.name, reason, dlx_name,
+            routing_key if routing_key is not None else msg.routing_key,
+        )
+        targets = self.route(exchange, copy)
+        if reason != "rejected" and not any(d.get("reason") == "rejected" for d in deaths):
+            # a cycle with no rejection in it would spin forever: drop those targets
+            seen_queues = {d.get("queue") for d in deaths[1:]} | {queue.name}
+            targets = [q for q in targets if q.name not in seen_queues]
+        for i, target in enumerate(targets):
+            target.publish(copy if i == 0 else copy.copy(), None)
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "none"
+    return f"the value '{value}' of type 'longstr'"

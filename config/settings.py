@@ -1,0 +1,55 @@
+"""The broker's settings, with RabbitMQ's defaults.
+
+One frozen dataclass that every part of Warren reads; ``config.parser``
+fills it from a rabbitmq.conf-style file and the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Listener:
+    name: str
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class Settings:
+    # listeners.tcp.default / listeners.tcp.<name>; RabbitMQ binds all interfaces on 5672
+    listeners: tuple[Listener, ...] = (Listener("default", "0.0.0.0", 5672),)
+    default_user: str = "guest"
+    default_pass: str = field(default="guest", repr=False)
+    default_vhost: str = "/"
+    default_permissions: tuple[str, str, str] = (".*", ".*", ".*")  # configure, write, read
+    default_user_tags: tuple[str, ...] = ("administrator",)
+    # users that may only connect from loopback (RabbitMQ: guest)
+    loopback_users: tuple[str, ...] = ("guest",)
+    heartbeat: int = 60  # seconds, 0 disables
+    frame_max: int = 131072
+    channel_max: int = 2047
+    handshake_timeout: int = 10000  # ms
+    consumer_timeout: int | None = 1800000  # ms; None = disabled (Warren: `infinity`)
+    consumer_max_per_channel: int | None = None  # None = unlimited
+    max_message_size: int = 16 * 1024 * 1024
+    log_console: bool = True
+    log_level: str = "info"
+    log_formatter: str = "plaintext"  # or "json"
+    management_port: int | None = 15672
+    management_ip: str = "0.0.0.0"
+    prometheus_port: int | None = 15692
+    vm_memory_high_watermark_relative: float | None = 0.6
+    vm_memory_high_watermark_absolute: int | None = None  # bytes
+    disk_free_limit_absolute: int = 50 * 1000 * 1000  # bytes
+    load_definitions: str | None = None
+    data_dir: str = "./data"
+    # keys of a real rabbitmq.conf that Warren accepts but does not use
+    ignored_keys: tuple[str, ...] = field(default=(), compare=False)
+    # the files these settings were read from, in the order they were applied
+    config_files: tuple[str, ...] = field(default=(), compare=False)
+
+    def replace(self, **changes: object) -> Settings:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

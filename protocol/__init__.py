@@ -1,0 +1,18 @@
+"""AMQP 0-9-1 without I/O: frames and field tables in, methods and events out.
+
+Nothing here imports asyncio or touches a socket; feed it bytes with
+``ProtocolConnection.receive_data`` and read events with ``next_event``.
+"""
+
+from protocol.connection import NEED_DATA, Content, ProtocolConnection, Sentinel
+from protocol.errors import AMQPError, ChannelError, ConnectionError_
+
+__all__ = [
+    "NEED_DATA",
+    "AMQPError",
+    "ChannelError",
+    "Content",
+    "ConnectionError_",
+    "ProtocolConnection",
+    "Sentinel",
+]

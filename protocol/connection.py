@@ -1,0 +1,315 @@
+"""The sans-IO side of an AMQP connection: bytes in, events out.
+
+``receive_data`` takes whatever the socket gave; ``next_event`` returns the
+next complete thing the client said, or ``NEED_DATA``. Like h11, the caller
+handles each event before asking for the next, so a channel.close the broker
+sends (``close_channel``) takes effect for the very next frame.
+
+This module owns the framing rules (sizes, frame-end octets, content
+assembly, frames on unopened or closing channels). What the methods mean
+is the broker's business.
+"""
+
+from __future__ import annotations
+
+from enum import Enum, auto
+from struct import Struct
+
+from pamqp import commands
+
+from protocol.constants import (
+    CHANNEL_ERROR,
+    FRAME_BODY,
+    FRAME_ERROR,
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    NOT_ALLOWED,
+    PRECONDITION_FAILED,
+    PROTOCOL_HEADER,
+    UNEXPECTED_FRAME,
+)
+from protocol.errors import ChannelError, ConnectionError_
+from protocol.methods import BasicPublish, Method, decode_method
+
+_frame_head = Struct(">BHI")
+_content_head = Struct(">HHQ")
+
+
+class Sentinel(Enum):
+    NEED_DATA = auto()  # nothing complete yet
+    PROTOCOL_HEADER = auto()  # a valid AMQP 0-9-1 header arrived: send connection.start
+    BAD_PROTOCOL_HEADER = auto()  # send PROTOCOL_HEADER back and close
+    HEARTBEAT = auto()
+
+
+NEED_DATA = Sentinel.NEED_DATA
+
+
+class Content:
+    """A complete basic.publish: method, raw property bytes, body."""
+
+    __slots__ = ("body", "method", "properties")
+
+    def __init__(self, method: BasicPublish, properties: bytes, body: bytes) -> None:
+        self.method = method
+        self.properties = properties
+        self.body = body
+
+
+Event = tuple[int, Method | Content] | Sentinel
+
+
+class _Channel:
+    __slots__ = ("body_size", "closing", "parts", "pending", "properties", "received")
+
+    def __init__(self) -> None:
+        self.closing = False
+        self.pending: BasicPublish | None = None  # publish waiting for its content
+        self.properties = b""
+        self.body_size = 0
+        self.received = 0
+        self.parts: list[bytes] = []
+
+
+class ProtocolConnection:
+    def __init__(self, frame_max: int, max_message_size: int) -> None:
+        self._buf = b""
+        self._off = 0
+        self.header_done = False
+        self.failed = False
+        self.closing = False  # the broker sent connection.close
+        self.frame_max = frame_max
+        self.channel_max = 0  # 0 = no limit until tuned
+        self.max_message_size = max_message_size
+        self.channels: dict[int, _Channel] = {}
+
+    # ---- driven by the broker ----
+
+    def tuned(self, frame_max: int, channel_max: int) -> None:
+        self.frame_max = frame_max
+        self.channel_max = channel_max
+
+    def close_channel(self, channel: int) -> None:
+        """The broker sent channel.close: drop everything on it until close-ok."""
+        state = self.channels.get(channel)
+        if state is not None:
+            state.closing = True
+            state.pending = None
+            state.parts = []
+
+    def channel_closed(self, channel: int) -> None:
+        """The broker sent channel.close-ok: the id is free again."""
+        self.channels.pop(channel, None)
+
+    def close(self) -> None:
+        """The broker sent connection.close: only close/close-ok matter from now on."""
+        self.closing = True
+
+    # ---- bytes in ----
+
+    def receive_data(self, data: bytes) -> None:
+        if self._off < len(self._buf):
+            self._buf = self._buf[self._off :] + data
+        else:
+            self._buf = data
+        self._off = 0
+
+    def next_event(self) -> Event:
+        if self.failed:
+            return NEED_DATA
+        try:
+            return self._next_event()
+        except ConnectionError_:
+            self.failed = True
+            raise
+
+    def _next_event(self) -> Event:
+        if not self.header_done:
+            return self._read_protocol_header()
+        buf = self._buf
+        while True:
+            off = self._off
+            avail = len(buf) - off
+            if avail < 7:
+                return NEED_DATA
+            ftype, channel, size = _frame_head.unpack_from(buf, off)
+            if size > self.frame_max:
+                # RabbitMQ allows a payload of frame_max octets and names frame_max - 8 as the limit
+                self.failed = True
+                raise ConnectionError_(
+                    FRAME_ERROR,
+                    f"type {ftype}, all octets = <<>>: "
+                    f"{{frame_too_large,{size},{self.frame_max - 8}}}",
+                )
+            end = off + 7 + size
+            if avail < 8 + size:
+                return NEED_DATA
+            if buf[end] != 0xCE:
+                raise ConnectionError_(
+                    FRAME_ERROR, f"type {ftype}, all octets = <<>>: {{invalid_frame_end_marker,"
+                    f"{buf[end]}}}"
+                )
+            payload = buf[off + 7 : end]
+            self._off = end + 1
+            if ftype == FRAME_METHOD:
+                event = self._method(channel, payload)
+            elif ftype == FRAME_BODY:
+                event = self._body(channel, payload)
+            elif ftype == FRAME_HEADER:
+                event = self._header(channel, payload)
+            elif ftype == FRAME_HEARTBEAT:
+                if channel != 0:
+                    raise ConnectionError_(
+                        FRAME_ERROR, f"heartbeat frame on channel {channel}, expected channel 0"
+                    )
+                event = None
+            else:
+                raise ConnectionError_(
+                    FRAME_ERROR, f"type {ftype}, all octets = <<>>: {{unknown_frame_type,{ftype}}}"
+                )
+            if event is not None:
+                return event
+
+    def _read_protocol_header(self) -> Event:
+        if len(self._buf) - self._off < 8:
+            if PROTOCOL_HEADER.startswith(self._buf[self._off : self._off + 8]):
+                return NEED_DATA
+            self.failed = True
+            return Sentinel.BAD_PROTOCOL_HEADER
+        header = self._buf[self._off : self._off + 8]
+        self._off += 8
+        if header != PROTOCOL_HEADER:
+            self.failed = True
+            return Sentinel.BAD_PROTOCOL_HEADER
+        self.header_done = True
+        return Sentinel.PROTOCOL_HEADER
+
+    def _method(self, channel: int, payload: bytes) -> Event | None:
+        method = decode_method(payload)
+        if channel == 0:
+            if self.closing and not isinstance(
+                method, commands.Connection.Close | commands.Connection.CloseOk
+            ):
+                return None
+            return (0, method)
+        if self.closing:
+            return None
+        state = self.channels.get(channel)
+        if state is None:
+            if isinstance(method, commands.Channel.Open):
+                if self.channel_max and len(self.channels) >= self.channel_max:
+                    raise ConnectionError_(
+                        NOT_ALLOWED,
+                        f"number of channels opened ({len(self.channels)}) has reached the "
+                        f"negotiated channel_max ({self.channel_max})",
+                        20, 10,
+                    )
+                self.channels[channel] = _Channel()
+                return (channel, method)
+            raise ConnectionError_(
+                CHANNEL_ERROR, "expected 'channel.open'",
+                method.index >> 16 if hasattr(method, "index") else 60,
+                method.index & 0xFFFF if hasattr(method, "index") else 40,
+            )
+        if state.closing:
+            if isinstance(method, commands.Channel.CloseOk):
+                del self.channels[channel]
+                return (channel, method)
+            if isinstance(method, commands.Channel.Close):
+                return (channel, method)
+            return None
+        if state.pending is not None:
+            raise ConnectionError_(
+                UNEXPECTED_FRAME,
+                "expected content header for class 60, got non content header frame instead",
+            )
+        if isinstance(method, BasicPublish):
+            state.pending = method
+            return None
+        if isinstance(method, commands.Channel.Open):
+            raise ConnectionError_(CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
+        return (channel, method)
+
+    def _header(self, channel: int, payload: bytes) -> Event | None:
+        state = self.channels.get(channel)
+        if state is None or self.closing:
+            if self.closing:
+                return None
+            raise ConnectionError_(
+                UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
+            )
+        if state.closing:
+            return None
+        if state.pending is None or state.properties or state.received or state.parts:
+            raise ConnectionError_(
+                UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
+            )
+        if len(payload) < 14:
+            raise ConnectionError_(FRAME_ERROR, "content header frame too short")
+        class_id, _weight, body_size = _content_head.unpack_from(payload, 0)
+        if class_id != 60:
+            raise ConnectionError_(
+                UNEXPECTED_FRAME, f"expected content header for class 60, got class {class_id}"
+            )
+        if body_size > self.max_message_size:
+            state.pending = None  # the broker closes the channel; the body frames are dropped
+            error = ChannelError(
+                PRECONDITION_FAILED,
+                f"message size {body_size} is larger than configured max size "
+                f"{self.max_message_size}",
+                60, 40,
+            )
+            error.channel = channel
+            raise error
+        state.properties = payload[12:]
+        if body_size == 0:
+            return self._complete(channel, state, b"")
+        state.body_size = body_size
+        return None
+
+    def _body(self, channel: int, payload: bytes) -> Event | None:
+        state = self.channels.get(channel)
+        if state is None or self.closing:
+            if self.closing:
+                return None
+            raise ConnectionError_(
+                UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
+            )
+        if state.closing:
+            return None
+        if state.pending is None or not state.properties:
+            raise ConnectionError_(
+                UNEXPECTED_FRAME,
+                "expected content header for class 60, got non content header frame instead"
+                if state.pending is not None
+                else "expected method frame, got non method frame instead",
+            )
+        received = state.received + len(payload)
+        if received > state.body_size:
+            raise ConnectionError_(
+                FRAME_ERROR,
+                f"content body is larger than its header said ({received} > {state.body_size})",
+            )
+        if received == state.body_size:
+            if state.parts:
+                state.parts.append(payload)
+                body = b"".join(state.parts)
+                state.parts = []
+            else:
+                body = payload
+            return self._complete(channel, state, body)
+        state.parts.append(payload)
+        state.received = received
+        return None
+
+    @staticmethod
+    def _complete(channel: int, state: _Channel, body: bytes) -> Event:
+        method = state.pending
+        assert method is not None
+        content = Content(method, state.properties, body)
+        state.pending = None
+        state.properties = b""
+        state.received = 0
+        state.body_size = 0
+        return (channel, content)

@@ -1,0 +1,40 @@
+"""AMQP exceptions: raised anywhere, turned into channel.close or connection.close in one place.
+
+Each carries the reply code, the full reply text (``NAME - detail``, as
+RabbitMQ words it) and the class/method ids of the method that caused it.
+"""
+
+from __future__ import annotations
+
+from protocol.constants import REPLY_NAMES
+
+
+class AMQPError(Exception):
+    """A protocol exception; the subclass says whether it closes the channel or the connection."""
+
+    def __init__(self, code: int, detail: str, class_id: int = 0, method_id: int = 0) -> None:
+        self.code = code
+        self.text = f"{REPLY_NAMES.get(code, 'ERROR')} - {detail}"
+        self.class_id = class_id
+        self.method_id = method_id
+        self.channel = 0  # set by the framing layer, which knows the channel but not its owner
+        super().__init__(self.text)
+
+    def at(self, class_id: int, method_id: int) -> AMQPError:
+        """Name the method that failed, unless a more precise one was set where it was raised."""
+        if not self.class_id:
+            self.class_id, self.method_id = class_id, method_id
+        return self
+
+
+class ChannelError(AMQPError):
+    """Closes the channel (soft error)."""
+
+
+class ConnectionError_(AMQPError):  # noqa: N801 - avoid shadowing the builtin
+    """Closes the whole connection (hard error)."""
+
+
+# Aliases that read well at raise sites.
+AMQPChannelError = ChannelError
+AMQPConnectionError = ConnectionError_

@@ -1,0 +1,270 @@
+"""Method frames: decoding what clients send, encoding what the broker sends.
+
+The hot methods (basic.publish, ack, nack, reject, deliver, the confirms) are
+coded by hand with ``struct``; the rest go through pamqp's classes. Encoding
+never runs pamqp's name validation: RabbitMQ accepts any UTF-8 short string
+as a queue, exchange or consumer name, and the methods that echo names back
+must carry them unchanged.
+"""
+
+from __future__ import annotations
+
+from struct import Struct, error as StructError
+from typing import Any
+
+from pamqp import base, commands, encode
+
+from protocol.constants import COMMAND_INVALID, FRAME_METHOD, NOT_IMPLEMENTED, SYNTAX_ERROR
+from protocol.errors import ConnectionError_
+from protocol.tables import TableError, decode_table
+
+_HH = Struct(">HH")
+_frame_head = Struct(">BHI")
+_u64_bits = Struct(">QB")
+_u16 = Struct(">H")
+
+
+class BasicPublish:
+    __slots__ = ("exchange", "immediate", "mandatory", "routing_key")
+    name = "Basic.Publish"
+
+    def __init__(self, exchange: str, routing_key: str, mandatory: bool, immediate: bool) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.mandatory = mandatory
+        self.immediate = immediate
+
+
+class BasicAck:
+    __slots__ = ("delivery_tag", "multiple")
+    name = "Basic.Ack"
+
+    def __init__(self, delivery_tag: int, multiple: bool) -> None:
+        self.delivery_tag = delivery_tag
+        self.multiple = multiple
+
+
+class BasicNack:
+    __slots__ = ("delivery_tag", "multiple", "requeue")
+    name = "Basic.Nack"
+
+    def __init__(self, delivery_tag: int, multiple: bool, requeue: bool) -> None:
+        self.delivery_tag = delivery_tag
+        self.multiple = multiple
+        self.requeue = requeue
+
+
+class BasicReject:
+    __slots__ = ("delivery_tag", "requeue")
+    name = "Basic.Reject"
+
+    def __init__(self, delivery_tag: int, requeue: bool) -> None:
+        self.delivery_tag = delivery_tag
+        self.requeue = requeue
+
+
+Method = Any  # a pamqp command or one of the hand-decoded classes above
+
+
+def _shortstr(buf: bytes, off: int) -> tuple[str, int]:
+    n = buf[off]
+    end = off + 1 + n
+    if end > len(buf):
+        raise IndexError
+    return bytes(buf[off + 1 : end]).decode("utf-8", "surrogateescape"), end
+
+
+def decode_method(payload: bytes) -> Method:
+    """Decode a method frame's payload; unknown or malformed methods close the connection."""
+    try:
+        class_id, method_id = _HH.unpack_from(payload, 0)
+    except StructError:
+        raise ConnectionError_(SYNTAX_ERROR, "method frame too short to name a method") from None
+    try:
+        if class_id == 60:
+            if method_id == 40:
+                exchange, off = _shortstr(payload, 6)
+                routing_key, off = _shortstr(payload, off)
+                bits = payload[off]
+                return BasicPublish(exchange, routing_key, bool(bits & 1), bool(bits & 2))
+            if method_id == 80:
+                tag, bits = _u64_bits.unpack_from(payload, 4)
+                return BasicAck(tag, bool(bits & 1))
+            if method_id == 120:
+                tag, bits = _u64_bits.unpack_from(payload, 4)
+                return BasicNack(tag, bool(bits & 1), bool(bits & 2))
+            if method_id == 90:
+                tag, bits = _u64_bits.unpack_from(payload, 4)
+                return BasicReject(tag, bool(bits & 1))
+    except (IndexError, StructError):
+        raise _malformed(class_id, method_id) from None
+    cls = commands.INDEX_MAPPING.get((class_id << 16) | method_id)
+    if cls is None:
+        raise ConnectionError_(
+            NOT_IMPLEMENTED, f"unknown method (class {class_id}, method {method_id})",
+            class_id, method_id,
+        )
+    method = cls.__new__(cls)
+    try:
+        _unmarshal(method, payload[4:])
+    except (IndexError, StructError, ValueError, TypeError, TableError):
+        raise _malformed(class_id, method_id) from None
+    return method
+
+
+def _malformed(class_id: int, method_id: int) -> ConnectionError_:
+    return ConnectionError_(
+        SYNTAX_ERROR, f"malformed method frame (class {class_id}, method {method_id})",
+        class_id, method_id,
+    )
+
+
+_DECODERS: dict[str, Struct] = {
+    "octet": Struct(">B"),
+    "short": Struct(">H"),
+    "long": Struct(">I"),
+    "longlong": Struct(">Q"),
+    "timestamp": Struct(">Q"),
+}
+
+
+def _unmarshal(method: base.Frame, data: bytes) -> None:
+    """pamqp's field walk, with our field-table decoder (depth-limited, RabbitMQ types)."""
+    off = 0
+    bit_index = 8
+    bits = 0
+    for attr in method.__slots__:
+        kind = getattr(type(method), "_" + attr)
+        if kind == "bit":
+            if bit_index == 8:
+                bits = data[off]
+                off += 1
+                bit_index = 0
+            setattr(method, attr, bool(bits & (1 << bit_index)))
+            bit_index += 1
+            continue
+        bit_index = 8
+        if kind == "shortstr":
+            value, off = _shortstr(data, off)
+        elif kind == "longstr":
+            (n,) = _DECODERS["long"].unpack_from(data, off)
+            off += 4
+            if off + n > len(data):
+                raise IndexError
+            value = bytes(data[off : off + n])
+            off += n
+        elif kind == "table":
+            value, off = decode_table(data, off)
+        else:
+            decoder = _DECODERS[kind]
+            (value,) = decoder.unpack_from(data, off)
+            off += decoder.size
+        setattr(method, attr, value)
+
+
+def encode_method_payload(method: base.Frame) -> bytes:
+    """pamqp's field walk without its name validation."""
+    out = [_HH.pack(method.index >> 16, method.index & 0xFFFF)]
+    bit_index = -1
+    byte = 0
+    for attr in method.__slots__:
+        kind = getattr(type(method), "_" + attr)
+        value = getattr(method, attr, 0)
+        if kind == "bit":
+            if bit_index == -1:
+                byte, bit_index = 0, 0
+            if value:
+                byte |= 1 << bit_index
+            bit_index += 1
+            if bit_index == 8:
+                out.append(bytes((byte,)))
+                bit_index = -1
+            continue
+        if bit_index != -1:
+            out.append(bytes((byte,)))
+            bit_index = -1
+        if kind == "shortstr":
+            raw = (value or "").encode("utf-8", "surrogateescape")
+            out.append(bytes((len(raw),)) + raw)
+        elif kind == "longstr":
+            raw = value if isinstance(value, bytes) else str(value or "").encode()
+            out.append(len(raw).to_bytes(4, "big") + raw)
+        elif kind == "table":
+            from protocol.tables import encode_table
+
+            out.append(encode_table(value or {}))
+        else:
+            out.append(encode.by_type(value or 0, kind))
+    if bit_index != -1:
+        out.append(bytes((byte,)))
+    return b"".join(out)
+
+
+def method_frame(channel: int, method: base.Frame) -> bytes:
+    payload = encode_method_payload(method)
+    return _frame_head.pack(FRAME_METHOD, channel, len(payload)) + payload + b"\xce"
+
+
+# ---- hand-coded server methods on the message path ----
+
+_ack_frame = Struct(">BHIHHQBB")  # frame head, class, method, tag, bits, frame end
+
+
+def ack_frame(channel: int, delivery_tag: int, multiple: bool) -> bytes:
+    return _ack_frame.pack(1, channel, 13, 60, 80, delivery_tag, multiple, 0xCE)
+
+
+def nack_frame(channel: int, delivery_tag: int, multiple: bool) -> bytes:
+    return _ack_frame.pack(1, channel, 13, 60, 120, delivery_tag, multiple | 2, 0xCE)
+
+
+def shortstr(value: str) -> bytes:
+    raw = value.encode("utf-8", "surrogateescape")
+    return bytes((len(raw),)) + raw
+
+
+_deliver_tail = Struct(">QB")
+
+
+def deliver_frame(channel: int, ctag_enc: bytes, tag: int, redelivered: bool, ex_rk: bytes) -> bytes:
+    """basic.deliver; ``ctag_enc`` and ``ex_rk`` are pre-encoded short strings."""
+    size = 4 + len(ctag_enc) + 9 + len(ex_rk)
+    return b"".join((
+        _frame_head.pack(1, channel, size),
+        b"\x00\x3c\x00\x3c",
+        ctag_enc,
+        _deliver_tail.pack(tag, redelivered),
+        ex_rk,
+        b"\xce",
+    ))
+
+
+_get_ok_tail = Struct(">I")
+
+
+def get_ok_frame(channel: int, tag: int, redelivered: bool, ex_rk: bytes, count: int) -> bytes:
+    size = 4 + 9 + len(ex_rk) + 4
+    return b"".join((
+        _frame_head.pack(1, channel, size),
+        b"\x00\x3c\x00\x47",
+        _deliver_tail.pack(tag, redelivered),
+        ex_rk,
+        _get_ok_tail.pack(count),
+        b"\xce",
+    ))
+
+
+def return_frame(channel: int, code: int, text: str, ex_rk: bytes) -> bytes:
+    body = b"\x00\x3c\x00\x32" + _u16.pack(code) + shortstr(text) + ex_rk
+    return _frame_head.pack(1, channel, len(body)) + body + b"\xce"
+
+
+def cancel_frame(channel: int, consumer_tag: str) -> bytes:
+    """Server-sent basic.cancel (nowait), for consumer_cancel_notify clients."""
+    body = b"\x00\x3c\x00\x1e" + shortstr(consumer_tag) + b"\x01"
+    return _frame_head.pack(1, channel, len(body)) + body + b"\xce"
+
+
+def check_exchange_type_known(kind: str, known: set[str]) -> None:
+    if kind not in known:
+        raise ConnectionError_(COMMAND_INVALID, f"unknown exchange type '{kind}'", 40, 10)

@@ -1,0 +1,119 @@
+"""Basic content properties, kept as the bytes the publisher sent.
+
+The broker forwards a message's property bytes untouched; it only looks
+inside when it must (expiration, headers for routing, the x-death headers
+of a dead-lettered copy). ``split_properties`` cuts the bytes into one raw
+field per property, ``join_properties`` puts them back, so an edit of one
+property leaves every other byte as it was.
+"""
+
+from __future__ import annotations
+
+from struct import Struct
+from typing import Any
+
+from protocol.tables import FieldValue, TableError, decode_table
+
+# (name, flag bit, wire type) in wire order
+PROPERTIES: tuple[tuple[str, int, str], ...] = (
+    ("content_type", 1 << 15, "shortstr"),
+    ("content_encoding", 1 << 14, "shortstr"),
+    ("headers", 1 << 13, "table"),
+    ("delivery_mode", 1 << 12, "octet"),
+    ("priority", 1 << 11, "octet"),
+    ("correlation_id", 1 << 10, "shortstr"),
+    ("reply_to", 1 << 9, "shortstr"),
+    ("expiration", 1 << 8, "shortstr"),
+    ("message_id", 1 << 7, "shortstr"),
+    ("timestamp", 1 << 6, "timestamp"),
+    ("type", 1 << 5, "shortstr"),
+    ("user_id", 1 << 4, "shortstr"),
+    ("app_id", 1 << 3, "shortstr"),
+    ("cluster_id", 1 << 2, "shortstr"),
+)
+FLAG_HEADERS = 1 << 13
+FLAG_DELIVERY_MODE = 1 << 12
+FLAG_PRIORITY = 1 << 11
+FLAG_EXPIRATION = 1 << 8
+FLAG_USER_ID = 1 << 4
+_FLAGS = {name: flag for name, flag, _ in PROPERTIES}
+
+_u16 = Struct(">H")
+_u32 = Struct(">I")
+
+
+class PropertiesError(ValueError):
+    """The content header's property list does not decode."""
+
+
+def split_properties(raw: bytes) -> dict[str, bytes]:
+    """Map each present property to its encoded field (length prefix included)."""
+    if len(raw) < 2:
+        raise PropertiesError("content header property flags truncated")
+    (flags,) = _u16.unpack_from(raw, 0)
+    if flags & 0b11:  # bit 0 would continue the flag word; 0-9-1 defines no more properties
+        raise PropertiesError("reserved property flags set")
+    off = 2
+    fields: dict[str, bytes] = {}
+    size = len(raw)
+    for name, flag, kind in PROPERTIES:
+        if not flags & flag:
+            continue
+        start = off
+        if kind == "shortstr":
+            if off >= size:
+                raise PropertiesError(f"property {name} truncated")
+            off += 1 + raw[off]
+        elif kind == "octet":
+            off += 1
+        elif kind == "timestamp":
+            off += 8
+        else:  # table
+            if off + 4 > size:
+                raise PropertiesError(f"property {name} truncated")
+            off += 4 + _u32.unpack_from(raw, off)[0]
+        if off > size:
+            raise PropertiesError(f"property {name} truncated")
+        fields[name] = bytes(raw[start:off])
+    return fields
+
+
+def join_properties(fields: dict[str, bytes]) -> bytes:
+    flags = 0
+    parts = []
+    for name, flag, _ in PROPERTIES:
+        value = fields.get(name)
+        if value is not None:
+            flags |= flag
+            parts.append(value)
+    return _u16.pack(flags) + b"".join(parts)
+
+
+def decode_field(name: str, raw: bytes) -> FieldValue:
+    kind = next(k for n, _, k in PROPERTIES if n == name)
+    if kind == "shortstr":
+        return raw[1:].decode("utf-8", "replace")
+    if kind == "octet":
+        return raw[0]
+    if kind == "timestamp":
+        return int.from_bytes(raw, "big")
+    try:
+        return decode_table(raw)[0]
+    except TableError as exc:
+        raise PropertiesError(str(exc)) from None
+
+
+def encode_shortstr(value: str) -> bytes:
+    data = value.encode()
+    if len(data) > 255:
+        raise ValueError("short string longer than 255 octets")
+    return bytes((len(data),)) + data
+
+
+def read_properties(raw: bytes) -> dict[str, Any]:
+    """All properties, decoded (for the management API and tests)."""
+    return {name: decode_field(name, value) for name, value in split_properties(raw).items()}
+
+
+def has_flag(raw: bytes, flag: int) -> bool:
+    return len(raw) >= 2 and bool(_u16.unpack_from(raw, 0)[0] & flag)

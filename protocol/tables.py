@@ -1,0 +1,227 @@
+"""AMQP field tables and arrays (RabbitMQ's dialect of the 0-9-1 types).
+
+Decoding gives plain Python values. Encoding picks the types RabbitMQ itself
+writes (``l`` for integers, ``S`` for strings), which is what matters for the
+headers the broker adds (x-death and friends). ``table_entries``/``join_entries``
+edit a table without decoding the values the broker does not touch, so a
+client's header types survive byte for byte.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+from struct import Struct
+from typing import Any
+
+from protocol.constants import SYNTAX_ERROR
+from protocol.errors import ConnectionError_
+
+MAX_DEPTH = 64  # nesting of tables/arrays; deeper input is rejected, not recursed into
+
+_u8 = Struct(">B")
+_i8 = Struct(">b")
+_i16 = Struct(">h")
+_u16 = Struct(">H")
+_i32 = Struct(">i")
+_u32 = Struct(">I")
+_i64 = Struct(">q")
+_u64 = Struct(">Q")
+_f32 = Struct(">f")
+_f64 = Struct(">d")
+
+FieldValue = Any
+
+
+class TableError(ValueError):
+    """Malformed field table."""
+
+
+def _need(buf: bytes, offset: int, n: int) -> None:
+    if offset + n > len(buf):
+        raise TableError("field table truncated")
+
+
+def _value(buf: bytes, off: int, depth: int) -> tuple[FieldValue, int]:
+    _need(buf, off, 1)
+    kind = buf[off]
+    off += 1
+    if kind == 0x53:  # 'S' long string: bytes on the wire, text when it decodes
+        _need(buf, off, 4)
+        (n,) = _u32.unpack_from(buf, off)
+        off += 4
+        _need(buf, off, n)
+        raw = bytes(buf[off : off + n])
+        try:
+            return raw.decode(), off + n
+        except UnicodeDecodeError:
+            return raw, off + n
+    if kind == 0x49:  # 'I'
+        _need(buf, off, 4)
+        return _i32.unpack_from(buf, off)[0], off + 4
+    if kind in (0x6C, 0x4C):  # 'l', 'L'
+        _need(buf, off, 8)
+        return _i64.unpack_from(buf, off)[0], off + 8
+    if kind == 0x74:  # 't'
+        _need(buf, off, 1)
+        return buf[off] != 0, off + 1
+    if kind == 0x46:  # 'F'
+        return _table(buf, off, depth + 1)
+    if kind == 0x41:  # 'A'
+        return _array(buf, off, depth + 1)
+    if kind == 0x62:  # 'b'
+        _need(buf, off, 1)
+        return _i8.unpack_from(buf, off)[0], off + 1
+    if kind == 0x42:  # 'B'
+        _need(buf, off, 1)
+        return buf[off], off + 1
+    if kind == 0x73:  # 's' (RabbitMQ: short int)
+        _need(buf, off, 2)
+        return _i16.unpack_from(buf, off)[0], off + 2
+    if kind == 0x75:  # 'u'
+        _need(buf, off, 2)
+        return _u16.unpack_from(buf, off)[0], off + 2
+    if kind == 0x69:  # 'i'
+        _need(buf, off, 4)
+        return _u32.unpack_from(buf, off)[0], off + 4
+    if kind == 0x66:  # 'f'
+        _need(buf, off, 4)
+        return _f32.unpack_from(buf, off)[0], off + 4
+    if kind == 0x64:  # 'd'
+        _need(buf, off, 8)
+        return _f64.unpack_from(buf, off)[0], off + 8
+    if kind == 0x44:  # 'D' decimal: scale octet, signed 32-bit value
+        _need(buf, off, 5)
+        scale = buf[off]
+        (raw_int,) = _i32.unpack_from(buf, off + 1)
+        return decimal.Decimal(raw_int).scaleb(-scale), off + 5
+    if kind == 0x54:  # 'T'
+        _need(buf, off, 8)
+        (secs,) = _u64.unpack_from(buf, off)
+        try:
+            stamp = datetime.datetime.fromtimestamp(secs, tz=datetime.UTC)
+        except (OverflowError, OSError, ValueError):
+            return secs, off + 8
+        return stamp, off + 8
+    if kind == 0x78:  # 'x' byte array
+        _need(buf, off, 4)
+        (n,) = _u32.unpack_from(buf, off)
+        off += 4
+        _need(buf, off, n)
+        return bytes(buf[off : off + n]), off + n
+    if kind == 0x56:  # 'V'
+        return None, off
+    raise TableError(f"unknown field type {chr(kind)!r}")
+
+
+def _table(buf: bytes, off: int, depth: int) -> tuple[dict[str, FieldValue], int]:
+    if depth > MAX_DEPTH:
+        raise TableError("field table nested too deeply")
+    _need(buf, off, 4)
+    (size,) = _u32.unpack_from(buf, off)
+    off += 4
+    end = off + size
+    _need(buf, off, size)
+    result: dict[str, FieldValue] = {}
+    while off < end:
+        klen = buf[off]
+        off += 1
+        if off + klen > end:
+            raise TableError("field table key truncated")
+        key = bytes(buf[off : off + klen]).decode("utf-8", "replace")
+        off += klen
+        result[key], off = _value(buf, off, depth)
+        if off > end:
+            raise TableError("field table value overruns the table")
+    return result, end
+
+
+def _array(buf: bytes, off: int, depth: int) -> tuple[list[FieldValue], int]:
+    if depth > MAX_DEPTH:
+        raise TableError("field array nested too deeply")
+    _need(buf, off, 4)
+    (size,) = _u32.unpack_from(buf, off)
+    off += 4
+    end = off + size
+    _need(buf, off, size)
+    items: list[FieldValue] = []
+    while off < end:
+        value, off = _value(buf, off, depth)
+        items.append(value)
+    if off > end:
+        raise TableError("field array value overruns the array")
+    return items, end
+
+
+def decode_table(buf: bytes, offset: int = 0) -> tuple[dict[str, FieldValue], int]:
+    """Decode the table at ``offset``; return it and the offset just past it."""
+    return _table(buf, offset, 0)
+
+
+def decode_table_or_fail(buf: bytes, offset: int = 0) -> tuple[dict[str, FieldValue], int]:
+    try:
+        return _table(buf, offset, 0)
+    except TableError as exc:
+        raise ConnectionError_(SYNTAX_ERROR, f"malformed field table: {exc}") from None
+
+
+def encode_value(value: FieldValue) -> bytes:
+    if isinstance(value, bool):
+        return b"t\x01" if value else b"t\x00"
+    if isinstance(value, int):
+        if -(2**63) <= value < 2**63:
+            return b"l" + _i64.pack(value)
+        raise ValueError(f"integer out of range: {value}")
+    if isinstance(value, str):
+        raw = value.encode()
+        return b"S" + _u32.pack(len(raw)) + raw
+    if isinstance(value, bytes | bytearray | memoryview):
+        raw = bytes(value)
+        return b"x" + _u32.pack(len(raw)) + raw
+    if isinstance(value, dict):
+        return b"F" + encode_table(value)
+    if isinstance(value, list | tuple):
+        body = b"".join(encode_value(v) for v in value)
+        return b"A" + _u32.pack(len(body)) + body
+    if isinstance(value, datetime.datetime):
+        return b"T" + _u64.pack(int(value.timestamp()))
+    if isinstance(value, float):
+        return b"d" + _f64.pack(value)
+    if isinstance(value, decimal.Decimal):
+        sign, digits, exponent = value.as_tuple()
+        scale = -int(exponent) if isinstance(exponent, int) and exponent < 0 else 0
+        unscaled = int(value.scaleb(scale))
+        return b"D" + _u8.pack(scale) + _i32.pack(unscaled)
+    if value is None:
+        return b"V"
+    raise ValueError(f"cannot encode {type(value).__name__} in a field table")
+
+
+def encode_key(key: str) -> bytes:
+    raw = key.encode()
+    return _u8.pack(len(raw)) + raw
+
+
+def encode_table(table: dict[str, FieldValue]) -> bytes:
+    body = b"".join(encode_key(k) + encode_value(v) for k, v in table.items())
+    return _u32.pack(len(body)) + body
+
+
+def table_entries(buf: bytes, offset: int = 0) -> tuple[dict[str, bytes], int]:
+    """Split a table into key -> encoded value (type octet included), values left undecoded."""
+    (size,) = _u32.unpack_from(buf, offset)
+    off = offset + 4
+    end = off + size
+    entries: dict[str, bytes] = {}
+    while off < end:
+        klen = buf[off]
+        key = bytes(buf[off + 1 : off + 1 + klen]).decode("utf-8", "replace")
+        start = off + 1 + klen
+        _, off = _value(buf, start, 0)
+        entries[key] = bytes(buf[start:off])
+    return entries, end
+
+
+def join_entries(entries: dict[str, bytes]) -> bytes:
+    body = b"".join(encode_key(k) + v for k, v in entries.items())
+    return _u32.pack(len(body)) + body

@@ -1,0 +1,38 @@
+"""Fixtures: one Warren broker per test session, in-process on an ephemeral port.
+
+Set ``WARREN_TEST_URL`` to point the same tests at another broker (a local
+RabbitMQ, say) and check that they assert what RabbitMQ does.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from urllib.parse import urlparse
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> Iterator[str]:
+    external = os.environ.get("WARREN_TEST_URL")
+    if external:
+        yield external
+        return
+    from broker.testing import run_broker
+
+    with run_broker() as running:
+        yield running.url
+
+
+@pytest.fixture(scope="session")
+def amqp_addr(amqp_url: str) -> tuple[str, int]:
+    parsed = urlparse(amqp_url)
+    return parsed.hostname or "127.0.0.1", parsed.port or 5672
+
+
+@pytest.fixture
+def name(request: pytest.FixtureRequest) -> str:
+    """A unique queue/exchange name prefix for this test."""
+    return f"t.{request.node.name[:40]}.{uuid.uuid4().hex[:8]}"
