@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+from typing import Any
 
 from broker.logging import configure_logging
 from broker.server import Server
@@ -26,7 +27,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     settings = load_settings(args.config)
     changes: dict[str, object] = {}
     if args.port is not None or args.bind is not None:
-        first = settings.listeners[0] if settings.listeners else Listener("default", "0.0.0.0", 5672)
+        first = (
+            settings.listeners[0] if settings.listeners else Listener("default", "0.0.0.0", 5672)
+        )
         changes["listeners"] = (
             Listener(
                 first.name,
@@ -63,11 +66,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warren-server: configuration error: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_formatter, settings.log_console)
+    runner: Any = asyncio.run
     try:
         import uvloop
+
+        runner = uvloop.run
     except ImportError:
-        uvloop = None
-    runner = uvloop.run if uvloop is not None else asyncio.run
+        pass
     try:
         runner(serve(settings))
     except OSError as exc:

@@ -91,9 +91,8 @@ def validate_queue_arguments(args: dict[str, Any], queue: str, vhost: str) -> No
         elif arg == "x-queue-type":
             if value not in QUEUE_TYPES:
                 raise _invalid(arg, queue, vhost, f"{{unsupported_queue_type,{value!r}}}")
-        elif arg == "x-single-active-consumer":
-            if not isinstance(value, bool):
-                raise _invalid(arg, queue, vhost, f"{{unacceptable_type,{type_name(value)}}}")
+        elif arg == "x-single-active-consumer" and not isinstance(value, bool):
+            raise _invalid(arg, queue, vhost, f"{{unacceptable_type,{type_name(value)}}}")
     if "x-dead-letter-routing-key" in args and "x-dead-letter-exchange" not in args:
         raise ChannelError(
             PRECONDITION_FAILED,

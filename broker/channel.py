@@ -138,8 +138,11 @@ class Channel:
             self.flow_active
             and self.conn.writable
             and (not consumer.prefetch or consumer.unacked < consumer.prefetch)
-            and (not self.prefetch_global or consumer.no_ack
-                 or len(self.unacked) < self.prefetch_global)
+            and (
+                not self.prefetch_global
+                or consumer.no_ack
+                or len(self.unacked) < self.prefetch_global
+            )
         )
 
     def deliver(self, consumer: Consumer, msg: Message) -> None:
@@ -253,14 +256,14 @@ class Channel:
                 taken = list(unacked.values())
                 unacked.clear()
                 return taken
-            taken = []
+            tags: list[int] = []
             for current in unacked:
                 if current > tag:
                     break
-                taken.append(current)
-            if not taken or taken[-1] != tag:
+                tags.append(current)
+            if not tags or tags[-1] != tag:
                 raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-            return [unacked.pop(t) for t in taken]
+            return [unacked.pop(t) for t in tags]
         msg = unacked.pop(tag, None)
         if msg is None:
             raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
@@ -359,12 +362,15 @@ class Channel:
             )
         limit = self.conn.broker.settings.consumer_max_per_channel
         if limit is not None and len(self.consumers) >= limit:
-            raise ChannelError(
-                NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel"
-            )
+            raise ChannelError(NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel")
         consumer = Consumer(
-            tag, self, queue, method.no_ack, method.exclusive,
-            0 if method.no_ack else self.prefetch_count, method.arguments or {},
+            tag,
+            self,
+            queue,
+            method.no_ack,
+            method.exclusive,
+            0 if method.no_ack else self.prefetch_count,
+            method.arguments or {},
         )
         self.consumers[tag] = consumer
         if not method.nowait:
@@ -372,7 +378,7 @@ class Channel:
         queue.add_consumer(consumer)
 
     def on_basic_cancel(self, method: commands.Basic.Cancel) -> None:
-        consumer = self.consumers.pop(method.consumer_tag, None)
+        consumer = self.consumers.pop(method.consumer_tag or "", None)
         if not method.nowait:
             self.reply(commands.Basic.CancelOk(consumer_tag=method.consumer_tag))
         if consumer is not None:
@@ -410,7 +416,7 @@ class Channel:
         self._reject(msgs, True)
 
     def on_channel_flow(self, method: commands.Channel.Flow) -> None:
-        self.flow_active = method.active
+        self.flow_active = bool(method.active)
         self.reply(commands.Channel.FlowOk(active=method.active))
         if method.active:
             self._redispatch([])
@@ -437,17 +443,13 @@ class Channel:
 
     def on_exchange_bind(self, method: commands.Exchange.Bind) -> None:
         destination = self.vhost.exchange(method.destination)
-        self.vhost.bind(
-            method.source, destination, method.routing_key, method.arguments or {}
-        )
+        self.vhost.bind(method.source, destination, method.routing_key, method.arguments or {})
         if not method.nowait:
             self.reply(commands.Exchange.BindOk())
 
     def on_exchange_unbind(self, method: commands.Exchange.Unbind) -> None:
         destination = self.vhost.exchange(method.destination)
-        self.vhost.unbind(
-            method.source, destination, method.routing_key, method.arguments or {}
-        )
+        self.vhost.unbind(method.source, destination, method.routing_key, method.arguments or {})
         if not method.nowait:
             self.reply(commands.Exchange.UnbindOk())
 

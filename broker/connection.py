@@ -208,8 +208,10 @@ class Connection:
         self.send_method(
             channel.id,
             commands.Channel.Close(
-                reply_code=exc.code, reply_text=exc.text[:255],
-                class_id=exc.class_id, method_id=exc.method_id,
+                reply_code=exc.code,
+                reply_text=exc.text[:255],
+                class_id=exc.class_id,
+                method_id=exc.method_id,
             ),
         )
         channel.close()
@@ -222,8 +224,10 @@ class Connection:
         self.send_method(
             0,
             commands.Connection.Close(
-                reply_code=exc.code, reply_text=exc.text[:255],
-                class_id=exc.class_id, method_id=exc.method_id,
+                reply_code=exc.code,
+                reply_text=exc.text[:255],
+                class_id=exc.class_id,
+                method_id=exc.method_id,
             ),
         )
         self._release()
@@ -236,9 +240,11 @@ class Connection:
         self.send_method(
             0,
             commands.Connection.Start(
-                version_major=0, version_minor=9,
+                version_major=0,
+                version_minor=9,
                 server_properties=server_properties(),
-                mechanisms="PLAIN AMQPLAIN", locales="en_US",
+                mechanisms="PLAIN AMQPLAIN",
+                locales="en_US",
             ),
         )
 
@@ -256,7 +262,7 @@ class Connection:
             self._close_transport()
         elif isinstance(method, commands.Connection.CloseOk):
             self._close_transport()
-        elif isinstance(method, commands.Connection.BlockedOk | commands.Connection.UpdateSecretOk):
+        elif isinstance(method, commands.Connection.UpdateSecretOk):
             pass
         elif isinstance(method, commands.Connection.UpdateSecret):
             self.send_method(0, commands.Connection.UpdateSecretOk())
@@ -313,8 +319,10 @@ class Connection:
 
     def _from_loopback(self) -> bool:
         host = self.peer[0] if self.peer else ""
-        return host.startswith("127.") or host in ("::1", "localhost") or host.startswith(
-            "::ffff:127."
+        return (
+            host.startswith("127.")
+            or host in ("::1", "localhost")
+            or host.startswith("::ffff:127.")
         )
 
     def _on_tune_ok(self, method: commands.Connection.TuneOk) -> None:
@@ -323,7 +331,9 @@ class Connection:
         if settings.frame_max and frame_max > settings.frame_max:
             raise ConnectionError_(
                 NOT_ALLOWED,
-                f"frame_max={frame_max} > {settings.frame_max} max size", 10, 31,
+                f"frame_max={frame_max} > {settings.frame_max} max size",
+                10,
+                31,
             )
         if frame_max < FRAME_MIN_SIZE:
             raise ConnectionError_(
@@ -394,7 +404,9 @@ class Connection:
 
     # ---- shutdown ----
 
-    def force_close(self, text: str = "broker forced connection closure with reason 'shutdown'") -> None:
+    def force_close(
+        self, text: str = "broker forced connection closure with reason 'shutdown'"
+    ) -> None:
         """Broker shutdown: connection.close 320 CONNECTION_FORCED."""
         self.connection_error(ConnectionError_(CONNECTION_FORCED, text))
         self.flush()

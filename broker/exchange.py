@@ -10,12 +10,8 @@ from __future__ import annotations
 import datetime
 import decimal
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from broker.queue import Queue
-
-Destination = "Queue | Exchange"
 HeadersFn = Callable[[], dict[str, Any]]
 
 _ROUTE_CACHE_MAX = 4096

@@ -10,7 +10,9 @@ import structlog
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50, "none": 100}
 
 
-def configure_logging(level: str = "info", formatter: str = "plaintext", enabled: bool = True) -> None:
+def configure_logging(
+    level: str = "info", formatter: str = "plaintext", enabled: bool = True
+) -> None:
     numeric = LEVELS.get(level, 20) if enabled else 100
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer()

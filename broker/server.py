@@ -73,7 +73,7 @@ class Server:
     def addresses(self) -> list[tuple[str, int]]:
         out: list[tuple[str, int]] = []
         for server in self.servers:
-            for sock in server.sockets:
+            for sock in getattr(server, "sockets", ()):
                 name: Any = sock.getsockname()
                 out.append((name[0], name[1]))
         return out

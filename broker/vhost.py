@@ -168,14 +168,14 @@ class VirtualHost:
                 ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'"
             )
         if if_unused and (exchange.bindings or self._is_destination(exchange)):
-            raise ChannelError(
-                PRECONDITION_FAILED, f"exchange '{name}' {self._where()} in use"
-            )
+            raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' {self._where()} in use")
         self._remove_exchange(exchange)
 
     def _is_destination(self, exchange: Exchange) -> bool:
         return any(
-            b.destination is exchange for ex in self.exchanges.values() for b in ex.bindings.values()
+            b.destination is exchange
+            for ex in self.exchanges.values()
+            for b in ex.bindings.values()
         )
 
     def _remove_exchange(self, exchange: Exchange) -> None:
@@ -324,7 +324,10 @@ class VirtualHost:
             return  # RabbitMQ drops the message silently
         routing_key = queue.dead_letter_routing_key
         copy, deaths = dead_letter_copy(
-            msg, queue.name, reason, dlx_name,
+            msg,
+            queue.name,
+            reason,
+            dlx_name,
             routing_key if routing_key is not None else msg.routing_key,
         )
         targets = self.route(exchange, copy)

@@ -11,8 +11,8 @@ __all__ = [
     "NEED_DATA",
     "AMQPError",
     "ChannelError",
-    "Content",
     "ConnectionError_",
+    "Content",
     "ProtocolConnection",
     "Sentinel",
 ]

@@ -147,8 +147,8 @@ class ProtocolConnection:
                 return NEED_DATA
             if buf[end] != 0xCE:
                 raise ConnectionError_(
-                    FRAME_ERROR, f"type {ftype}, all octets = <<>>: {{invalid_frame_end_marker,"
-                    f"{buf[end]}}}"
+                    FRAME_ERROR,
+                    f"type {ftype}, all octets = <<>>: {{invalid_frame_end_marker,{buf[end]}}}",
                 )
             payload = buf[off + 7 : end]
             self._off = end + 1
@@ -203,12 +203,14 @@ class ProtocolConnection:
                         NOT_ALLOWED,
                         f"number of channels opened ({len(self.channels)}) has reached the "
                         f"negotiated channel_max ({self.channel_max})",
-                        20, 10,
+                        20,
+                        10,
                     )
                 self.channels[channel] = _Channel()
                 return (channel, method)
             raise ConnectionError_(
-                CHANNEL_ERROR, "expected 'channel.open'",
+                CHANNEL_ERROR,
+                "expected 'channel.open'",
                 method.index >> 16 if hasattr(method, "index") else 60,
                 method.index & 0xFFFF if hasattr(method, "index") else 40,
             )
@@ -258,7 +260,8 @@ class ProtocolConnection:
                 PRECONDITION_FAILED,
                 f"message size {body_size} is larger than configured max size "
                 f"{self.max_message_size}",
-                60, 40,
+                60,
+                40,
             )
             error.channel = channel
             raise error

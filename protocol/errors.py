@@ -31,7 +31,7 @@ class ChannelError(AMQPError):
     """Closes the channel (soft error)."""
 
 
-class ConnectionError_(AMQPError):  # noqa: N801 - avoid shadowing the builtin
+class ConnectionError_(AMQPError):  # the underscore avoids shadowing the builtin
     """Closes the whole connection (hard error)."""
 
 

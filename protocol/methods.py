@@ -9,14 +9,15 @@ must carry them unchanged.
 
 from __future__ import annotations
 
-from struct import Struct, error as StructError
+from struct import Struct
+from struct import error as StructError
 from typing import Any
 
-from pamqp import base, commands, encode
+from pamqp import commands, encode
 
-from protocol.constants import COMMAND_INVALID, FRAME_METHOD, NOT_IMPLEMENTED, SYNTAX_ERROR
+from protocol.constants import FRAME_METHOD, NOT_IMPLEMENTED, SYNTAX_ERROR
 from protocol.errors import ConnectionError_
-from protocol.tables import TableError, decode_table
+from protocol.tables import TableError, decode_table, encode_table
 
 _HH = Struct(">HH")
 _frame_head = Struct(">BHI")
@@ -101,10 +102,12 @@ def decode_method(payload: bytes) -> Method:
     cls = commands.INDEX_MAPPING.get((class_id << 16) | method_id)
     if cls is None:
         raise ConnectionError_(
-            NOT_IMPLEMENTED, f"unknown method (class {class_id}, method {method_id})",
-            class_id, method_id,
+            NOT_IMPLEMENTED,
+            f"unknown method (class {class_id}, method {method_id})",
+            class_id,
+            method_id,
         )
-    method = cls.__new__(cls)
+    method: Any = object.__new__(cls)
     try:
         _unmarshal(method, payload[4:])
     except (IndexError, StructError, ValueError, TypeError, TableError):
@@ -114,8 +117,10 @@ def decode_method(payload: bytes) -> Method:
 
 def _malformed(class_id: int, method_id: int) -> ConnectionError_:
     return ConnectionError_(
-        SYNTAX_ERROR, f"malformed method frame (class {class_id}, method {method_id})",
-        class_id, method_id,
+        SYNTAX_ERROR,
+        f"malformed method frame (class {class_id}, method {method_id})",
+        class_id,
+        method_id,
     )
 
 
@@ -128,13 +133,14 @@ _DECODERS: dict[str, Struct] = {
 }
 
 
-def _unmarshal(method: base.Frame, data: bytes) -> None:
+def _unmarshal(method: Any, data: bytes) -> None:
     """pamqp's field walk, with our field-table decoder (depth-limited, RabbitMQ types)."""
     off = 0
     bit_index = 8
     bits = 0
     for attr in method.__slots__:
         kind = getattr(type(method), "_" + attr)
+        value: Any
         if kind == "bit":
             if bit_index == 8:
                 bits = data[off]
@@ -162,14 +168,14 @@ def _unmarshal(method: base.Frame, data: bytes) -> None:
         setattr(method, attr, value)
 
 
-def encode_method_payload(method: base.Frame) -> bytes:
+def encode_method_payload(method: Any) -> bytes:
     """pamqp's field walk without its name validation."""
     out = [_HH.pack(method.index >> 16, method.index & 0xFFFF)]
     bit_index = -1
     byte = 0
     for attr in method.__slots__:
         kind = getattr(type(method), "_" + attr)
-        value = getattr(method, attr, 0)
+        value: Any = getattr(method, attr, 0)
         if kind == "bit":
             if bit_index == -1:
                 byte, bit_index = 0, 0
@@ -190,8 +196,6 @@ def encode_method_payload(method: base.Frame) -> bytes:
             raw = value if isinstance(value, bytes) else str(value or "").encode()
             out.append(len(raw).to_bytes(4, "big") + raw)
         elif kind == "table":
-            from protocol.tables import encode_table
-
             out.append(encode_table(value or {}))
         else:
             out.append(encode.by_type(value or 0, kind))
@@ -200,7 +204,7 @@ def encode_method_payload(method: base.Frame) -> bytes:
     return b"".join(out)
 
 
-def method_frame(channel: int, method: base.Frame) -> bytes:
+def method_frame(channel: int, method: Any) -> bytes:
     payload = encode_method_payload(method)
     return _frame_head.pack(FRAME_METHOD, channel, len(payload)) + payload + b"\xce"
 
@@ -226,17 +230,21 @@ def shortstr(value: str) -> bytes:
 _deliver_tail = Struct(">QB")
 
 
-def deliver_frame(channel: int, ctag_enc: bytes, tag: int, redelivered: bool, ex_rk: bytes) -> bytes:
+def deliver_frame(
+    channel: int, ctag_enc: bytes, tag: int, redelivered: bool, ex_rk: bytes
+) -> bytes:
     """basic.deliver; ``ctag_enc`` and ``ex_rk`` are pre-encoded short strings."""
     size = 4 + len(ctag_enc) + 9 + len(ex_rk)
-    return b"".join((
-        _frame_head.pack(1, channel, size),
-        b"\x00\x3c\x00\x3c",
-        ctag_enc,
-        _deliver_tail.pack(tag, redelivered),
-        ex_rk,
-        b"\xce",
-    ))
+    return b"".join(
+        (
+            _frame_head.pack(1, channel, size),
+            b"\x00\x3c\x00\x3c",
+            ctag_enc,
+            _deliver_tail.pack(tag, redelivered),
+            ex_rk,
+            b"\xce",
+        )
+    )
 
 
 _get_ok_tail = Struct(">I")
@@ -244,14 +252,16 @@ _get_ok_tail = Struct(">I")
 
 def get_ok_frame(channel: int, tag: int, redelivered: bool, ex_rk: bytes, count: int) -> bytes:
     size = 4 + 9 + len(ex_rk) + 4
-    return b"".join((
-        _frame_head.pack(1, channel, size),
-        b"\x00\x3c\x00\x47",
-        _deliver_tail.pack(tag, redelivered),
-        ex_rk,
-        _get_ok_tail.pack(count),
-        b"\xce",
-    ))
+    return b"".join(
+        (
+            _frame_head.pack(1, channel, size),
+            b"\x00\x3c\x00\x47",
+            _deliver_tail.pack(tag, redelivered),
+            ex_rk,
+            _get_ok_tail.pack(count),
+            b"\xce",
+        )
+    )
 
 
 def return_frame(channel: int, code: int, text: str, ex_rk: bytes) -> bytes:
@@ -263,8 +273,3 @@ def cancel_frame(channel: int, consumer_tag: str) -> bytes:
     """Server-sent basic.cancel (nowait), for consumer_cancel_notify clients."""
     body = b"\x00\x3c\x00\x1e" + shortstr(consumer_tag) + b"\x01"
     return _frame_head.pack(1, channel, len(body)) + body + b"\xce"
-
-
-def check_exchange_type_known(kind: str, known: set[str]) -> None:
-    if kind not in known:
-        raise ConnectionError_(COMMAND_INVALID, f"unknown exchange type '{kind}'", 40, 10)

@@ -188,7 +188,7 @@ def encode_value(value: FieldValue) -> bytes:
     if isinstance(value, float):
         return b"d" + _f64.pack(value)
     if isinstance(value, decimal.Decimal):
-        sign, digits, exponent = value.as_tuple()
+        exponent = value.as_tuple().exponent
         scale = -int(exponent) if isinstance(exponent, int) and exponent < 0 else 0
         unscaled = int(value.scaleb(scale))
         return b"D" + _u8.pack(scale) + _i32.pack(unscaled)
