@@ -362,7 +362,7 @@ class Channel:
             )
         limit = self.conn.broker.settings.consumer_max_per_channel
         if limit is not None and len(self.consumers) >= limit:
-            raise ChannelError(NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel")
+            raise ConnectionError_(NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel", 60, 20)
         consumer = Consumer(
             tag,
             self,
