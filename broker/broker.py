@@ -28,7 +28,9 @@ class Broker:
     def add_vhost(self, name: str) -> VirtualHost:
         vhost = self.vhosts.get(name)
         if vhost is None:
-            vhost = self.vhosts[name] = VirtualHost(name, self.timers)
+            vhost = self.vhosts[name] = VirtualHost(
+                name, self.timers, self.settings.consumer_timeout
+            )
         return vhost
 
     def default_vhost_obj(self) -> VirtualHost:

@@ -82,6 +82,8 @@ class Channel:
         self.vhost = connection.vhost
         self.consumers: dict[str, Consumer] = {}
         self.unacked: dict[int, Message] = {}
+        # tags of deliveries returned on a consumer timeout: settling them is a no-op
+        self.timed_out: dict[int, Consumer] = {}
         self.next_tag = 0
         self.prefetch_count = 0  # basic.qos global=false: for consumers created later
         self.prefetch_global = 0  # basic.qos global=true: shared by the channel
@@ -105,6 +107,7 @@ class Channel:
             commands.Basic.Qos: self.on_basic_qos,
             commands.Basic.Consume: self.on_basic_consume,
             commands.Basic.Cancel: self.on_basic_cancel,
+            commands.Basic.CancelOk: self.on_ignored,  # answer to a broker-sent basic.cancel
             commands.Basic.Get: self.on_basic_get,
             commands.Basic.Recover: self.on_basic_recover,
             commands.Basic.RecoverAsync: self.on_basic_recover_async,
@@ -137,6 +140,7 @@ class Channel:
         return (
             self.flow_active
             and self.conn.writable
+            and not consumer.timed_out
             and (not consumer.prefetch or consumer.unacked < consumer.prefetch)
             and (
                 not self.prefetch_global
@@ -155,9 +159,56 @@ class Channel:
             msg.consumer = consumer
             self.unacked[tag] = msg
             consumer.unacked += 1
+            if consumer.timeout is not None:
+                consumer.queue.lock(msg, self, tag, consumer.timeout)
         conn = self.conn
         conn.write(deliver_frame(self.id, consumer.tag_enc, tag, msg.redelivered, msg.ex_rk))
         conn.write_many(content_frames(self.id, msg.properties, msg.body, conn.frame_max))
+
+    def deliveries_timed_out(self, consumer: Consumer, msgs: list[Message]) -> None:
+        """RabbitMQ 4.3: return what timed out; cancel the consumer, or close the channel."""
+        if self.closed:
+            return
+        timeout = consumer.timeout
+        tags = [msg.tag for msg in msgs]
+        for tag in tags:
+            del self.unacked[tag]
+            self.timed_out[tag] = consumer
+        consumer.unacked -= len(msgs)
+        consumer.timed_out += len(msgs)  # before the requeue, so none comes straight back here
+        consumer.queue.return_unacked(msgs, failed=False)
+        notify = self.conn.capabilities.get("consumer_cancel_notify") is True
+        self.conn.broker.log.warning(
+            "consumer timeout",
+            consumer_tag=consumer.tag,
+            channel=self.id,
+            queue=consumer.queue.name,
+            vhost=self.vhost.name,
+            delivery_tags=tags,
+            timeout_ms=timeout,
+            action="cancel" if notify else "channel close",
+        )
+        if notify:
+            if self.consumers.pop(consumer.tag, None) is not None:
+                self.conn.write(cancel_frame(self.id, consumer.tag))
+                consumer.queue.remove_consumer(consumer)
+        else:
+            self.conn.channel_error(
+                self,
+                ChannelError(
+                    PRECONDITION_FAILED,
+                    f"delivery acknowledgement on channel {self.id} timed out. Timeout value "
+                    f"used: {timeout} ms. This timeout value can be configured, see consumers "
+                    "doc guide to learn more",
+                ),
+            )
+
+    def _settle_timed_out(self, tags: list[int]) -> None:
+        for tag in tags:
+            consumer = self.timed_out.pop(tag)
+            consumer.timed_out -= 1
+            if not consumer.timed_out and consumer.tag in self.consumers:
+                consumer.queue.dispatch()  # out of the timeout state
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         """The queue went away: tell clients that understand basic.cancel."""
@@ -251,6 +302,8 @@ class Channel:
     def _take(self, tag: int, multiple: bool) -> list[Message]:
         """Remove and return the unacked deliveries a settle names (RabbitMQ's rules)."""
         unacked = self.unacked
+        if self.timed_out:
+            return self._take_with_timed_out(tag, multiple)
         if multiple:
             if tag == 0:
                 taken = list(unacked.values())
@@ -268,6 +321,20 @@ class Channel:
         if msg is None:
             raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
         return [msg]
+
+    def _take_with_timed_out(self, tag: int, multiple: bool) -> list[Message]:
+        """As ``_take``, where some tags belong to deliveries returned on a timeout."""
+        known = tag in self.unacked or tag in self.timed_out or (multiple and tag == 0)
+        if not known:
+            raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+        if multiple:
+            stale = [t for t in self.timed_out if tag == 0 or t <= tag]
+            live = [t for t in self.unacked if tag == 0 or t <= tag]
+        else:
+            stale = [tag] if tag in self.timed_out else []
+            live = [tag] if tag in self.unacked else []
+        self._settle_timed_out(stale)
+        return [self.unacked.pop(t) for t in live]
 
     def on_basic_ack(self, method: BasicAck) -> None:
         msgs = self._take(method.delivery_tag, method.multiple)
@@ -352,6 +419,16 @@ class Channel:
 
     def on_basic_consume(self, method: commands.Basic.Consume) -> None:
         queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
+        arguments = method.arguments or {}
+        timeout = arguments.get("x-consumer-timeout")
+        if timeout is not None and (
+            not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0
+        ):
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"invalid arg 'x-consumer-timeout' for queue '{queue.name}' in vhost "
+                f"'{self.vhost.name}': expected a positive integer (milliseconds), got {timeout!r}",
+            )
         tag = method.consumer_tag or _ctag()
         if tag in self.consumers:
             raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", 60, 20)
@@ -362,7 +439,9 @@ class Channel:
             )
         limit = self.conn.broker.settings.consumer_max_per_channel
         if limit is not None and len(self.consumers) >= limit:
-            raise ConnectionError_(NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel", 60, 20)
+            raise ConnectionError_(
+                NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel", 60, 20
+            )
         consumer = Consumer(
             tag,
             self,
@@ -370,7 +449,7 @@ class Channel:
             method.no_ack,
             method.exclusive,
             0 if method.no_ack else self.prefetch_count,
-            method.arguments or {},
+            arguments,
         )
         self.consumers[tag] = consumer
         if not method.nowait:

@@ -22,6 +22,8 @@ class Consumer:
         "queue",
         "tag",
         "tag_enc",
+        "timed_out",
+        "timeout",
         "unacked",
     )
 
@@ -46,6 +48,5 @@ class Consumer:
         priority = arguments.get("x-priority", 0)
         self.priority = priority if isinstance(priority, int) else 0
         self.unacked = 0
-
-    def has_capacity(self) -> bool:
-        return not self.prefetch or self.unacked < self.prefetch
+        self.timeout: int | None = queue.consumer_timeout_for(arguments)  # ms, quorum queues
+        self.timed_out = 0  # deliveries returned on timeout and not yet settled by the client

@@ -14,9 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from broker.message import GONE, READY, UNACKED, Message
 from broker.timers import Deadline
+from protocol.properties import set_header
 
 if TYPE_CHECKING:
+    from broker.channel import Channel
     from broker.consumer import Consumer
+    from broker.policy import Policy
     from broker.vhost import VirtualHost
 
 
@@ -65,22 +68,64 @@ class Queue:
         self._expiry_timer = Deadline(timers, self._expire_due)
         self._unused_timer = Deadline(timers, self._check_unused)
         self._last_used = self._now()
+        queue_type = self.arguments.get("x-queue-type", "classic")
+        self.queue_type: str = queue_type if isinstance(queue_type, str) else "classic"
+        self.policy: Policy | None = None
+        # consumer timeouts (quorum queues): (deadline, n, message, channel, tag), earliest first
+        self._lock_heap: list[tuple[float, int, Message, Channel, int]] = []
+        self._lock_count = 0
+        self._lock_timer = Deadline(timers, self._locks_due)
+        self.apply_settings()
+        self.touch()
+
+    def apply_settings(self) -> None:
+        """Effective limits from the arguments and the policy (RabbitMQ's precedence)."""
         args = self.arguments
-        ttl = args.get("x-message-ttl")
-        self.message_ttl: int | None = ttl if isinstance(ttl, int) else None
-        expires = args.get("x-expires")
-        self.expires: int | None = expires if isinstance(expires, int) else None
-        max_len = args.get("x-max-length")
-        self.max_length: int | None = max_len if isinstance(max_len, int) else None
-        max_bytes = args.get("x-max-length-bytes")
-        self.max_length_bytes: int | None = max_bytes if isinstance(max_bytes, int) else None
-        overflow = args.get("x-overflow", "drop-head")
+        definition = self.policy.definition if self.policy is not None else {}
+
+        def smallest(arg: str, key: str) -> int | None:
+            values: list[int] = []
+            for value in (args.get(arg), definition.get(key)):
+                if isinstance(value, int) and not isinstance(value, bool):
+                    values.append(value)
+            return min(values) if values else None
+
+        def argument_first(arg: str, key: str) -> Any:
+            return args[arg] if arg in args else definition.get(key)
+
+        self.message_ttl: int | None = smallest("x-message-ttl", "message-ttl")
+        self.expires: int | None = smallest("x-expires", "expires")
+        self.max_length: int | None = smallest("x-max-length", "max-length")
+        self.max_length_bytes: int | None = smallest("x-max-length-bytes", "max-length-bytes")
+        overflow = argument_first("x-overflow", "overflow")
         self.overflow: str = overflow if isinstance(overflow, str) else "drop-head"
-        dlx = args.get("x-dead-letter-exchange")
+        dlx = argument_first("x-dead-letter-exchange", "dead-letter-exchange")
         self.dead_letter_exchange: str | None = dlx if isinstance(dlx, str) else None
-        dlrk = args.get("x-dead-letter-routing-key")
+        dlrk = argument_first("x-dead-letter-routing-key", "dead-letter-routing-key")
         self.dead_letter_routing_key: str | None = dlrk if isinstance(dlrk, str) else None
         self._limited = self.max_length is not None or self.max_length_bytes is not None
+        limit = smallest("x-delivery-limit", "delivery-limit")
+        if limit is None and self.queue_type == "quorum":
+            limit = 20  # RabbitMQ 4.0+ default for quorum queues
+        self.delivery_limit: int | None = None if limit is None or limit < 0 else limit
+        self.counts_deliveries = self.queue_type == "quorum"
+        self.consumer_timeout_setting: int | None = smallest(
+            "x-consumer-timeout", "consumer-timeout"
+        )
+        for consumer in self.consumers:
+            consumer.timeout = self.consumer_timeout_for(consumer.arguments)
+
+    def consumer_timeout_for(self, consumer_arguments: dict[str, Any]) -> int | None:
+        """RabbitMQ 4.3: the consumer's argument, else min(queue argument, policy), else global."""
+        if self.queue_type != "quorum":
+            return None  # classic queues do not evaluate consumer timeouts
+        own = consumer_arguments.get("x-consumer-timeout")
+        if isinstance(own, int) and not isinstance(own, bool):
+            return own
+        if self.consumer_timeout_setting is not None:
+            return self.consumer_timeout_setting
+        return self.vhost.default_consumer_timeout
+
         self.touch()
 
     # ---- in ----
@@ -233,15 +278,35 @@ class Queue:
         """Requeue messages whose unacked count was already taken off."""
         self.requeue(msgs)
 
-    def return_unacked(self, msgs: list[Message]) -> None:
-        """A channel closed or recovered: its unacked messages of this queue come back."""
+    def return_unacked(self, msgs: list[Message], failed: bool = True) -> None:
+        """Unacked messages of this queue come back (channel closed, nack, recover, timeout).
+
+        ``failed`` is False for consumer-timeout returns, which do not count as a failed
+        delivery attempt (RabbitMQ 4.3).
+        """
         live = [m for m in msgs if m.state == UNACKED]
         self.unacked_count -= len(live)
+        if failed and self.counts_deliveries and not self.deleted:
+            live = self._count_failed_delivery(live)
         if not self.deleted:
             self.requeue(live)
         else:
             for msg in live:
                 msg.state = GONE
+
+    def _count_failed_delivery(self, msgs: list[Message]) -> list[Message]:
+        """Quorum semantics: a failed delivery counts; past the limit it is dead-lettered."""
+        limit = self.delivery_limit
+        back = []
+        for msg in msgs:
+            msg.delivery_count += 1
+            if limit is not None and msg.delivery_count > limit:
+                msg.state = GONE
+                self._dead_letter(msg, "delivery_limit")
+                continue
+            msg.properties = set_header(msg.properties, "x-delivery-count", msg.delivery_count)
+            back.append(msg)
+        return back
 
     def purge(self) -> int:
         count = self.ready_count
@@ -276,6 +341,36 @@ class Queue:
                 self.vhost.delete_queue(self)
                 return
             self.touch()
+
+    # ---- consumer timeouts ----
+
+    def lock(self, msg: Message, channel: Channel, tag: int, timeout_ms: int) -> None:
+        """Start the clock on an unacked delivery: past its deadline it goes back to the queue."""
+        self._lock_count += 1
+        deadline = self._now() + timeout_ms / 1000
+        heap = self._lock_heap
+        heapq.heappush(heap, (deadline, self._lock_count, msg, channel, tag))
+        if len(heap) > 2 * self.unacked_count + 64:
+            # settled deliveries linger in the heap until their deadline: drop them now and then
+            self._lock_heap = heap = [e for e in heap if _locked(e)]
+            heapq.heapify(heap)
+        self._lock_timer.arm(heap[0][0])
+
+    def _locks_due(self) -> None:
+        now = self._now()
+        heap = self._lock_heap
+        due: dict[Consumer, list[Message]] = {}
+        while heap and heap[0][0] <= now:
+            entry = heapq.heappop(heap)
+            msg = entry[2]
+            if _locked(entry) and msg.consumer is not None:
+                due.setdefault(msg.consumer, []).append(msg)
+        while heap and not _locked(heap[0]):
+            heapq.heappop(heap)
+        if heap:
+            self._lock_timer.arm(heap[0][0])
+        for consumer, msgs in due.items():
+            consumer.channel.deliveries_timed_out(consumer, msgs)
 
     # ---- TTL ----
 
@@ -338,10 +433,22 @@ class Queue:
     def close(self) -> None:
         """Deleted: stop the timers and drop the messages."""
         self.deleted = True
+        self._lock_timer.cancel()
+        self._lock_heap.clear()
         self._expiry_timer.cancel()
         self._unused_timer.cancel()
         self.purge()
 
 
+def _locked(entry: tuple[float, int, Message, Channel, int]) -> bool:
+    """Is the delivery this heap entry timed still out with its consumer?"""
+    msg = entry[2]
+    return msg.state == UNACKED and msg.channel is entry[3] and msg.tag == entry[4]
+
+
 def _seq(msg: Message) -> int:
     return msg.seq
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -10,6 +10,7 @@ from broker.arguments import check_equivalent_arguments, validate_queue_argument
 from broker.dead_letter import dead_letter_copy
 from broker.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exchange
 from broker.message import Message
+from broker.policy import Policy, pick
 from broker.queue import Queue
 from protocol.constants import (
     ACCESS_REFUSED,
@@ -49,9 +50,13 @@ def _bool(value: bool) -> str:
 
 
 class VirtualHost:
-    def __init__(self, name: str, timers: Timers) -> None:
+    def __init__(
+        self, name: str, timers: Timers, default_consumer_timeout: int | None = 1800000
+    ) -> None:
         self.name = name
         self.timers = timers
+        self.default_consumer_timeout = default_consumer_timeout  # ms, None: off
+        self.policies: dict[str, Policy] = {}
         self.queues: dict[str, Queue] = {}
         self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self)}
         for ex_name, kind in STANDARD_EXCHANGES:
@@ -251,6 +256,7 @@ class VirtualHost:
             arguments=arguments,
         )
         self.queues[name] = queue
+        self._apply_policy(queue)
         return queue
 
     def delete_queue(self, queue: Queue) -> int:
@@ -268,6 +274,28 @@ class VirtualHost:
             consumer.channel.consumer_cancelled_by_broker(consumer)
         queue.consumers.clear()
         return count
+
+    # ---- policies ----
+
+    def set_policy(self, policy: Policy) -> None:
+        self.policies[policy.name] = policy
+        self._reapply_policies()
+
+    def clear_policy(self, name: str) -> bool:
+        removed = self.policies.pop(name, None) is not None
+        if removed:
+            self._reapply_policies()
+        return removed
+
+    def _reapply_policies(self) -> None:
+        for queue in list(self.queues.values()):
+            self._apply_policy(queue)
+
+    def _apply_policy(self, queue: Queue) -> None:
+        policy = pick(self.policies, lambda p: p.applies_to_queue(queue.name, queue.queue_type))
+        if policy is not queue.policy:
+            queue.policy = policy
+            queue.apply_settings()
 
     # ---- bindings ----
 

@@ -12,7 +12,14 @@ from __future__ import annotations
 from struct import Struct
 from typing import Any
 
-from protocol.tables import FieldValue, TableError, decode_table
+from protocol.tables import (
+    FieldValue,
+    TableError,
+    decode_table,
+    encode_value,
+    join_entries,
+    table_entries,
+)
 
 # (name, flag bit, wire type) in wire order
 PROPERTIES: tuple[tuple[str, int, str], ...] = (
@@ -108,6 +115,17 @@ def encode_shortstr(value: str) -> bytes:
     if len(data) > 255:
         raise ValueError("short string longer than 255 octets")
     return bytes((len(data),)) + data
+
+
+def set_header(raw: bytes, key: str, value: FieldValue) -> bytes:
+    """The same properties with one header set; every other byte kept."""
+    fields = split_properties(raw)
+    entries: dict[str, bytes] = {}
+    if "headers" in fields:
+        entries, _ = table_entries(fields["headers"])
+    entries[key] = encode_value(value)
+    fields["headers"] = join_entries(entries)
+    return join_properties(fields)
 
 
 def read_properties(raw: bytes) -> dict[str, Any]:
