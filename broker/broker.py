@@ -12,6 +12,7 @@ from broker.vhost import VirtualHost
 from config import Settings
 
 if TYPE_CHECKING:
+    from broker.channel import Channel
     from broker.connection import Connection
 
 
@@ -23,6 +24,7 @@ class Broker:
         self.vhosts: dict[str, VirtualHost] = {}
         self.users: dict[str, str] = {self.settings.default_user: self.settings.default_pass}
         self.connections: set[Connection] = set()
+        self.reply_channels: dict[str, Channel] = {}  # direct reply-to token -> channel
         self.add_vhost(self.settings.default_vhost)
 
     def add_vhost(self, name: str) -> VirtualHost:

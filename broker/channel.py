@@ -37,11 +37,15 @@ from protocol.methods import (
     get_ok_frame,
     nack_frame,
     return_frame,
+    shortstr,
 )
 from protocol.properties import (
     FLAG_EXPIRATION,
+    FLAG_REPLY_TO,
     FLAG_USER_ID,
     decode_field,
+    encode_shortstr,
+    join_properties,
     split_properties,
 )
 
@@ -71,6 +75,10 @@ def parse_expiration(value: str) -> int:
     return number
 
 
+REPLY_TO = "amq.rabbitmq.reply-to"
+REPLY_TO_PREFIX = REPLY_TO + "."
+
+
 def _ctag() -> str:
     return "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
 
@@ -90,6 +98,9 @@ class Channel:
         self.flow_active = True
         self.closed = False
         self.last_queue = ""  # the queue name an empty name stands for
+        # direct reply-to: the no-ack consumer of the pseudo-queue amq.rabbitmq.reply-to
+        self.reply_tag: str | None = None
+        self.reply_token = ""
         # publisher confirms
         self.confirm = False
         self.publish_seq = 0
@@ -107,7 +118,7 @@ class Channel:
             commands.Basic.Qos: self.on_basic_qos,
             commands.Basic.Consume: self.on_basic_consume,
             commands.Basic.Cancel: self.on_basic_cancel,
-            commands.Basic.CancelOk: self.on_ignored,  # answer to a broker-sent basic.cancel
+            commands.Basic.CancelOk: self.on_basic_cancel_ok,
             commands.Basic.Get: self.on_basic_get,
             commands.Basic.Recover: self.on_basic_recover,
             commands.Basic.RecoverAsync: self.on_basic_recover_async,
@@ -165,33 +176,44 @@ class Channel:
         conn.write(deliver_frame(self.id, consumer.tag_enc, tag, msg.redelivered, msg.ex_rk))
         conn.write_many(content_frames(self.id, msg.properties, msg.body, conn.frame_max))
 
-    def deliveries_timed_out(self, consumer: Consumer, msgs: list[Message]) -> None:
-        """RabbitMQ 4.3: return what timed out; cancel the consumer, or close the channel."""
+    def deliveries_timed_out(
+        self, consumer: Consumer | None, msgs: list[Message], timeout: int
+    ) -> None:
+        """RabbitMQ 4.3: return only what timed out, then cancel the consumer or close the channel.
+
+        A consumer that is still registered and whose client understands basic.cancel
+        gets one (nowait) and stays, in the timeout state, until the client cancels it or
+        settles every timed-out tag. Anything else (basic.get, an already cancelled
+        consumer, a client without consumer_cancel_notify) closes the channel with 406.
+        """
         if self.closed:
             return
-        timeout = consumer.timeout
         tags = [msg.tag for msg in msgs]
         for tag in tags:
             del self.unacked[tag]
-            self.timed_out[tag] = consumer
-        consumer.unacked -= len(msgs)
-        consumer.timed_out += len(msgs)  # before the requeue, so none comes straight back here
-        consumer.queue.return_unacked(msgs, failed=False)
-        notify = self.conn.capabilities.get("consumer_cancel_notify") is True
+        registered = consumer is not None and self.consumers.get(consumer.tag) is consumer
+        if consumer is not None:
+            consumer.unacked -= len(msgs)
+            if registered:
+                consumer.timed_out += len(msgs)  # before the requeue: none comes straight back
+                for tag in tags:
+                    self.timed_out[tag] = consumer
+        queue = msgs[0].queue
+        assert queue is not None
+        queue.return_unacked(msgs, failed=False)
+        notify = registered and self.conn.capabilities.get("consumer_cancel_notify") is True
         self.conn.broker.log.warning(
             "consumer timeout",
-            consumer_tag=consumer.tag,
+            consumer_tag=consumer.tag if consumer is not None else None,
             channel=self.id,
-            queue=consumer.queue.name,
+            queue=queue.name,
             vhost=self.vhost.name,
             delivery_tags=tags,
             timeout_ms=timeout,
             action="cancel" if notify else "channel close",
         )
-        if notify:
-            if self.consumers.pop(consumer.tag, None) is not None:
-                self.conn.write(cancel_frame(self.id, consumer.tag))
-                consumer.queue.remove_consumer(consumer)
+        if notify and consumer is not None:
+            self.conn.write(cancel_frame(self.id, consumer.tag))
         else:
             self.conn.channel_error(
                 self,
@@ -236,9 +258,12 @@ class Channel:
             )
         props = content.properties
         ttl = None
-        if ((props[0] << 8) | props[1]) & (FLAG_EXPIRATION | FLAG_USER_ID):
-            ttl = self._check_properties(props)
+        if ((props[0] << 8) | props[1]) & (FLAG_EXPIRATION | FLAG_USER_ID | FLAG_REPLY_TO):
+            ttl, props = self._check_properties(props)
         msg = Message(method.exchange, method.routing_key, props, content.body)
+        if not method.exchange and method.routing_key.startswith(REPLY_TO_PREFIX):
+            self._publish_reply(msg, method.mandatory)
+            return
         if self.tx:
             self.tx_publishes.append((exchange, msg, method.mandatory, ttl))
             return
@@ -247,11 +272,18 @@ class Channel:
             self.publish_seq = seq = self.publish_seq + 1
         self._route(exchange, msg, method.mandatory, ttl, seq)
 
-    def _check_properties(self, props: bytes) -> int | None:
+    def _check_properties(self, props: bytes) -> tuple[int | None, bytes]:
+        """Validate user-id and expiration; point a direct reply-to at this channel."""
         try:
             fields = split_properties(props)
         except ValueError as exc:
             raise ConnectionError_(502, f"content header properties: {exc}", 60, 40) from None
+        reply_to = fields.get("reply_to")
+        if reply_to is not None and decode_field("reply_to", reply_to) == REPLY_TO:
+            if self.reply_tag is None:
+                raise ChannelError(PRECONDITION_FAILED, "fast reply consumer does not exist")
+            fields["reply_to"] = encode_shortstr(REPLY_TO_PREFIX + self.reply_token)
+            props = join_properties(fields)
         user_id = fields.get("user_id")
         if user_id is not None:
             claimed = decode_field("user_id", user_id)
@@ -263,8 +295,28 @@ class Channel:
                 )
         expiration = fields.get("expiration")
         if expiration is None:
-            return None
-        return parse_expiration(decode_field("expiration", expiration))
+            return None, props
+        return parse_expiration(decode_field("expiration", expiration)), props
+
+    def _publish_reply(self, msg: Message, mandatory: bool) -> None:
+        """A reply to a direct reply-to address goes straight to the waiting consumer."""
+        target = self.conn.broker.reply_channels.get(msg.routing_key[len(REPLY_TO_PREFIX) :])
+        seq = 0
+        if self.confirm:
+            self.publish_seq = seq = self.publish_seq + 1
+        if target is not None and target.reply_tag is not None and not target.closed:
+            target.next_tag = tag = target.next_tag + 1
+            out = target.conn
+            out.write(deliver_frame(target.id, shortstr(target.reply_tag), tag, False, msg.ex_rk))
+            out.write_many(content_frames(target.id, msg.properties, msg.body, out.frame_max))
+        elif mandatory:
+            self.conn.write(return_frame(self.id, NO_ROUTE, "NO_ROUTE", msg.ex_rk))
+            self.conn.write_many(
+                content_frames(self.id, msg.properties, msg.body, self.conn.frame_max)
+            )
+        if seq:
+            self.confirm_upto = seq
+            self.conn.pending_confirms.add(self)
 
     def _route(
         self, exchange: Exchange, msg: Message, mandatory: bool, ttl: int | None, seq: int
@@ -418,6 +470,9 @@ class Channel:
         return name or self.last_queue
 
     def on_basic_consume(self, method: commands.Basic.Consume) -> None:
+        if method.queue == REPLY_TO:
+            self._consume_reply_to(method)
+            return
         queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
         arguments = method.arguments or {}
         timeout = arguments.get("x-consumer-timeout")
@@ -456,10 +511,36 @@ class Channel:
             self.reply(commands.Basic.ConsumeOk(consumer_tag=tag))
         queue.add_consumer(consumer)
 
+    def _consume_reply_to(self, method: commands.Basic.Consume) -> None:
+        if not method.no_ack:
+            raise ChannelError(PRECONDITION_FAILED, "reply consumer cannot acknowledge")
+        if self.reply_tag is not None:
+            raise ChannelError(PRECONDITION_FAILED, "reply consumer already set")
+        tag = method.consumer_tag or _ctag()
+        if tag in self.consumers:
+            raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", 60, 20)
+        self.reply_tag = tag
+        if not self.reply_token:
+            self.reply_token = base64.urlsafe_b64encode(os.urandom(18)).decode()
+            self.conn.broker.reply_channels[self.reply_token] = self
+        if not method.nowait:
+            self.reply(commands.Basic.ConsumeOk(consumer_tag=tag))
+
     def on_basic_cancel(self, method: commands.Basic.Cancel) -> None:
+        if self.reply_tag is not None and method.consumer_tag == self.reply_tag:
+            self.reply_tag = None
+            if not method.nowait:
+                self.reply(commands.Basic.CancelOk(consumer_tag=method.consumer_tag))
+            return
         consumer = self.consumers.pop(method.consumer_tag or "", None)
         if not method.nowait:
             self.reply(commands.Basic.CancelOk(consumer_tag=method.consumer_tag))
+        if consumer is not None:
+            consumer.queue.remove_consumer(consumer)
+
+    def on_basic_cancel_ok(self, method: commands.Basic.CancelOk) -> None:
+        """A client's answer to a broker-sent basic.cancel: the consumer goes (RabbitMQ 4.3)."""
+        consumer = self.consumers.pop(method.consumer_tag or "", None)
         if consumer is not None:
             consumer.queue.remove_consumer(consumer)
 
@@ -477,6 +558,9 @@ class Channel:
             msg.channel = self
             msg.consumer = None
             self.unacked[tag] = msg
+            timeout = queue.consumer_timeout_for({})
+            if timeout is not None:
+                queue.lock(msg, self, tag, timeout)
         self.conn.write(get_ok_frame(self.id, tag, msg.redelivered, msg.ex_rk, queue.ready_count))
         self.conn.write_many(content_frames(self.id, msg.properties, msg.body, self.conn.frame_max))
 
@@ -536,6 +620,11 @@ class Channel:
 
     def on_queue_declare(self, method: commands.Queue.Declare) -> None:
         name = method.queue
+        if name == REPLY_TO or name.startswith(REPLY_TO_PREFIX):
+            # the pseudo-queue of direct reply-to always "exists"
+            if not method.nowait:
+                self.reply(commands.Queue.DeclareOk(queue=name, message_count=0, consumer_count=0))
+            return
         server_named = not name and not method.passive
         if server_named:
             name = self.vhost.new_queue_name()
@@ -645,6 +734,9 @@ class Channel:
         if self.closed:
             return
         self.closed = True
+        if self.reply_token:
+            self.conn.broker.reply_channels.pop(self.reply_token, None)
+            self.reply_tag = None
         consumers = list(self.consumers.values())
         self.consumers.clear()
         for consumer in consumers:

@@ -72,7 +72,7 @@ class Queue:
         self.queue_type: str = queue_type if isinstance(queue_type, str) else "classic"
         self.policy: Policy | None = None
         # consumer timeouts (quorum queues): (deadline, n, message, channel, tag), earliest first
-        self._lock_heap: list[tuple[float, int, Message, Channel, int]] = []
+        self._lock_heap: list[tuple[float, int, Message, Channel, int, int]] = []
         self._lock_count = 0
         self._lock_timer = Deadline(timers, self._locks_due)
         self.apply_settings()
@@ -349,7 +349,7 @@ class Queue:
         self._lock_count += 1
         deadline = self._now() + timeout_ms / 1000
         heap = self._lock_heap
-        heapq.heappush(heap, (deadline, self._lock_count, msg, channel, tag))
+        heapq.heappush(heap, (deadline, self._lock_count, msg, channel, tag, timeout_ms))
         if len(heap) > 2 * self.unacked_count + 64:
             # settled deliveries linger in the heap until their deadline: drop them now and then
             self._lock_heap = heap = [e for e in heap if _locked(e)]
@@ -359,18 +359,19 @@ class Queue:
     def _locks_due(self) -> None:
         now = self._now()
         heap = self._lock_heap
-        due: dict[Consumer, list[Message]] = {}
+        due: dict[tuple[Channel, Consumer | None], tuple[list[Message], int]] = {}
         while heap and heap[0][0] <= now:
             entry = heapq.heappop(heap)
-            msg = entry[2]
-            if _locked(entry) and msg.consumer is not None:
-                due.setdefault(msg.consumer, []).append(msg)
+            if _locked(entry):
+                msg = entry[2]
+                group = due.setdefault((entry[3], msg.consumer), ([], entry[5]))
+                group[0].append(msg)
         while heap and not _locked(heap[0]):
             heapq.heappop(heap)
         if heap:
             self._lock_timer.arm(heap[0][0])
-        for consumer, msgs in due.items():
-            consumer.channel.deliveries_timed_out(consumer, msgs)
+        for (channel, consumer), (msgs, timeout) in due.items():
+            channel.deliveries_timed_out(consumer, msgs, timeout)
 
     # ---- TTL ----
 
@@ -440,7 +441,7 @@ class Queue:
         self.purge()
 
 
-def _locked(entry: tuple[float, int, Message, Channel, int]) -> bool:
+def _locked(entry: tuple[float, int, Message, Channel, int, int]) -> bool:
     """Is the delivery this heap entry timed still out with its consumer?"""
     msg = entry[2]
     return msg.state == UNACKED and msg.channel is entry[3] and msg.tag == entry[4]

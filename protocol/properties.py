@@ -41,6 +41,7 @@ PROPERTIES: tuple[tuple[str, int, str], ...] = (
 FLAG_HEADERS = 1 << 13
 FLAG_DELIVERY_MODE = 1 << 12
 FLAG_PRIORITY = 1 << 11
+FLAG_REPLY_TO = 1 << 9
 FLAG_EXPIRATION = 1 << 8
 FLAG_USER_ID = 1 << 4
 _FLAGS = {name: flag for name, flag, _ in PROPERTIES}
