@@ -6,6 +6,7 @@ from typing import Any
 
 from protocol.constants import PRECONDITION_FAILED
 from protocol.errors import ChannelError
+from protocol.tables import TypedTable
 
 MAX_UINT32 = 2**32 - 1
 
@@ -59,7 +60,7 @@ def _invalid(arg: str, queue: str, vhost: str, reason: str) -> ChannelError:
 
 def _non_negative(arg: str, value: Any, queue: str, vhost: str, maximum: int | None) -> None:
     if not _is_int(value):
-        raise _invalid(arg, queue, vhost, f"{{unacceptable_type,{type_name(value)}}}")
+        raise _invalid(arg, queue, vhost, f'"expected integer, got {type_name(value)}"')
     if value < 0:
         raise _invalid(arg, queue, vhost, f"{{value_negative,{value}}}")
     if maximum is not None and value > maximum:
@@ -101,29 +102,57 @@ def validate_queue_arguments(args: dict[str, Any], queue: str, vhost: str) -> No
         )
 
 
-def describe(value: Any) -> str:
-    if value is None:
+def wire_type(table: dict[str, Any], key: str) -> str:
+    """The field type of ``table[key]`` as sent (TypedTable), else as Python suggests."""
+    if isinstance(table, TypedTable) and key in getattr(table, "types", {}):
+        return table.types[key]
+    return type_name(table.get(key))
+
+
+def _describe(table: dict[str, Any], key: str) -> str:
+    if key not in table:
         return "none"
-    return f"the value '{_show(value)}' of type '{type_name(value)}'"
+    return f"the value '{_show(table[key])}' of type '{wire_type(table, key)}'"
 
 
 def _show(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
     return str(value)
+
+
+_INTEGER_TYPES = {
+    "signedint",
+    "unsignedint",
+    "long",
+    "byte",
+    "unsignedbyte",
+    "short",
+    "unsignedshort",
+}
+
+
+def _kind(wire: str) -> str:
+    """Integer widths do not matter for equivalence (RabbitMQ compares the numbers)."""
+    return "integer" if wire in _INTEGER_TYPES else wire
 
 
 def check_equivalent_arguments(
     current: dict[str, Any], received: dict[str, Any], queue: str, vhost: str
 ) -> None:
+    """RabbitMQ compares type and value of the arguments it knows."""
     for arg in EQUIVALENCE_CHECKED:
-        have, got = current.get(arg), received.get(arg)
-        if have == got and type_name(have) == type_name(got):
+        if arg not in current and arg not in received:
             continue
-        if have is not None and got is not None and type_name(have) == type_name(got):
-            detail = f"received '{_show(got)}' but current is '{_show(have)}'"
+        have_type, got_type = wire_type(current, arg), wire_type(received, arg)
+        if arg in current and arg in received and _kind(have_type) == _kind(got_type):
+            if current[arg] == received[arg]:
+                continue
+            detail = f"received '{_show(received[arg])}' but current is '{_show(current[arg])}'"
         else:
-            detail = f"received {describe(got)} but current is {describe(have)}"
+            detail = f"received {_describe(received, arg)} but current is {_describe(current, arg)}"
         raise ChannelError(
             PRECONDITION_FAILED,
             f"inequivalent arg '{arg}' for queue '{queue}' in vhost '{vhost}': {detail}",

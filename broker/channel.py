@@ -35,6 +35,7 @@ from protocol.methods import (
     cancel_frame,
     deliver_frame,
     get_ok_frame,
+    make,
     nack_frame,
     return_frame,
     shortstr,
@@ -467,7 +468,11 @@ class Channel:
         self._redispatch([])
 
     def _queue_name(self, name: str) -> str:
-        return name or self.last_queue
+        """An empty name means the queue this channel declared last."""
+        name = name or self.last_queue
+        if not name:
+            raise ChannelError(NOT_FOUND, "no previously declared queue")
+        return name
 
     def on_basic_consume(self, method: commands.Basic.Consume) -> None:
         if method.queue == REPLY_TO:
@@ -508,7 +513,7 @@ class Channel:
         )
         self.consumers[tag] = consumer
         if not method.nowait:
-            self.reply(commands.Basic.ConsumeOk(consumer_tag=tag))
+            self.reply(make(commands.Basic.ConsumeOk, consumer_tag=tag))
         queue.add_consumer(consumer)
 
     def _consume_reply_to(self, method: commands.Basic.Consume) -> None:
@@ -524,17 +529,17 @@ class Channel:
             self.reply_token = base64.urlsafe_b64encode(os.urandom(18)).decode()
             self.conn.broker.reply_channels[self.reply_token] = self
         if not method.nowait:
-            self.reply(commands.Basic.ConsumeOk(consumer_tag=tag))
+            self.reply(make(commands.Basic.ConsumeOk, consumer_tag=tag))
 
     def on_basic_cancel(self, method: commands.Basic.Cancel) -> None:
         if self.reply_tag is not None and method.consumer_tag == self.reply_tag:
             self.reply_tag = None
             if not method.nowait:
-                self.reply(commands.Basic.CancelOk(consumer_tag=method.consumer_tag))
+                self.reply(make(commands.Basic.CancelOk, consumer_tag=method.consumer_tag))
             return
         consumer = self.consumers.pop(method.consumer_tag or "", None)
         if not method.nowait:
-            self.reply(commands.Basic.CancelOk(consumer_tag=method.consumer_tag))
+            self.reply(make(commands.Basic.CancelOk, consumer_tag=method.consumer_tag))
         if consumer is not None:
             consumer.queue.remove_consumer(consumer)
 
@@ -605,14 +610,19 @@ class Channel:
             self.reply(commands.Exchange.DeleteOk())
 
     def on_exchange_bind(self, method: commands.Exchange.Bind) -> None:
+        self.vhost.not_default(method.destination)
         destination = self.vhost.exchange(method.destination)
         self.vhost.bind(method.source, destination, method.routing_key, method.arguments or {})
         if not method.nowait:
             self.reply(commands.Exchange.BindOk())
 
     def on_exchange_unbind(self, method: commands.Exchange.Unbind) -> None:
-        destination = self.vhost.exchange(method.destination)
-        self.vhost.unbind(method.source, destination, method.routing_key, method.arguments or {})
+        self.vhost.not_default(method.destination)
+        destination = self.vhost.exchanges.get(method.destination)
+        if destination is not None:  # RabbitMQ: unbinding what is not there succeeds
+            self.vhost.unbind(
+                method.source, destination, method.routing_key, method.arguments or {}
+            )
         if not method.nowait:
             self.reply(commands.Exchange.UnbindOk())
 
@@ -623,7 +633,9 @@ class Channel:
         if name == REPLY_TO or name.startswith(REPLY_TO_PREFIX):
             # the pseudo-queue of direct reply-to always "exists"
             if not method.nowait:
-                self.reply(commands.Queue.DeclareOk(queue=name, message_count=0, consumer_count=0))
+                self.reply(
+                    make(commands.Queue.DeclareOk, queue=name, message_count=0, consumer_count=0)
+                )
             return
         server_named = not name and not method.passive
         if server_named:
@@ -643,7 +655,8 @@ class Channel:
         self.last_queue = queue.name
         if not method.nowait:
             self.reply(
-                commands.Queue.DeclareOk(
+                make(
+                    commands.Queue.DeclareOk,
                     queue=queue.name,
                     message_count=queue.ready_count,
                     consumer_count=len(queue.consumers),
@@ -651,14 +664,26 @@ class Channel:
             )
 
     def on_queue_bind(self, method: commands.Queue.Bind) -> None:
+        self.vhost.not_default(method.exchange)
+        self.vhost.exchange(method.exchange)  # RabbitMQ names a missing exchange first
         queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
         self.vhost.bind(method.exchange, queue, method.routing_key, method.arguments or {})
         if not method.nowait:
             self.reply(commands.Queue.BindOk())
 
     def on_queue_unbind(self, method: commands.Queue.Unbind) -> None:
-        queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
-        self.vhost.unbind(method.exchange, queue, method.routing_key, method.arguments or {})
+        self.vhost.not_default(method.exchange)
+        queue = self.vhost.queues.get(self._queue_name(method.queue))
+        exchange = self.vhost.exchanges.get(method.exchange)
+        arguments = method.arguments or {}
+        # RabbitMQ: unbinding what is not there succeeds, before exclusivity is checked
+        if (
+            queue is not None
+            and exchange is not None
+            and exchange.has_binding(queue, method.routing_key, arguments)
+        ):
+            self.vhost.check_exclusive(queue, self.conn)
+            self.vhost.unbind(method.exchange, queue, method.routing_key, arguments)
         self.reply(commands.Queue.UnbindOk())
 
     def on_queue_purge(self, method: commands.Queue.Purge) -> None:
@@ -743,6 +768,8 @@ class Channel:
             consumer.queue.remove_consumer(consumer)
         msgs = list(self.unacked.values())
         self.unacked.clear()
+        for _, settled, _ in self.tx_settles:  # never committed: still unacked
+            msgs.extend(settled)
         self.tx_publishes = []
         self.tx_settles = []
         if msgs:

@@ -16,6 +16,7 @@ from broker.channel import Channel
 from protocol.connection import Content, ProtocolConnection, Sentinel
 from protocol.constants import (
     ACCESS_REFUSED,
+    CHANNEL_ERROR,
     COMMAND_INVALID,
     CONNECTION_FORCED,
     FRAME_MIN_SIZE,
@@ -23,7 +24,7 @@ from protocol.constants import (
     NOT_ALLOWED,
     PROTOCOL_HEADER,
 )
-from protocol.errors import AMQPError, ChannelError, ConnectionError_
+from protocol.errors import AMQPError, ChannelError, ConnectionError_, truncate_reply_text
 from protocol.frames import HEARTBEAT_FRAME
 from protocol.methods import method_frame
 from protocol.tables import TableError, decode_table
@@ -84,6 +85,7 @@ class Connection:
         self.pending_confirms: set[Channel] = set()
         self.writable = True
         self.opened = False
+        self.tuned = False  # tune-ok accepted: from here on errors are reported, not just closed
         self.closing = False
         self.closed = False
         self._out: list[bytes] = []
@@ -168,10 +170,6 @@ class Connection:
         self.flush()
 
     def _channel_event(self, channel_id: int, method: Any) -> None:
-        if not self.opened:
-            raise ConnectionError_(
-                COMMAND_INVALID, "channel methods are not allowed before connection.open"
-            )
         channel = self.channels.get(channel_id)
         if channel is None:
             if isinstance(method, commands.Channel.Open):
@@ -192,10 +190,8 @@ class Connection:
             return
         handler = channel.handlers.get(type(method))
         try:
-            if handler is None:
-                raise ConnectionError_(
-                    COMMAND_INVALID, f"method {getattr(method, 'name', method)} not allowed here"
-                )
+            if handler is None:  # connection methods, or methods only a server sends
+                raise ConnectionError_(COMMAND_INVALID, "unimplemented method")
             handler(method)
         except ChannelError as exc:
             self.channel_error(channel, exc.at(*_ids(method)))
@@ -209,7 +205,7 @@ class Connection:
             channel.id,
             commands.Channel.Close(
                 reply_code=exc.code,
-                reply_text=exc.text[:255],
+                reply_text=truncate_reply_text(exc.text),
                 class_id=exc.class_id,
                 method_id=exc.method_id,
             ),
@@ -220,12 +216,18 @@ class Connection:
         if self.closing or self.closed:
             return
         self.closing = True
+        if not self.tuned:
+            # RabbitMQ says nothing before the connection is tuned: it just closes the socket
+            self.protocol.close()
+            self._release()
+            self._close_transport()
+            return
         self.protocol.close()
         self.send_method(
             0,
             commands.Connection.Close(
                 reply_code=exc.code,
-                reply_text=exc.text[:255],
+                reply_text=truncate_reply_text(exc.text),
                 class_id=exc.class_id,
                 method_id=exc.method_id,
             ),
@@ -268,7 +270,7 @@ class Connection:
             self.send_method(0, commands.Connection.UpdateSecretOk())
         else:
             raise ConnectionError_(
-                COMMAND_INVALID, f"unexpected method {getattr(method, 'name', method)} on channel 0"
+                CHANNEL_ERROR, "unexpected method in connection state running"
             ).at(*_ids(method))
 
     def _on_start_ok(self, method: commands.Connection.StartOk) -> None:
@@ -313,7 +315,8 @@ class Connection:
 
     def _refuse_login(self, detail: str) -> None:
         if self.capabilities.get("authentication_failure_close") is True:
-            self.connection_error(ConnectionError_(ACCESS_REFUSED, detail, 10, 11))
+            self.tuned = True  # the one error RabbitMQ reports before tuning
+            self.connection_error(ConnectionError_(ACCESS_REFUSED, detail))
             self.flush()
         self._close_transport()
 
@@ -327,25 +330,24 @@ class Connection:
 
     def _on_tune_ok(self, method: commands.Connection.TuneOk) -> None:
         settings = self.broker.settings
-        frame_max = method.frame_max or settings.frame_max or 2**31 - 1
-        if settings.frame_max and frame_max > settings.frame_max:
+        # 0 means "no limit": more than the server proposed unless it proposed 0 too
+        frame_max = method.frame_max or 2**32 - 1
+        server_frame_max = settings.frame_max or 2**32 - 1
+        if frame_max > server_frame_max or frame_max < FRAME_MIN_SIZE:
             raise ConnectionError_(
                 NOT_ALLOWED,
-                f"frame_max={frame_max} > {settings.frame_max} max size",
-                10,
-                31,
+                f"frame_max={method.frame_max} outside {FRAME_MIN_SIZE}..{server_frame_max}",
             )
-        if frame_max < FRAME_MIN_SIZE:
+        channel_max = method.channel_max or 65535
+        if channel_max > (settings.channel_max or 65535):
             raise ConnectionError_(
-                NOT_ALLOWED, f"frame_max={frame_max} < {FRAME_MIN_SIZE} min size", 10, 31
+                NOT_ALLOWED, f"channel_max={method.channel_max} > {settings.channel_max}"
             )
-        channel_max = method.channel_max or settings.channel_max or 65535
-        if settings.channel_max:
-            channel_max = min(channel_max, settings.channel_max)
         self.frame_max = frame_max
         self.channel_max = channel_max
         self.protocol.tuned(frame_max, channel_max)
         self.heartbeat = method.heartbeat
+        self.tuned = True
         if self.heartbeat:
             self._schedule_heartbeat()
 
@@ -355,6 +357,7 @@ class Connection:
             raise ConnectionError_(NOT_ALLOWED, f"vhost {method.virtual_host} not found", 10, 40)
         self.vhost = vhost
         self.opened = True
+        self.protocol.open()
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None

@@ -75,6 +75,9 @@ class Exchange:
         self._bindings_changed()
         return True
 
+    def has_binding(self, destination: Any, routing_key: str, arguments: dict[str, Any]) -> bool:
+        return (id(destination), routing_key, _freeze(arguments)) in self.bindings
+
     def unbind(self, destination: Any, routing_key: str, arguments: dict[str, Any]) -> bool:
         removed = self.bindings.pop((id(destination), routing_key, _freeze(arguments)), None)
         if removed is not None:

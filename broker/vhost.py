@@ -83,15 +83,18 @@ class VirtualHost:
 
     def check_exclusive(self, queue: Queue, connection: object) -> None:
         if queue.exclusive_owner is not None and queue.exclusive_owner is not connection:
-            raise ChannelError(
-                RESOURCE_LOCKED,
-                f"cannot obtain exclusive access to locked queue '{queue.name}' {self._where()}. "
-                "It could be originally declared on another connection or the exclusive "
-                "property value does not match that of the original declaration.",
-            )
+            raise self._locked(queue)
+
+    def _locked(self, queue: Queue) -> ChannelError:
+        return ChannelError(
+            RESOURCE_LOCKED,
+            f"cannot obtain exclusive access to locked queue '{queue.name}' {self._where()}. "
+            "It could be originally declared on another connection or the exclusive "
+            "property value does not match that of the original declaration.",
+        )
 
     @staticmethod
-    def _not_default(name: str) -> None:
+    def not_default(name: str) -> None:
         if name == "":
             raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
 
@@ -108,7 +111,7 @@ class VirtualHost:
         internal: bool,
         arguments: dict[str, Any],
     ) -> Exchange:
-        self._not_default(name)
+        self.not_default(name)
         existing = self.exchanges.get(name)
         if passive:
             if existing is None:
@@ -164,24 +167,17 @@ class VirtualHost:
             )
 
     def delete_exchange(self, name: str, if_unused: bool) -> None:
-        self._not_default(name)
+        self.not_default(name)
         exchange = self.exchanges.get(name)
         if exchange is None:
             return  # RabbitMQ: deleting a missing exchange succeeds
-        if name.startswith("amq.") and name in dict(STANDARD_EXCHANGES):
+        if name.startswith("amq."):
             raise ChannelError(
-                ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'"
+                ACCESS_REFUSED, f"deletion of system exchange '{name}' {self._where()} not allowed"
             )
-        if if_unused and (exchange.bindings or self._is_destination(exchange)):
+        if if_unused and exchange.bindings:  # being a binding's destination is not "use"
             raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' {self._where()} in use")
         self._remove_exchange(exchange)
-
-    def _is_destination(self, exchange: Exchange) -> bool:
-        return any(
-            b.destination is exchange
-            for ex in self.exchanges.values()
-            for b in ex.bindings.values()
-        )
 
     def _remove_exchange(self, exchange: Exchange) -> None:
         exchange.deleted = True
@@ -224,10 +220,14 @@ class VirtualHost:
             self.check_exclusive(existing, connection)
             existing.touch()
             return existing
+        if name.startswith("amq.") and not server_named:
+            raise ChannelError(
+                ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'"
+            )
         if existing is not None:
             self.check_exclusive(existing, connection)
-            if exclusive and existing.exclusive_owner is None:
-                self.check_exclusive(existing, object())  # RabbitMQ: exclusive mismatch is 405
+            if exclusive != (existing.exclusive_owner is not None):
+                raise self._locked(existing)  # RabbitMQ: an exclusive mismatch is 405 too
             where = f"for queue '{name}' {self._where()}"
             for arg, got, have in (
                 ("durable", durable, existing.durable),
@@ -242,10 +242,6 @@ class VirtualHost:
             check_equivalent_arguments(existing.arguments, arguments, name, self.name)
             existing.touch()
             return existing
-        if name.startswith("amq.") and not server_named:
-            raise ChannelError(
-                ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'"
-            )
         validate_queue_arguments(arguments, name, self.name)
         queue = Queue(
             self,
@@ -302,14 +298,14 @@ class VirtualHost:
     def bind(
         self, source: str, destination: Any, routing_key: str, arguments: dict[str, Any]
     ) -> None:
-        self._not_default(source)
+        self.not_default(source)
         exchange = self.exchange(source)
         exchange.bind(Binding(destination, routing_key, arguments))
 
     def unbind(
         self, source: str, destination: Any, routing_key: str, arguments: dict[str, Any]
     ) -> None:
-        self._not_default(source)
+        self.not_default(source)
         exchange = self.exchange(source)
         exchange.unbind(destination, routing_key, arguments)
         self._maybe_auto_delete(exchange)

@@ -29,7 +29,7 @@ from protocol.constants import (
     PROTOCOL_HEADER,
     UNEXPECTED_FRAME,
 )
-from protocol.errors import ChannelError, ConnectionError_
+from protocol.errors import ChannelError, ConnectionError_, erlang_binary
 from protocol.methods import BasicPublish, Method, decode_method
 
 _frame_head = Struct(">BHI")
@@ -79,12 +79,17 @@ class ProtocolConnection:
         self.header_done = False
         self.failed = False
         self.closing = False  # the broker sent connection.close
+        self.opened = False  # connection.open-ok sent: channel frames are allowed
         self.frame_max = frame_max
         self.channel_max = 0  # 0 = no limit until tuned
         self.max_message_size = max_message_size
         self.channels: dict[int, _Channel] = {}
 
     # ---- driven by the broker ----
+
+    def open(self) -> None:
+        """The broker sent connection.open-ok."""
+        self.opened = True
 
     def tuned(self, frame_max: int, channel_max: int) -> None:
         self.frame_max = frame_max
@@ -145,28 +150,33 @@ class ProtocolConnection:
             end = off + 7 + size
             if avail < 8 + size:
                 return NEED_DATA
+            payload = buf[off + 7 : end]
             if buf[end] != 0xCE:
                 raise ConnectionError_(
                     FRAME_ERROR,
-                    f"type {ftype}, all octets = <<>>: {{invalid_frame_end_marker,{buf[end]}}}",
+                    f"type {ftype}, all octets = {erlang_binary(payload)}: "
+                    f"{{invalid_frame_end_marker,{buf[end]}}}",
                 )
-            payload = buf[off + 7 : end]
             self._off = end + 1
-            if ftype == FRAME_METHOD:
+            if ftype == FRAME_METHOD and (channel == 0 or self.opened):
                 event = self._method(channel, payload)
-            elif ftype == FRAME_BODY:
+            elif ftype == FRAME_BODY and channel and self.opened:
                 event = self._body(channel, payload)
-            elif ftype == FRAME_HEADER:
+            elif ftype == FRAME_HEADER and channel and self.opened:
                 event = self._header(channel, payload)
-            elif ftype == FRAME_HEARTBEAT:
-                if channel != 0:
-                    raise ConnectionError_(
-                        FRAME_ERROR, f"heartbeat frame on channel {channel}, expected channel 0"
-                    )
+            elif ftype == FRAME_HEARTBEAT and not payload and channel == 0:
                 event = None
+            elif ftype in (FRAME_METHOD, FRAME_BODY, FRAME_HEADER) or (
+                ftype == FRAME_HEARTBEAT and not payload
+            ):
+                # a known frame type on the wrong channel, or a channel frame before open
+                raise ConnectionError_(
+                    UNEXPECTED_FRAME, f"type {ftype}, all octets = {erlang_binary(payload)}"
+                )
             else:
                 raise ConnectionError_(
-                    FRAME_ERROR, f"type {ftype}, all octets = <<>>: {{unknown_frame_type,{ftype}}}"
+                    FRAME_ERROR,
+                    f"type {ftype}, all octets = {erlang_binary(payload)}: unknown_frame",
                 )
             if event is not None:
                 return event
@@ -186,6 +196,10 @@ class ProtocolConnection:
         return Sentinel.PROTOCOL_HEADER
 
     def _method(self, channel: int, payload: bytes) -> Event | None:
+        if len(payload) < 4:
+            raise ConnectionError_(
+                FRAME_ERROR, f"type 1, all octets = {erlang_binary(payload)}: unknown_frame"
+            )
         method = decode_method(payload)
         if channel == 0:
             if self.closing and not isinstance(
@@ -203,16 +217,11 @@ class ProtocolConnection:
                         NOT_ALLOWED,
                         f"number of channels opened ({len(self.channels)}) has reached the "
                         f"negotiated channel_max ({self.channel_max})",
-                        20,
-                        10,
                     )
                 self.channels[channel] = _Channel()
                 return (channel, method)
             raise ConnectionError_(
-                CHANNEL_ERROR,
-                "expected 'channel.open'",
-                method.index >> 16 if hasattr(method, "index") else 60,
-                method.index & 0xFFFF if hasattr(method, "index") else 40,
+                CHANNEL_ERROR, "expected 'channel.open'", method.index >> 16, method.index & 0xFFFF
             )
         if state.closing:
             if isinstance(method, commands.Channel.CloseOk):
@@ -222,10 +231,7 @@ class ProtocolConnection:
                 return (channel, method)
             return None
         if state.pending is not None:
-            raise ConnectionError_(
-                UNEXPECTED_FRAME,
-                "expected content header for class 60, got non content header frame instead",
-            )
+            raise _content_error(state)
         if isinstance(method, BasicPublish):
             state.pending = method
             return None
@@ -235,24 +241,25 @@ class ProtocolConnection:
 
     def _header(self, channel: int, payload: bytes) -> Event | None:
         state = self.channels.get(channel)
-        if state is None or self.closing:
-            if self.closing:
-                return None
-            raise ConnectionError_(
-                UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
-            )
-        if state.closing:
+        if self.closing or (state is not None and state.closing):
             return None
-        if state.pending is None or state.properties or state.received or state.parts:
+        if state is None or state.pending is None:
             raise ConnectionError_(
                 UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
             )
+        if state.properties:
+            raise _content_error(state)
         if len(payload) < 14:
-            raise ConnectionError_(FRAME_ERROR, "content header frame too short")
+            raise ConnectionError_(
+                FRAME_ERROR, f"type 2, all octets = {erlang_binary(payload)}: unknown_frame"
+            )
         class_id, _weight, body_size = _content_head.unpack_from(payload, 0)
         if class_id != 60:
             raise ConnectionError_(
-                UNEXPECTED_FRAME, f"expected content header for class 60, got class {class_id}"
+                UNEXPECTED_FRAME,
+                f"expected content header for class 60, got one for class {class_id} instead",
+                60,
+                40,
             )
         if body_size > self.max_message_size:
             state.pending = None  # the broker closes the channel; the body frames are dropped
@@ -273,26 +280,21 @@ class ProtocolConnection:
 
     def _body(self, channel: int, payload: bytes) -> Event | None:
         state = self.channels.get(channel)
-        if state is None or self.closing:
-            if self.closing:
-                return None
+        if self.closing or (state is not None and state.closing):
+            return None
+        if state is None or state.pending is None:
             raise ConnectionError_(
                 UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
             )
-        if state.closing:
-            return None
-        if state.pending is None or not state.properties:
-            raise ConnectionError_(
-                UNEXPECTED_FRAME,
-                "expected content header for class 60, got non content header frame instead"
-                if state.pending is not None
-                else "expected method frame, got non method frame instead",
-            )
+        if not state.properties:
+            raise _content_error(state)
         received = state.received + len(payload)
         if received > state.body_size:
             raise ConnectionError_(
                 FRAME_ERROR,
-                f"content body is larger than its header said ({received} > {state.body_size})",
+                f"type 3, all octets = <<>>: {{body_too_large,{received},{state.body_size}}}",
+                60,
+                40,
             )
         if received == state.body_size:
             if state.parts:
@@ -316,3 +318,12 @@ class ProtocolConnection:
         state.received = 0
         state.body_size = 0
         return (channel, content)
+
+
+def _content_error(state: _Channel) -> ConnectionError_:
+    """A frame out of place while a publish waits for its content header or body."""
+    if not state.properties:
+        text = "expected content header for class 60, got non content header frame instead"
+    else:
+        text = "expected content body, got non content body frame instead"
+    return ConnectionError_(UNEXPECTED_FRAME, text, 60, 40)

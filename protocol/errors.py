@@ -38,3 +38,21 @@ class ConnectionError_(AMQPError):  # the underscore avoids shadowing the builti
 # Aliases that read well at raise sites.
 AMQPChannelError = ChannelError
 AMQPConnectionError = ConnectionError_
+
+
+def erlang_binary(data: bytes) -> str:
+    """Octets as RabbitMQ prints them in its reply texts: ``<<"abc">>`` or ``<<0,20,0,10>>``."""
+    if not data:
+        return "<<>>"
+    if all(32 <= b < 127 for b in data):
+        text = data.decode("ascii").replace("\\", "\\\\").replace('"', '\\"')
+        return f'<<"{text}">>'
+    return "<<" + ",".join(str(b) for b in data) + ">>"
+
+
+def truncate_reply_text(text: str) -> str:
+    """A reply text is a short string: RabbitMQ cuts longer ones to 252 octets and '...'."""
+    raw = text.encode()
+    if len(raw) <= 255:
+        return text
+    return raw[:252].decode(errors="ignore") + "..."

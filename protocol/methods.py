@@ -15,8 +15,8 @@ from typing import Any
 
 from pamqp import commands, encode
 
-from protocol.constants import FRAME_METHOD, NOT_IMPLEMENTED, SYNTAX_ERROR
-from protocol.errors import ConnectionError_
+from protocol.constants import FRAME_ERROR, FRAME_METHOD, NOT_IMPLEMENTED
+from protocol.errors import ConnectionError_, erlang_binary
 from protocol.tables import TableError, decode_table, encode_table
 
 _HH = Struct(">HH")
@@ -28,6 +28,7 @@ _u16 = Struct(">H")
 class BasicPublish:
     __slots__ = ("exchange", "immediate", "mandatory", "routing_key")
     name = "Basic.Publish"
+    index = 0x003C0028
 
     def __init__(self, exchange: str, routing_key: str, mandatory: bool, immediate: bool) -> None:
         self.exchange = exchange
@@ -39,6 +40,7 @@ class BasicPublish:
 class BasicAck:
     __slots__ = ("delivery_tag", "multiple")
     name = "Basic.Ack"
+    index = 0x003C0050
 
     def __init__(self, delivery_tag: int, multiple: bool) -> None:
         self.delivery_tag = delivery_tag
@@ -48,6 +50,7 @@ class BasicAck:
 class BasicNack:
     __slots__ = ("delivery_tag", "multiple", "requeue")
     name = "Basic.Nack"
+    index = 0x003C0078
 
     def __init__(self, delivery_tag: int, multiple: bool, requeue: bool) -> None:
         self.delivery_tag = delivery_tag
@@ -58,6 +61,7 @@ class BasicNack:
 class BasicReject:
     __slots__ = ("delivery_tag", "requeue")
     name = "Basic.Reject"
+    index = 0x003C005A
 
     def __init__(self, delivery_tag: int, requeue: bool) -> None:
         self.delivery_tag = delivery_tag
@@ -76,29 +80,29 @@ def _shortstr(buf: bytes, off: int) -> tuple[str, int]:
 
 
 def decode_method(payload: bytes) -> Method:
-    """Decode a method frame's payload; unknown or malformed methods close the connection."""
-    try:
-        class_id, method_id = _HH.unpack_from(payload, 0)
-    except StructError:
-        raise ConnectionError_(SYNTAX_ERROR, "method frame too short to name a method") from None
+    """Decode a method frame's payload (at least 4 octets); bad ones close the connection."""
+    class_id, method_id = _HH.unpack_from(payload, 0)
+    size = len(payload)
     try:
         if class_id == 60:
             if method_id == 40:
                 exchange, off = _shortstr(payload, 6)
                 routing_key, off = _shortstr(payload, off)
                 bits = payload[off]
+                if off + 1 != size:
+                    raise IndexError
                 return BasicPublish(exchange, routing_key, bool(bits & 1), bool(bits & 2))
-            if method_id == 80:
+            if method_id in (80, 120, 90):
+                if size != 13:
+                    raise IndexError
                 tag, bits = _u64_bits.unpack_from(payload, 4)
-                return BasicAck(tag, bool(bits & 1))
-            if method_id == 120:
-                tag, bits = _u64_bits.unpack_from(payload, 4)
-                return BasicNack(tag, bool(bits & 1), bool(bits & 2))
-            if method_id == 90:
-                tag, bits = _u64_bits.unpack_from(payload, 4)
+                if method_id == 80:
+                    return BasicAck(tag, bool(bits & 1))
+                if method_id == 120:
+                    return BasicNack(tag, bool(bits & 1), bool(bits & 2))
                 return BasicReject(tag, bool(bits & 1))
     except (IndexError, StructError):
-        raise _malformed(class_id, method_id) from None
+        raise _malformed(payload, class_id, method_id) from None
     cls = commands.INDEX_MAPPING.get((class_id << 16) | method_id)
     if cls is None:
         raise ConnectionError_(
@@ -109,18 +113,16 @@ def decode_method(payload: bytes) -> Method:
         )
     method: Any = object.__new__(cls)
     try:
-        _unmarshal(method, payload[4:])
+        if _unmarshal(method, payload[4:]) != size - 4:
+            raise IndexError  # trailing octets: RabbitMQ cannot decode this either
     except (IndexError, StructError, ValueError, TypeError, TableError):
-        raise _malformed(class_id, method_id) from None
+        raise _malformed(payload, class_id, method_id) from None
     return method
 
 
-def _malformed(class_id: int, method_id: int) -> ConnectionError_:
+def _malformed(payload: bytes, class_id: int, method_id: int) -> ConnectionError_:
     return ConnectionError_(
-        SYNTAX_ERROR,
-        f"malformed method frame (class {class_id}, method {method_id})",
-        class_id,
-        method_id,
+        FRAME_ERROR, f"cannot decode {erlang_binary(payload[4:])}", class_id, method_id
     )
 
 
@@ -133,8 +135,8 @@ _DECODERS: dict[str, Struct] = {
 }
 
 
-def _unmarshal(method: Any, data: bytes) -> None:
-    """pamqp's field walk, with our field-table decoder (depth-limited, RabbitMQ types)."""
+def _unmarshal(method: Any, data: bytes) -> int:
+    """pamqp's field walk with our field-table decoder; returns the octets used."""
     off = 0
     bit_index = 8
     bits = 0
@@ -160,12 +162,13 @@ def _unmarshal(method: Any, data: bytes) -> None:
             value = bytes(data[off : off + n])
             off += n
         elif kind == "table":
-            value, off = decode_table(data, off)
+            value, off = decode_table(data, off, typed=True)
         else:
             decoder = _DECODERS[kind]
             (value,) = decoder.unpack_from(data, off)
             off += decoder.size
         setattr(method, attr, value)
+    return off
 
 
 def encode_method_payload(method: Any) -> bytes:
@@ -202,6 +205,14 @@ def encode_method_payload(method: Any) -> bytes:
     if bit_index != -1:
         out.append(bytes((byte,)))
     return b"".join(out)
+
+
+def make(cls: Any, **fields: Any) -> Any:
+    """A pamqp method with these fields, skipping pamqp's name validation."""
+    method = cls()
+    for name, value in fields.items():
+        setattr(method, name, value)
+    return method
 
 
 def method_frame(channel: int, method: Any) -> bytes:

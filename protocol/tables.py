@@ -37,6 +37,38 @@ class TableError(ValueError):
     """Malformed field table."""
 
 
+class TypedTable(dict[str, Any]):
+    """A decoded table that remembers each top-level value's wire type, by RabbitMQ's name.
+
+    RabbitMQ names the field type in some reply texts (inequivalent arguments),
+    so method arguments keep it.
+    """
+
+    types: dict[str, str]
+
+
+TYPE_NAMES = {
+    "S": "longstr",
+    "I": "signedint",
+    "i": "unsignedint",
+    "l": "long",
+    "L": "long",
+    "t": "bool",
+    "b": "byte",
+    "B": "unsignedbyte",
+    "s": "short",
+    "u": "unsignedshort",
+    "f": "float",
+    "d": "double",
+    "D": "decimal",
+    "T": "timestamp",
+    "F": "table",
+    "A": "array",
+    "x": "binary",
+    "V": "void",
+}
+
+
 def _need(buf: bytes, offset: int, n: int) -> None:
     if offset + n > len(buf):
         raise TableError("field table truncated")
@@ -114,7 +146,9 @@ def _value(buf: bytes, off: int, depth: int) -> tuple[FieldValue, int]:
     raise TableError(f"unknown field type {chr(kind)!r}")
 
 
-def _table(buf: bytes, off: int, depth: int) -> tuple[dict[str, FieldValue], int]:
+def _table(
+    buf: bytes, off: int, depth: int, typed: bool = False
+) -> tuple[dict[str, FieldValue], int]:
     if depth > MAX_DEPTH:
         raise TableError("field table nested too deeply")
     _need(buf, off, 4)
@@ -122,7 +156,8 @@ def _table(buf: bytes, off: int, depth: int) -> tuple[dict[str, FieldValue], int
     off += 4
     end = off + size
     _need(buf, off, size)
-    result: dict[str, FieldValue] = {}
+    result: dict[str, FieldValue] = TypedTable() if typed else {}
+    types: dict[str, str] = {}
     while off < end:
         klen = buf[off]
         off += 1
@@ -130,9 +165,13 @@ def _table(buf: bytes, off: int, depth: int) -> tuple[dict[str, FieldValue], int
             raise TableError("field table key truncated")
         key = bytes(buf[off : off + klen]).decode("utf-8", "replace")
         off += klen
+        if typed and off < end:
+            types[key] = TYPE_NAMES.get(chr(buf[off]), "unknown")
         result[key], off = _value(buf, off, depth)
         if off > end:
             raise TableError("field table value overruns the table")
+    if isinstance(result, TypedTable):
+        result.types = types
     return result, end
 
 
@@ -153,9 +192,14 @@ def _array(buf: bytes, off: int, depth: int) -> tuple[list[FieldValue], int]:
     return items, end
 
 
-def decode_table(buf: bytes, offset: int = 0) -> tuple[dict[str, FieldValue], int]:
-    """Decode the table at ``offset``; return it and the offset just past it."""
-    return _table(buf, offset, 0)
+def decode_table(
+    buf: bytes, offset: int = 0, typed: bool = False
+) -> tuple[dict[str, FieldValue], int]:
+    """Decode the table at ``offset``; return it and the offset just past it.
+
+    With ``typed`` the result is a ``TypedTable`` that knows its values' wire types.
+    """
+    return _table(buf, offset, 0, typed)
 
 
 def decode_table_or_fail(buf: bytes, offset: int = 0) -> tuple[dict[str, FieldValue], int]:

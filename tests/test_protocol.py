@@ -47,6 +47,7 @@ def header_payload(size: int, props: bytes = b"\x00\x00") -> bytes:
 
 def opened(frame_max: int = 4096, max_message_size: int = 1 << 20) -> ProtocolConnection:
     conn = ProtocolConnection(frame_max, max_message_size)
+    conn.open()
     conn.receive_data(PROTOCOL_HEADER + frame(1, 1, encode_method_payload(commands.Channel.Open())))
     assert conn.next_event() is Sentinel.PROTOCOL_HEADER
     channel, method = conn.next_event()  # type: ignore[misc]
