@@ -444,6 +444,16 @@ class Channel:
             by_queue.setdefault(queue, []).append(msg)
         return by_queue
 
+    def dispatch_all(self) -> None:
+        """Capacity came back for every consumer (qos, flow, a drained socket): offer messages."""
+        queues: list[Queue] = []
+        for consumer in self.consumers.values():
+            if consumer.queue not in queues:
+                queues.append(consumer.queue)
+        for queue in queues:
+            if queue.consumers and not queue.deleted:
+                queue.dispatch()
+
     def _redispatch(self, queues: list[Queue]) -> None:
         if self.prefetch_global:
             for consumer in list(self.consumers.values()):
@@ -465,7 +475,7 @@ class Channel:
         else:
             self.prefetch_count = method.prefetch_count
         self.reply(commands.Basic.QosOk())
-        self._redispatch([])
+        self.dispatch_all()
 
     def _queue_name(self, name: str) -> str:
         """An empty name means the queue this channel declared last."""
@@ -587,7 +597,7 @@ class Channel:
         self.flow_active = bool(method.active)
         self.reply(commands.Channel.FlowOk(active=method.active))
         if method.active:
-            self._redispatch([])
+            self.dispatch_all()
 
     # ---- exchanges ----
 

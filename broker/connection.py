@@ -36,12 +36,15 @@ if TYPE_CHECKING:
     from broker.vhost import VirtualHost
 
 VERSION = "0.1.0"
+EVENTS_PER_TURN = 256  # client events handled before other connections get a turn
 
 
 class Transport(Protocol):
     def write(self, data: bytes) -> None: ...
     def close(self) -> None: ...
     def is_closing(self) -> bool: ...
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
 
 
 def server_properties() -> dict[str, Any]:
@@ -90,6 +93,8 @@ class Connection:
         self.closed = False
         self._out: list[bytes] = []
         self._flush_scheduled = False
+        self._reading_paused = False
+        self._continue_scheduled = False
         self._received = True
         self._sent = False
         self._silent_ticks = 0
@@ -135,12 +140,27 @@ class Connection:
 
     def data_received(self, data: bytes) -> None:
         self._received = True
+        self.protocol.receive_data(data)
+        self._process()
+
+    def _process(self) -> None:
+        """Handle what the client sent, at most EVENTS_PER_TURN events per event-loop turn.
+
+        A publisher's socket can hold thousands of messages; handling them all in one go
+        would starve every other connection (the consumers' acks above all). Past the
+        budget the socket is paused and the rest waits for the next turn, which also
+        pushes back on the publisher through TCP.
+        """
+        self._continue_scheduled = False
         proto = self.protocol
-        proto.receive_data(data)
+        budget = EVENTS_PER_TURN
         while not self.closed:
             try:
                 event = proto.next_event()
                 if event is Sentinel.NEED_DATA:
+                    if self._reading_paused:
+                        self._reading_paused = False
+                        self.transport.resume_reading()
                     break
                 if isinstance(event, tuple):
                     channel_id, method = event
@@ -166,6 +186,14 @@ class Connection:
             except Exception as exc:  # a bug must not take the broker down: close this connection
                 self.broker.log.exception("internal error", peer=self.peer)
                 self.connection_error(ConnectionError_(INTERNAL_ERROR, f"internal error: {exc!r}"))
+                break
+            budget -= 1
+            if not budget:
+                if not self._reading_paused and not self.transport.is_closing():
+                    self._reading_paused = True
+                    self.transport.pause_reading()
+                self._continue_scheduled = True
+                self.broker.timers.call_soon(self._process)
                 break
         self.flush()
 
@@ -403,7 +431,7 @@ class Connection:
     def resume_writing(self) -> None:
         self.writable = True
         for channel in list(self.channels.values()):
-            channel._redispatch([])
+            channel.dispatch_all()
 
     # ---- shutdown ----
 
