@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import hmac
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from broker.auth import AccessControl
 from broker.timers import Timers
 from broker.vhost import VirtualHost
 from config import Settings
@@ -22,10 +22,17 @@ class Broker:
         self.timers = timers or Timers()
         self.log: Any = structlog.get_logger("warren")
         self.vhosts: dict[str, VirtualHost] = {}
-        self.users: dict[str, str] = {self.settings.default_user: self.settings.default_pass}
+        self.access = AccessControl()
+        settings = self.settings
+        self.access.add_user(
+            settings.default_user, settings.default_pass, tags=settings.default_user_tags
+        )
         self.connections: set[Connection] = set()
         self.reply_channels: dict[str, Channel] = {}  # direct reply-to token -> channel
-        self.add_vhost(self.settings.default_vhost)
+        self.add_vhost(settings.default_vhost)
+        self.access.set_permissions(
+            settings.default_user, settings.default_vhost, *settings.default_permissions
+        )
 
     def add_vhost(self, name: str) -> VirtualHost:
         vhost = self.vhosts.get(name)
@@ -39,8 +46,7 @@ class Broker:
         return self.vhosts[self.settings.default_vhost]
 
     def authenticate(self, user: str, password: str) -> bool:
-        expected = self.users.get(user)
-        return expected is not None and hmac.compare_digest(expected.encode(), password.encode())
+        return self.access.authenticate(user, password) is not None
 
     def connection_opened(self, connection: Connection) -> None:
         self.connections.add(connection)

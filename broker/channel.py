@@ -99,6 +99,8 @@ class Channel:
         self.flow_active = True
         self.closed = False
         self.last_queue = ""  # the queue name an empty name stands for
+        self._allowed: set[tuple[str, str, str]] = set()  # permission checks that passed
+        self._allowed_version = -1
         # direct reply-to: the no-ack consumer of the pseudo-queue amq.rabbitmq.reply-to
         self.reply_tag: str | None = None
         self.reply_token = ""
@@ -139,6 +141,19 @@ class Channel:
             commands.Tx.Commit: self.on_tx_commit,
             commands.Tx.Rollback: self.on_tx_rollback,
         }
+
+    def allow(self, kind: str, resource: str, name: str) -> None:
+        """RabbitMQ's permission check: configure, write or read on a queue or exchange."""
+        access = self.conn.broker.access
+        key = (kind, resource, name)
+        if self._allowed_version == access.version and key in self._allowed:
+            return
+        access.check(self.conn.user, self.vhost.name, kind, resource, name)
+        if self._allowed_version != access.version:
+            self._allowed.clear()
+            self._allowed_version = access.version
+        if len(self._allowed) < 1024:
+            self._allowed.add(key)
 
     def reply(self, method: Any) -> None:
         self.conn.send_method(self.id, method)
@@ -246,6 +261,7 @@ class Channel:
         method = content.method
         if method.immediate:
             raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true", 60, 40)
+        self.allow("write", "exchange", method.exchange or "amq.default")
         exchange = self.vhost.exchanges.get(method.exchange)
         if exchange is None:
             raise ChannelError(
@@ -488,6 +504,7 @@ class Channel:
         if method.queue == REPLY_TO:
             self._consume_reply_to(method)
             return
+        self.allow("read", "queue", self._queue_name(method.queue))
         queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
         arguments = method.arguments or {}
         timeout = arguments.get("x-consumer-timeout")
@@ -560,6 +577,7 @@ class Channel:
             consumer.queue.remove_consumer(consumer)
 
     def on_basic_get(self, method: commands.Basic.Get) -> None:
+        self.allow("read", "queue", self._queue_name(method.queue))
         queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
         msg = queue.get()
         if msg is None:
@@ -602,6 +620,8 @@ class Channel:
     # ---- exchanges ----
 
     def on_exchange_declare(self, method: commands.Exchange.Declare) -> None:
+        if not method.passive and method.exchange:
+            self.allow("configure", "exchange", method.exchange)
         self.vhost.declare_exchange(
             method.exchange,
             method.exchange_type,
@@ -615,12 +635,16 @@ class Channel:
             self.reply(commands.Exchange.DeclareOk())
 
     def on_exchange_delete(self, method: commands.Exchange.Delete) -> None:
+        if method.exchange:
+            self.allow("configure", "exchange", method.exchange)
         self.vhost.delete_exchange(method.exchange, method.if_unused)
         if not method.nowait:
             self.reply(commands.Exchange.DeleteOk())
 
     def on_exchange_bind(self, method: commands.Exchange.Bind) -> None:
         self.vhost.not_default(method.destination)
+        self.allow("write", "exchange", method.destination)
+        self.allow("read", "exchange", method.source)
         destination = self.vhost.exchange(method.destination)
         self.vhost.bind(method.source, destination, method.routing_key, method.arguments or {})
         if not method.nowait:
@@ -628,6 +652,8 @@ class Channel:
 
     def on_exchange_unbind(self, method: commands.Exchange.Unbind) -> None:
         self.vhost.not_default(method.destination)
+        self.allow("write", "exchange", method.destination)
+        self.allow("read", "exchange", method.source)
         destination = self.vhost.exchanges.get(method.destination)
         if destination is not None:  # RabbitMQ: unbinding what is not there succeeds
             self.vhost.unbind(
@@ -650,6 +676,8 @@ class Channel:
         server_named = not name and not method.passive
         if server_named:
             name = self.vhost.new_queue_name()
+        if not method.passive:
+            self.allow("configure", "queue", name)
         queue = self.vhost.declare_queue(
             self._queue_name(name),
             server_named=server_named,
@@ -675,6 +703,8 @@ class Channel:
 
     def on_queue_bind(self, method: commands.Queue.Bind) -> None:
         self.vhost.not_default(method.exchange)
+        self.allow("write", "queue", self._queue_name(method.queue))
+        self.allow("read", "exchange", method.exchange)
         self.vhost.exchange(method.exchange)  # RabbitMQ names a missing exchange first
         queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
         self.vhost.bind(method.exchange, queue, method.routing_key, method.arguments or {})
@@ -683,6 +713,8 @@ class Channel:
 
     def on_queue_unbind(self, method: commands.Queue.Unbind) -> None:
         self.vhost.not_default(method.exchange)
+        self.allow("write", "queue", self._queue_name(method.queue))
+        self.allow("read", "exchange", method.exchange)
         queue = self.vhost.queues.get(self._queue_name(method.queue))
         exchange = self.vhost.exchanges.get(method.exchange)
         arguments = method.arguments or {}
@@ -697,6 +729,7 @@ class Channel:
         self.reply(commands.Queue.UnbindOk())
 
     def on_queue_purge(self, method: commands.Queue.Purge) -> None:
+        self.allow("read", "queue", self._queue_name(method.queue))
         queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
         count = queue.purge()
         if not method.nowait:
@@ -704,6 +737,7 @@ class Channel:
 
     def on_queue_delete(self, method: commands.Queue.Delete) -> None:
         name = self._queue_name(method.queue)
+        self.allow("configure", "queue", name)
         queue = self.vhost.queues.get(name)
         count = 0
         if queue is not None:

@@ -383,6 +383,13 @@ class Connection:
         vhost = self.broker.vhosts.get(method.virtual_host)
         if vhost is None:
             raise ConnectionError_(NOT_ALLOWED, f"vhost {method.virtual_host} not found", 10, 40)
+        if not self.broker.access.can_access_vhost(self.user, vhost.name):
+            raise ConnectionError_(
+                NOT_ALLOWED,
+                f"access to vhost '{vhost.name}' refused for user '{self.user}'",
+                10,
+                40,
+            )
         self.vhost = vhost
         self.opened = True
         self.protocol.open()

@@ -121,7 +121,7 @@ def test_channel_open_close_cycles_leave_no_growth(tight: RunningBroker) -> None
 
         def cycles(n: int) -> None:
             batch = 200
-            for start in range(0, n, batch):
+            for _start in range(0, n, batch):
                 data = b"".join(
                     frame_bytes(1, ch, method_payload(commands.Channel.Open()))
                     + frame_bytes(1, ch, method_payload(commands.Channel.Close(reply_code=200)))

@@ -10,8 +10,8 @@ from pamqp import commands
 from protocol import (
     NEED_DATA,
     ChannelError,
-    Content,
     ConnectionError_,
+    Content,
     ProtocolConnection,
     Sentinel,
 )
@@ -105,7 +105,7 @@ def test_publish_assembled_from_split_frames() -> None:
 def test_empty_body_needs_no_body_frame() -> None:
     conn = opened()
     conn.receive_data(frame(1, 1, publish_payload("", "q")) + frame(2, 1, header_payload(0)))
-    ((channel, content),) = events(conn)  # type: ignore[misc]
+    ((_channel, content),) = events(conn)  # type: ignore[misc]
     assert isinstance(content, Content) and content.body == b""
 
 

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Compare Warren with RabbitMQ using amqp-perf (the C load generator, built outside this repo).
+#
+#   WARREN_PID=$(pgrep -f warren-server | head -1) RABBIT_PID=$(pgrep -f beam.smp | head -1) \
+#       tests/benchmarks/compare.sh
+#
+# Environment (all optional):
+#   WARREN_URL   amqp://guest:guest@127.0.0.1:5673/
+#   RABBIT_URL   amqp://guest:guest@127.0.0.1:5672/
+#   AMQP_PERF    /tmp/perf/amqp-perf
+#   WARREN_PID, RABBIT_PID   broker pids, passed as --broker-pid (CPU figures in the raw JSON)
+#   RUNS=3  RUN_TIME=10      runs per scenario and broker, seconds per run
+#   OUT_DIR                  where the raw JSON goes (default: a new mktemp -d directory)
+#
+# Each scenario runs RUNS times per broker, alternating brokers run by run (who goes first
+# also alternates), so drift and noise hit both. The table shows medians and the ratio
+# Warren/RabbitMQ of the consume rate (S1-S5) or publish rate (S7).
+set -euo pipefail
+
+WARREN_URL=${WARREN_URL:-amqp://guest:guest@127.0.0.1:5673/}
+RABBIT_URL=${RABBIT_URL:-amqp://guest:guest@127.0.0.1:5672/}
+AMQP_PERF=${AMQP_PERF:-/tmp/perf/amqp-perf}
+WARREN_PID=${WARREN_PID:-}
+RABBIT_PID=${RABBIT_PID:-}
+RUNS=${RUNS:-3}
+RUN_TIME=${RUN_TIME:-10}
+OUT_DIR=${OUT_DIR:-$(mktemp -d /tmp/warren-compare.XXXXXX)}
+
+if [[ ! -x $AMQP_PERF ]]; then
+    cat >&2 <<EOF
+amqp-perf not found at $AMQP_PERF. Build it outside this repository:
+    apt-get install -y librabbitmq-dev
+    cp -r /work/shared/perf /tmp/perf && make -C /tmp/perf
+or point AMQP_PERF at an existing binary.
+EOF
+    exit 2
+fi
+mkdir -p "$OUT_DIR"
+
+# name | amqp-perf flags | JSON field compared
+SCENARIOS=(
+    "S1|--autoack|consume_rate"
+    "S2|--prefetch 100|consume_rate"
+    "S2-multiack10|--prefetch 100 --multi-ack 10|consume_rate"
+    "S3|--prefetch 100 --confirm 100|consume_rate"
+    "S5|--autoack --size 1024|consume_rate"
+    "S7|--consumers 0|publish_rate"
+)
+
+run_one() { # broker scenario run flags...
+    local broker=$1 name=$2 run=$3 url pid out rc=0
+    shift 3
+    if [[ $broker == warren ]]; then url=$WARREN_URL pid=$WARREN_PID; else url=$RABBIT_URL pid=$RABBIT_PID; fi
+    out="$OUT_DIR/$broker-$name-run$run.json"
+    local cmd=("$AMQP_PERF" --uri "$url" --time "$RUN_TIME" --queue "cmp-$name" --purge --json --quiet "$@")
+    if [[ -n $pid ]]; then cmd+=(--broker-pid "$pid"); fi
+    echo "[$(date +%T)] $broker $name run $run: ${cmd[*]}" >&2
+    "${cmd[@]}" >"$out" 2>"${out%.json}.err" || rc=$?
+    if [[ $rc -ne 0 ]]; then
+        echo "  exit $rc: $(tail -n 3 "${out%.json}.err" | tr '\n' ' ')" >&2
+    fi
+    sleep 1
+}
+
+for run in $(seq 1 "$RUNS"); do
+    for entry in "${SCENARIOS[@]}"; do
+        IFS='|' read -r name flags _ <<<"$entry"
+        read -ra fl <<<"$flags"
+        if ((run % 2)); then order=(warren rabbit); else order=(rabbit warren); fi
+        for broker in "${order[@]}"; do run_one "$broker" "$name" "$run" "${fl[@]}"; done
+    done
+done
+
+echo "raw JSON: $OUT_DIR" >&2
+printf '%s\n' "${SCENARIOS[@]}" | python3 -c '
+import json, pathlib, statistics, sys
+out = pathlib.Path(sys.argv[1])
+
+def median(broker, name, field):
+    vals, bad = [], 0
+    for f in sorted(out.glob(f"{broker}-{name}-run*.json")):
+        try:
+            doc = json.loads(f.read_text())
+        except ValueError:
+            bad += 1
+            continue
+        if not doc.get("ok") or doc.get(field) is None:
+            bad += 1
+        if doc.get(field) is not None:
+            vals.append(float(doc[field]))
+    return (statistics.median(vals) if vals else None), bad
+
+def cell(v, bad):
+    s = "n/a" if v is None else f"{v:,.0f}"
+    return s + (f" ({bad} failed)" if bad else "")
+
+print("| scenario | metric | Warren median | RabbitMQ median | ratio W/R |")
+print("|---|---|---:|---:|---:|")
+rows = []
+for line in sys.stdin.read().split("\n"):
+    if not line:
+        continue
+    name, flags, field = line.split("|")
+    rows.append((name, flags, field))
+    if field == "publish_rate":  # also show how fast the broker actually read the publishes
+        rows.append((name, flags, "broker_ingress_rate"))
+for name, flags, field in rows:
+    w, wbad = median("warren", name, field)
+    r, rbad = median("rabbit", name, field)
+    ratio = f"{w / r:.2f}" if w is not None and r else "n/a"
+    print(f"| {name} `{flags}` | {field} | {cell(w, wbad)} | {cell(r, rbad)} | {ratio} |")
+' "$OUT_DIR"
