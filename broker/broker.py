@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -16,6 +17,36 @@ if TYPE_CHECKING:
     from broker.connection import Connection
 
 
+class BrokerStats:
+    """Cumulative message counters (Prometheus' rabbitmq_global_messages_*_total)."""
+
+    __slots__ = (
+        "acked",
+        "confirmed",
+        "consumer_timeouts",
+        "delivered",
+        "received",
+        "redelivered",
+        "routed",
+        "unroutable_dropped",
+        "unroutable_returned",
+    )
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.routed = 0
+        self.unroutable_dropped = 0
+        self.unroutable_returned = 0
+        self.delivered = 0
+        self.redelivered = 0
+        self.acked = 0
+        self.confirmed = 0
+        self.consumer_timeouts = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
 class Broker:
     def __init__(self, settings: Settings | None = None, timers: Timers | None = None) -> None:
         self.settings = settings or Settings()
@@ -27,6 +58,8 @@ class Broker:
         self.access.add_user(
             settings.default_user, settings.default_pass, tags=settings.default_user_tags
         )
+        self.stats = BrokerStats()
+        self.started_at = time.time()
         self.connections: set[Connection] = set()
         self.reply_channels: dict[str, Channel] = {}  # direct reply-to token -> channel
         self.add_vhost(settings.default_vhost)
@@ -42,8 +75,24 @@ class Broker:
             )
         return vhost
 
+    def delete_vhost(self, name: str) -> bool:
+        """Delete a vhost: its connections are closed (320), its queues and exchanges go."""
+        vhost = self.vhosts.pop(name, None)
+        if vhost is None:
+            return False
+        for connection in list(self.connections):
+            if connection.vhost is vhost:
+                connection.force_close(f"vhost '{name}' is deleted")
+        for queue in list(vhost.queues.values()):
+            vhost.delete_queue(queue)
+        for user, vhost_name in list(self.access.permissions):
+            if vhost_name == name:
+                self.access.clear_permissions(user, vhost_name)
+        return True
+
     def default_vhost_obj(self) -> VirtualHost:
-        return self.vhosts[self.settings.default_vhost]
+        vhost = self.vhosts.get(self.settings.default_vhost)
+        return vhost if vhost is not None else self.add_vhost(self.settings.default_vhost)
 
     def authenticate(self, user: str, password: str) -> bool:
         return self.access.authenticate(user, password) is not None

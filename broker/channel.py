@@ -89,6 +89,7 @@ class Channel:
         self.id = channel_id
         self.conn = connection
         self.vhost = connection.vhost
+        self.stats = connection.broker.stats
         self.consumers: dict[str, Consumer] = {}
         self.unacked: dict[int, Message] = {}
         # tags of deliveries returned on a consumer timeout: settling them is a no-op
@@ -178,6 +179,10 @@ class Channel:
 
     def deliver(self, consumer: Consumer, msg: Message) -> None:
         self.next_tag = tag = self.next_tag + 1
+        stats = self.stats
+        stats.delivered += 1
+        if msg.redelivered:
+            stats.redelivered += 1
         if consumer.no_ack:
             consumer.queue.settled(msg)
         else:
@@ -216,6 +221,8 @@ class Channel:
                     self.timed_out[tag] = consumer
         queue = msgs[0].queue
         assert queue is not None
+        queue.stats.consumer_timeouts += 1
+        self.stats.consumer_timeouts += 1
         queue.return_unacked(msgs, failed=False)
         notify = registered and self.conn.capabilities.get("consumer_cancel_notify") is True
         self.conn.broker.log.warning(
@@ -261,6 +268,7 @@ class Channel:
         method = content.method
         if method.immediate:
             raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true", 60, 40)
+        self.stats.received += 1
         self.allow("write", "exchange", method.exchange or "amq.default")
         exchange = self.vhost.exchanges.get(method.exchange)
         if exchange is None:
@@ -341,16 +349,20 @@ class Channel:
         queues = self.vhost.route(exchange, msg)
         accepted = True
         if queues:
+            self.stats.routed += 1
             first = True
             for queue in queues:
                 if not queue.publish(msg if first else msg.copy(), ttl):
                     accepted = False
                 first = False
         elif mandatory:
+            self.stats.unroutable_returned += 1
             self.conn.write(return_frame(self.id, NO_ROUTE, "NO_ROUTE", msg.ex_rk))
             self.conn.write_many(
                 content_frames(self.id, msg.properties, msg.body, self.conn.frame_max)
             )
+        else:
+            self.stats.unroutable_dropped += 1
         if seq:
             if accepted:
                 self.confirm_upto = seq
@@ -363,6 +375,7 @@ class Channel:
     def flush_confirms(self) -> None:
         upto = self.confirm_upto
         if upto > self.confirmed:
+            self.stats.confirmed += upto - self.confirmed
             self.conn.write(ack_frame(self.id, upto, upto - self.confirmed > 1))
             self.confirmed = upto
 
@@ -413,6 +426,7 @@ class Channel:
         self._ack(msgs)
 
     def _ack(self, msgs: list[Message]) -> None:
+        self.stats.acked += len(msgs)
         touched: list[Queue] = []
         for msg in msgs:
             queue = msg.queue
@@ -584,6 +598,7 @@ class Channel:
             self.reply(commands.Basic.GetEmpty())
             return
         self.next_tag = tag = self.next_tag + 1
+        self.stats.delivered += 1
         if method.no_ack:
             queue.settled(msg)
         else:

@@ -24,13 +24,26 @@ if TYPE_CHECKING:
 
 
 class QueueStats:
-    __slots__ = ("dead_lettered", "expired", "published", "redelivered")
+    """Cumulative counters of one queue (management API message_stats, metrics)."""
+
+    __slots__ = (
+        "acked",
+        "consumer_timeouts",
+        "dead_lettered",
+        "delivered",
+        "expired",
+        "published",
+        "redelivered",
+    )
 
     def __init__(self) -> None:
         self.published = 0
+        self.delivered = 0  # basic.deliver and basic.get-ok
+        self.acked = 0
+        self.redelivered = 0  # messages returned to the queue for another delivery
         self.expired = 0
-        self.dead_lettered: dict[str, int] = {}
-        self.redelivered = 0
+        self.dead_lettered: dict[str, int] = {}  # by reason
+        self.consumer_timeouts = 0
 
 
 class Queue:
@@ -244,6 +257,7 @@ class Queue:
                 return
             msg.state = UNACKED
             self.unacked_count += 1
+            self.stats.delivered += 1
             consumer.channel.deliver(consumer, msg)
 
     def get(self) -> Message | None:
@@ -253,6 +267,7 @@ class Queue:
         if msg is not None:
             msg.state = UNACKED
             self.unacked_count += 1
+            self.stats.delivered += 1
         return msg
 
     # ---- settling ----
@@ -262,6 +277,7 @@ class Queue:
         if msg.state == UNACKED:
             msg.state = GONE
             self.unacked_count -= 1
+            self.stats.acked += 1
 
     def rejected(self, msg: Message, requeue: bool) -> None:
         if msg.state != UNACKED:

@@ -338,6 +338,16 @@ class VirtualHost:
                 seen.add(id(alternate))
                 self._route_into(alternate, msg, queues, seen)
 
+    def publish(self, exchange_name: str, routing_key: str, properties: bytes, body: bytes) -> bool:
+        """Publish from outside AMQP (management API); True if any queue took the message."""
+        exchange = self.exchange(exchange_name)
+        msg = Message(exchange_name, routing_key, properties, body)
+        queues = self.route(exchange, msg)
+        accepted = False
+        for i, queue in enumerate(queues):
+            accepted = queue.publish(msg if i == 0 else msg.copy(), None) or accepted
+        return accepted
+
     def dead_letter(self, queue: Queue, msg: Message, reason: str) -> None:
         """Route a dead-lettered copy through the queue's dead-letter exchange, if it exists."""
         dlx_name = queue.dead_letter_exchange
