@@ -88,6 +88,8 @@ class Connection:
         self.pending_confirms: set[Channel] = set()
         self.writable = True
         self.opened = False
+        self.opened_at = broker.timers.now()
+        self._close_reason = ""
         self.tuned = False  # tune-ok accepted: from here on errors are reported, not just closed
         self.closing = False
         self.closed = False
@@ -226,7 +228,20 @@ class Connection:
         except ConnectionError_ as exc:
             raise exc.at(*_ids(method)) from None
 
+    def _describe(self) -> dict[str, Any]:
+        props = self.client_properties
+        return {
+            "peer": f"{self.peer[0]}:{self.peer[1]}" if self.peer else None,
+            "user": self.user or None,
+            "vhost": self.vhost.name if self.opened else None,
+            "client": props.get("product"),
+            "client_version": props.get("version"),
+        }
+
     def channel_error(self, channel: Channel, exc: AMQPError) -> None:
+        self.broker.log.info(
+            "channel error", channel=channel.id, code=exc.code, text=exc.text, **self._describe()
+        )
         channel.flush_confirms()
         self.protocol.close_channel(channel.id)
         self.send_method(
@@ -244,6 +259,8 @@ class Connection:
         if self.closing or self.closed:
             return
         self.closing = True
+        self._close_reason = f"{exc.code} {exc.text}"
+        self.broker.log.info("connection error", code=exc.code, text=exc.text, **self._describe())
         if not self.tuned:
             # RabbitMQ says nothing before the connection is tuned: it just closes the socket
             self.protocol.close()
@@ -286,6 +303,7 @@ class Connection:
         elif isinstance(method, commands.Connection.Open):
             self._on_open(method)
         elif isinstance(method, commands.Connection.Close):
+            self._close_reason = f"client closed: {method.reply_code} {method.reply_text}"
             self.send_method(0, commands.Connection.CloseOk())
             self._release()
             self.flush()
@@ -392,12 +410,14 @@ class Connection:
             )
         self.vhost = vhost
         self.opened = True
+        self.opened_at = self.broker.timers.now()
         self.protocol.open()
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None
         self.send_method(0, commands.Connection.OpenOk())
         self.broker.connection_opened(self)
+        self.broker.log.info("connection opened", **self._describe())
 
     def _handshake_timed_out(self) -> None:
         self._handshake_timer = None
@@ -422,7 +442,7 @@ class Connection:
         else:
             self._silent_ticks += 1
             if self._silent_ticks >= 4:  # two whole intervals without a byte
-                self.broker.log.info("missed heartbeats", peer=self.peer, user=self.user)
+                self._close_reason = "missed heartbeats"
                 self._close_transport()
                 return
         if not self._sent:
@@ -473,6 +493,13 @@ class Connection:
             return
         self._release()
         self.closed = True
+        if self.opened:
+            self.broker.log.info(
+                "connection closed",
+                reason=self._close_reason or "socket closed",
+                duration_s=round(self.broker.timers.now() - self.opened_at, 3),
+                **self._describe(),
+            )
         self.channels.clear()
         self._out.clear()
         if self._close_timer is not None:

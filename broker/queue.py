@@ -443,6 +443,9 @@ class Queue:
             return
         due = self._last_used + self.expires / 1000
         if self._now() >= due:
+            self.vhost.log.info(
+                "queue expired", queue=self.name, vhost=self.vhost.name, expires_ms=self.expires
+            )
             self.vhost.delete_queue(self)
         else:
             self._unused_timer.arm(due)

@@ -6,6 +6,8 @@ import base64
 import os
 from typing import TYPE_CHECKING, Any
 
+import structlog
+
 from broker.arguments import check_equivalent_arguments, validate_queue_arguments
 from broker.dead_letter import dead_letter_copy
 from broker.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exchange
@@ -57,6 +59,7 @@ class VirtualHost:
         self.timers = timers
         self.default_consumer_timeout = default_consumer_timeout  # ms, None: off
         self.policies: dict[str, Policy] = {}
+        self.log: Any = structlog.get_logger("warren")
         self.queues: dict[str, Queue] = {}
         self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self)}
         for ex_name, kind in STANDARD_EXCHANGES:
