@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker.retry import RETRY_TYPES, RetryConfigError, parse_schedule
 from protocol.constants import PRECONDITION_FAILED
 from protocol.errors import ChannelError
 from protocol.tables import TypedTable
@@ -25,6 +26,11 @@ EQUIVALENCE_CHECKED = (
     "x-single-active-consumer",
     "x-delivery-limit",
     "x-consumer-timeout",
+    "x-delayed-retry-type",
+    "x-delayed-retry-min",
+    "x-delayed-retry-max",
+    "x-delayed-retry-multiplier",
+    "x-delayed-retry-schedule",
 )
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
@@ -73,25 +79,58 @@ def _positive(arg: str, value: Any, queue: str, vhost: str) -> None:
         raise _invalid(arg, queue, vhost, "{value_zero,0}")
 
 
-def validate_queue_arguments(args: dict[str, Any], queue: str, vhost: str) -> None:
+def validate_queue_arguments(
+    args: dict[str, Any],
+    queue: str,
+    vhost: str,
+    *,
+    durable: bool = True,
+    exclusive: bool = False,
+    auto_delete: bool = False,
+) -> None:
+    """Refuse a declaration RabbitMQ would refuse, naming the argument and the value."""
     for arg, value in args.items():
         if arg == "x-message-ttl":
             _non_negative(arg, value, queue, vhost, MAX_UINT32)
         elif arg in ("x-expires", "x-consumer-timeout"):
             _positive(arg, value, queue, vhost)
-        elif arg in ("x-max-length", "x-max-length-bytes"):
+        elif arg in (
+            "x-max-length",
+            "x-max-length-bytes",
+            "x-delayed-retry-min",
+            "x-delayed-retry-max",
+        ):
             _non_negative(arg, value, queue, vhost, None)
         elif arg == "x-max-priority":
-            _non_negative(arg, value, queue, vhost, 255)
+            _non_negative(arg, value, queue, vhost, None)
+            if value > 255:
+                raise _invalid(arg, queue, vhost, f"{{max_value_exceeded,{value}}}")
+        elif arg == "x-delivery-limit":
+            if not _is_int(value):
+                raise _invalid(arg, queue, vhost, f'"expected integer, got {type_name(value)}"')
+        elif arg == "x-delayed-retry-multiplier":
+            _positive(arg, value, queue, vhost)
+        elif arg == "x-delayed-retry-type":
+            if value not in RETRY_TYPES:
+                raise _invalid(
+                    arg, queue, vhost, f"{value!r} is not one of {', '.join(RETRY_TYPES)}"
+                )
+        elif arg == "x-delayed-retry-schedule":
+            if not isinstance(value, str):
+                raise _invalid(arg, queue, vhost, f'"expected a string, got {type_name(value)}"')
+            try:
+                parse_schedule(value)
+            except RetryConfigError as exc:
+                raise _invalid(arg, queue, vhost, str(exc)) from None
         elif arg == "x-overflow":
             if value not in OVERFLOW_MODES:
-                raise _invalid(arg, queue, vhost, f"{{invalid_overflow_value,{value!r}}}")
+                raise _invalid(arg, queue, vhost, "invalid_overflow")
         elif arg in ("x-dead-letter-exchange", "x-dead-letter-routing-key"):
             if not isinstance(value, str):
                 raise _invalid(arg, queue, vhost, f"{{unacceptable_type,{type_name(value)}}}")
         elif arg == "x-queue-type":
             if value not in QUEUE_TYPES:
-                raise _invalid(arg, queue, vhost, f"{{unsupported_queue_type,{value!r}}}")
+                raise _invalid(arg, queue, vhost, f"\"unsupported queue type '{value}'\"")
         elif arg == "x-single-active-consumer" and not isinstance(value, bool):
             raise _invalid(arg, queue, vhost, f"{{unacceptable_type,{type_name(value)}}}")
     if "x-dead-letter-routing-key" in args and "x-dead-letter-exchange" not in args:
@@ -100,6 +139,27 @@ def validate_queue_arguments(args: dict[str, Any], queue: str, vhost: str) -> No
             f"invalid arg 'x-dead-letter-routing-key' for queue '{queue}' in vhost '{vhost}': "
             "{no_dead_letter_exchange}",
         )
+    if args.get("x-queue-type") == "quorum":
+        # RabbitMQ: a quorum queue is durable, not exclusive and not auto-delete
+        for bad, name in (
+            (not durable, "non-durable"),
+            (exclusive, "exclusive-owner"),
+            (auto_delete, "auto-delete"),
+        ):
+            if bad:
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"invalid property '{name}' for queue '{queue}' in vhost '{vhost}'",
+                )
+
+
+def validate_consumer_arguments(args: dict[str, Any], queue: str, vhost: str) -> None:
+    priority = args.get("x-priority")
+    if priority is not None and not _is_int(priority):
+        raise _invalid("x-priority", queue, vhost, f'"expected integer, got {type_name(priority)}"')
+    timeout = args.get("x-consumer-timeout")
+    if timeout is not None:
+        _positive("x-consumer-timeout", timeout, queue, vhost)
 
 
 def wire_type(table: dict[str, Any], key: str) -> str:

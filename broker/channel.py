@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
+from broker.arguments import validate_consumer_arguments
 from broker.consumer import Consumer
 from broker.exchange import Exchange
 from broker.message import Message
@@ -460,7 +461,7 @@ class Channel:
                 queue.return_unacked(group)
             else:
                 for msg in group:
-                    queue.rejected(msg, False)
+                    queue.rejected(msg)
         self._redispatch(list(by_queue))
 
     def _group(self, msgs: list[Message]) -> dict[Queue, list[Message]]:
@@ -521,19 +522,13 @@ class Channel:
         self.allow("read", "queue", self._queue_name(method.queue))
         queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
         arguments = method.arguments or {}
-        timeout = arguments.get("x-consumer-timeout")
-        if timeout is not None and (
-            not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0
-        ):
-            raise ChannelError(
-                PRECONDITION_FAILED,
-                f"invalid arg 'x-consumer-timeout' for queue '{queue.name}' in vhost "
-                f"'{self.vhost.name}': expected a positive integer (milliseconds), got {timeout!r}",
-            )
+        validate_consumer_arguments(arguments, queue.name, self.vhost.name)
         tag = method.consumer_tag or _ctag()
         if tag in self.consumers:
             raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", 60, 20)
-        if queue.exclusive_consumer is not None or (method.exclusive and queue.consumers):
+        if queue.exclusive_consumer is not None or (
+            method.exclusive and (queue.consumers or queue.single_active_consumer)
+        ):
             raise ChannelError(
                 ACCESS_REFUSED,
                 f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use",

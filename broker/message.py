@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 READY = 0
 UNACKED = 1
 GONE = 2
+DELAYED = 3  # returned, waiting for its retry delay before it is ready again
 
 
 class Message:
@@ -33,9 +34,11 @@ class Message:
         "delivery_count",
         "exchange",
         "expires_at",
+        "priority",
         "properties",
         "queue",
         "redelivered",
+        "retries",
         "routing_key",
         "seq",
         "state",
@@ -53,6 +56,8 @@ class Message:
         self.redelivered = False
         self.expires_at: float | None = None  # monotonic seconds
         self.delivery_count = 0
+        self.retries = 0  # delayed retries so far
+        self.priority = 0  # read from the properties by priority queues only
         self.state = READY
         self.tag = 0
         self.channel: Channel | None = None

@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker.retry import RETRY_TYPES, RetryConfigError, parse_schedule
+
 APPLY_TO = ("queues", "classic_queues", "quorum_queues", "exchanges", "all")
 
 # definition keys Warren understands, with their validators (value -> error text or None)
@@ -43,6 +45,20 @@ def validate_definition(definition: dict[str, Any]) -> None:
                 raise PolicyError(
                     "overflow must be drop-head, reject-publish or reject-publish-dlx"
                 )
+        elif key in ("delayed-retry-min", "delayed-retry-max"):
+            if not _is_int(value) or value < 0:
+                raise PolicyError(f"{key} must be a non-negative integer (ms), got {value!r}")
+        elif key == "delayed-retry-multiplier":
+            if not _is_int(value) or value < 1:
+                raise PolicyError(f"{key} must be a positive integer, got {value!r}")
+        elif key == "delayed-retry-type":
+            if value not in RETRY_TYPES:
+                raise PolicyError(f"{key} must be one of {', '.join(RETRY_TYPES)}, got {value!r}")
+        elif key == "delayed-retry-schedule":
+            try:
+                parse_schedule(value if isinstance(value, str) else "?")
+            except RetryConfigError as exc:
+                raise PolicyError(f"{key}: {exc}") from None
         elif key == "delivery-limit":
             if not _is_int(value) or value < -1:
                 raise PolicyError(f"delivery-limit must be an integer >= -1, got {value!r}")

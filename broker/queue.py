@@ -12,9 +12,11 @@ import heapq
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from broker.message import GONE, READY, UNACKED, Message
+from broker.message import DELAYED, GONE, READY, UNACKED, Message
+from broker.ready import PriorityReady, merge_in_order
+from broker.retry import RetryPolicy, parse_schedule
 from broker.timers import Deadline
-from protocol.properties import set_header
+from protocol.properties import FLAG_PRIORITY, decode_field, has_flag, set_header, split_properties
 
 if TYPE_CHECKING:
     from broker.channel import Channel
@@ -34,6 +36,7 @@ class QueueStats:
         "expired",
         "published",
         "redelivered",
+        "retried",
     )
 
     def __init__(self) -> None:
@@ -44,6 +47,35 @@ class QueueStats:
         self.expired = 0
         self.dead_lettered: dict[str, int] = {}  # by reason
         self.consumer_timeouts = 0
+        self.retried = 0  # returns that waited for a delayed retry
+
+
+def message_priority(properties: bytes) -> int:
+    if not has_flag(properties, FLAG_PRIORITY):
+        return 0
+    raw = split_properties(properties).get("priority")
+    value = decode_field("priority", raw) if raw is not None else 0
+    return value if isinstance(value, int) else 0
+
+
+def retry_policy(args: dict[str, Any], definition: dict[str, Any]) -> RetryPolicy:
+    """The delayed-retry settings; a queue argument wins over the policy key."""
+
+    def pick(key: str) -> Any:
+        arg = "x-" + key
+        return args[arg] if arg in args else definition.get(key)
+
+    kind = pick("delayed-retry-type")
+    schedule = pick("delayed-retry-schedule")
+    max_ms = pick("delayed-retry-max")
+    multiplier = pick("delayed-retry-multiplier")
+    return RetryPolicy(
+        kind=kind if isinstance(kind, str) else "disabled",
+        min_ms=pick("delayed-retry-min") or 0,
+        max_ms=max_ms if isinstance(max_ms, int) else None,
+        multiplier=multiplier if isinstance(multiplier, int) else None,
+        schedule=parse_schedule(schedule) if isinstance(schedule, str) else (),
+    )
 
 
 class Queue:
@@ -63,7 +95,11 @@ class Queue:
         self.exclusive_owner = exclusive_owner  # the owning connection of an exclusive queue
         self.auto_delete = auto_delete
         self.arguments = arguments or {}
-        self.ready: deque[Message] = deque()
+        max_priority = self.arguments.get("x-max-priority")
+        self.max_priority: int = (
+            max_priority if isinstance(max_priority, int) and max_priority > 0 else 0
+        )
+        self.ready: Any = PriorityReady(self.max_priority) if self.max_priority else deque()
         self.ready_count = 0
         self.ready_bytes = 0
         self.unacked_count = 0
@@ -88,6 +124,13 @@ class Queue:
         self._lock_heap: list[tuple[float, int, Message, Channel, int, int]] = []
         self._lock_count = 0
         self._lock_timer = Deadline(timers, self._locks_due)
+        # delayed retries: (ready_at, seq, message), earliest first
+        self._delayed: list[tuple[float, int, Message]] = []
+        self.delayed_count = 0
+        self._delay_timer = Deadline(timers, self._release_delayed)
+        sac = self.arguments.get("x-single-active-consumer")
+        self.single_active_consumer = sac is True
+        self._plain_dispatch = not self.single_active_consumer  # no SAC, equal priorities
         self.apply_settings()
         self.touch()
 
@@ -121,7 +164,8 @@ class Queue:
         if limit is None and self.queue_type == "quorum":
             limit = 20  # RabbitMQ 4.0+ default for quorum queues
         self.delivery_limit: int | None = None if limit is None or limit < 0 else limit
-        self.counts_deliveries = self.queue_type == "quorum"
+        self.retry = retry_policy(args, definition)
+        self.counts_deliveries = self.queue_type == "quorum" or self.retry.enabled
         self.consumer_timeout_setting: int | None = smallest(
             "x-consumer-timeout", "consumer-timeout"
         )
@@ -139,8 +183,6 @@ class Queue:
             return self.consumer_timeout_setting
         return self.vhost.default_consumer_timeout
 
-        self.touch()
-
     # ---- in ----
 
     def publish(self, msg: Message, ttl: int | None) -> bool:
@@ -153,6 +195,8 @@ class Queue:
         msg.seq = self._next_seq
         msg.queue = self
         self.stats.published += 1
+        if self.max_priority:
+            msg.priority = message_priority(msg.properties)
         queue_ttl = self.message_ttl
         if queue_ttl is not None and (ttl is None or queue_ttl < ttl):
             ttl = queue_ttl
@@ -172,7 +216,8 @@ class Queue:
         return True
 
     def _full_for(self, size: int) -> bool:
-        if self.max_length is not None and self.ready_count >= self.max_length:
+        # delayed messages count towards the limits: they are still in the queue
+        if self.max_length is not None and self.ready_count + self.delayed_count >= self.max_length:
             return True
         return self.max_length_bytes is not None and self.ready_bytes + size > self.max_length_bytes
 
@@ -209,13 +254,10 @@ class Queue:
         if not back:
             return
         back.sort(key=_seq)
-        ready = self.ready
-        if not ready or back[-1].seq < ready[0].seq:
-            ready.extendleft(reversed(back))
-        elif back[0].seq > ready[-1].seq:
-            ready.extend(back)
+        if self.max_priority:
+            self.ready.reinsert(back)
         else:
-            self.ready = deque(heapq.merge(ready, back, key=_seq))
+            self.ready = merge_in_order(self.ready, back)
         self.ready_count += len(back)
         self.stats.redelivered += len(back)
         for msg in back:
@@ -229,7 +271,7 @@ class Queue:
     def _pop_ready(self, check_expiry: bool = True) -> Message | None:
         ready = self.ready
         while ready:
-            msg = ready.popleft()
+            msg: Message = ready.popleft()
             if msg.state != READY:
                 continue  # expired or otherwise gone while waiting
             if check_expiry and msg.expires_at is not None and msg.expires_at < self._now():
@@ -242,6 +284,9 @@ class Queue:
 
     def dispatch(self) -> None:
         """Hand ready messages to consumers with capacity, round-robin."""
+        if not self._plain_dispatch:
+            self._dispatch_ordered()
+            return
         consumers = self.consumers
         while self.ready_count and consumers:
             n = len(consumers)
@@ -259,6 +304,41 @@ class Queue:
             self.unacked_count += 1
             self.stats.delivered += 1
             consumer.channel.deliver(consumer, msg)
+
+    def _dispatch_ordered(self) -> None:
+        """Consumer priorities and single active consumer.
+
+        ``consumers`` is sorted by priority, highest first, in registration order
+        within a priority: the highest priority with capacity gets the message,
+        round-robin among its equals. With single active consumer only the first
+        consumer is ever offered messages.
+        """
+        consumers = self.consumers[:1] if self.single_active_consumer else self.consumers
+        while self.ready_count and consumers:
+            chosen = None
+            start = 0
+            while start < len(consumers) and chosen is None:
+                priority = consumers[start].priority
+                end = start
+                while end < len(consumers) and consumers[end].priority == priority:
+                    end += 1
+                group = end - start
+                for i in range(group):
+                    candidate = consumers[start + (self._rr + i) % group]
+                    if candidate.channel.can_deliver(candidate):
+                        chosen = candidate
+                        self._rr += i + 1
+                        break
+                start = end
+            if chosen is None:
+                return
+            msg = self._pop_ready()
+            if msg is None:
+                return
+            msg.state = UNACKED
+            self.unacked_count += 1
+            self.stats.delivered += 1
+            chosen.channel.deliver(chosen, msg)
 
     def get(self) -> Message | None:
         """basic.get: the head message, now unacked (the channel settles it for no-ack)."""
@@ -279,20 +359,13 @@ class Queue:
             self.unacked_count -= 1
             self.stats.acked += 1
 
-    def rejected(self, msg: Message, requeue: bool) -> None:
+    def rejected(self, msg: Message) -> None:
+        """basic.reject or basic.nack without requeue: dead-letter it (or drop it)."""
         if msg.state != UNACKED:
             return
-        if requeue:
-            self.unacked_count -= 1
-            self.requeue_unacked([msg])
-        else:
-            msg.state = GONE
-            self.unacked_count -= 1
-            self._dead_letter(msg, "rejected")
-
-    def requeue_unacked(self, msgs: list[Message]) -> None:
-        """Requeue messages whose unacked count was already taken off."""
-        self.requeue(msgs)
+        msg.state = GONE
+        self.unacked_count -= 1
+        self._dead_letter(msg, "rejected")
 
     def return_unacked(self, msgs: list[Message], failed: bool = True) -> None:
         """Unacked messages of this queue come back (channel closed, nack, recover, timeout).
@@ -302,13 +375,66 @@ class Queue:
         """
         live = [m for m in msgs if m.state == UNACKED]
         self.unacked_count -= len(live)
-        if failed and self.counts_deliveries and not self.deleted:
-            live = self._count_failed_delivery(live)
-        if not self.deleted:
-            self.requeue(live)
-        else:
+        if self.deleted:
             for msg in live:
                 msg.state = GONE
+            return
+        if failed and self.counts_deliveries:
+            live = self._count_failed_delivery(live)
+        if self.retry.enabled and self.retry.applies(failed):
+            self._delay(live)
+        else:
+            self.requeue(live)
+
+    # ---- delayed retry ----
+
+    def _delay(self, msgs: list[Message]) -> None:
+        """Returned messages wait, invisible, for their retry delay (RocketMQ's WaitingRetry)."""
+        now = self._now()
+        for msg in msgs:
+            if msg.state != UNACKED:
+                continue
+            msg.channel = None
+            msg.consumer = None
+            msg.tag = 0
+            msg.redelivered = True
+            msg.retries += 1
+            msg.state = DELAYED
+            self.delayed_count += 1
+            self.stats.retried += 1
+            ready_at = now + self.retry.delay_ms(msg.retries) / 1000
+            heapq.heappush(self._delayed, (ready_at, msg.seq, msg))
+        if self._delayed:
+            self._delay_timer.arm(self._delayed[0][0])
+
+    def _release_delayed(self) -> None:
+        """Delays are over: the messages join the tail of the queue, redelivered."""
+        now = self._now()
+        heap = self._delayed
+        released = False
+        while heap and heap[0][0] <= now:
+            _, _, msg = heapq.heappop(heap)
+            if msg.state != DELAYED:
+                continue
+            self.delayed_count -= 1
+            if msg.expires_at is not None and msg.expires_at <= now:
+                msg.state = GONE
+                self.stats.expired += 1
+                self._dead_letter(msg, "expired")
+                continue
+            self._next_seq += 1
+            msg.seq = self._next_seq  # the tail, not its old place
+            msg.state = READY
+            self.ready.append(msg)
+            self.ready_count += 1
+            self.ready_bytes += len(msg.body)
+            if msg.expires_at is not None:
+                self._track_expiry(msg)
+            released = True
+        if heap:
+            self._delay_timer.arm(heap[0][0])
+        if released:
+            self.dispatch()
 
     def _count_failed_delivery(self, msgs: list[Message]) -> list[Message]:
         """Quorum semantics: a failed delivery counts; past the limit it is dead-lettered."""
@@ -325,9 +451,15 @@ class Queue:
         return back
 
     def purge(self) -> int:
-        count = self.ready_count
+        """Drop the ready messages and those waiting for a retry; unacked ones stay."""
+        count = self.ready_count + self.delayed_count
         for msg in self.ready:
             msg.state = GONE
+        for _, _, msg in self._delayed:
+            msg.state = GONE
+        self._delayed.clear()
+        self.delayed_count = 0
+        self._delay_timer.cancel()
         self.ready.clear()
         self._expiry.clear()
         self._expiry_timer.cancel()
@@ -338,7 +470,14 @@ class Queue:
     # ---- consumers ----
 
     def add_consumer(self, consumer: Consumer) -> None:
-        self.consumers.append(consumer)
+        # highest priority first, registration order within a priority
+        index = len(self.consumers)
+        while index and self.consumers[index - 1].priority < consumer.priority:
+            index -= 1
+        self.consumers.insert(index, consumer)
+        self._plain_dispatch = not self.single_active_consumer and all(
+            c.priority == consumer.priority for c in self.consumers
+        )
         if consumer.exclusive:
             self.exclusive_consumer = consumer
         self._had_consumers = True
@@ -352,6 +491,10 @@ class Queue:
             return
         if self.exclusive_consumer is consumer:
             self.exclusive_consumer = None
+        if not self._plain_dispatch and not self.single_active_consumer:
+            self._plain_dispatch = len({c.priority for c in self.consumers}) <= 1
+        elif self.single_active_consumer and self.consumers:
+            self.dispatch()  # the next consumer takes over
         if not self.consumers:
             if self.auto_delete and self._had_consumers:
                 self.vhost.delete_queue(self)
@@ -455,6 +598,7 @@ class Queue:
         self.deleted = True
         self._lock_timer.cancel()
         self._lock_heap.clear()
+        self._delay_timer.cancel()
         self._expiry_timer.cancel()
         self._unused_timer.cancel()
         self.purge()

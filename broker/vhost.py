@@ -245,7 +245,14 @@ class VirtualHost:
             check_equivalent_arguments(existing.arguments, arguments, name, self.name)
             existing.touch()
             return existing
-        validate_queue_arguments(arguments, name, self.name)
+        validate_queue_arguments(
+            arguments,
+            name,
+            self.name,
+            durable=durable,
+            exclusive=exclusive,
+            auto_delete=auto_delete,
+        )
         queue = Queue(
             self,
             name,
