@@ -12,6 +12,7 @@ import hmac
 import os
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from protocol.constants import ACCESS_REFUSED
 from protocol.errors import ChannelError
@@ -69,6 +70,7 @@ class AccessControl:
         self.users: dict[str, User] = {}
         self.permissions: dict[tuple[str, str], Permission] = {}  # (user, vhost)
         self.version = 0  # bumped on every change, so channels can cache decisions
+        self.persistence: Any = None  # broker.persistence.Persistence, when there is a data dir
 
     def add_user(
         self,
@@ -77,12 +79,15 @@ class AccessControl:
         *,
         password_hash: str | None = None,
         tags: tuple[str, ...] = (),
+        persist: bool = True,
     ) -> User:
         if password_hash is None:
             password_hash = hash_password(password) if password else ""
         user = User(name, password_hash, tags)
         self.users[name] = user
         self.version += 1
+        if persist and self.persistence is not None:
+            self.persistence.user_saved(user)
         return user
 
     def delete_user(self, name: str) -> bool:
@@ -90,6 +95,8 @@ class AccessControl:
         for key in [k for k in self.permissions if k[0] == name]:
             del self.permissions[key]
         self.version += 1
+        if removed and self.persistence is not None:
+            self.persistence.user_deleted(name)
         return removed
 
     def authenticate(self, name: str, password: str) -> User | None:
@@ -98,13 +105,19 @@ class AccessControl:
             return None
         return user
 
-    def set_permissions(self, user: str, vhost: str, configure: str, write: str, read: str) -> None:
+    def set_permissions(
+        self, user: str, vhost: str, configure: str, write: str, read: str, persist: bool = True
+    ) -> None:
         self.permissions[(user, vhost)] = Permission(configure, write, read)
         self.version += 1
+        if persist and self.persistence is not None:
+            self.persistence.permission_saved(user, vhost, configure, write, read)
 
     def clear_permissions(self, user: str, vhost: str) -> bool:
         removed = self.permissions.pop((user, vhost), None) is not None
         self.version += 1
+        if removed and self.persistence is not None:
+            self.persistence.permission_deleted(user, vhost)
         return removed
 
     def can_access_vhost(self, user: str, vhost: str) -> bool:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from broker.auth import AccessControl
+from broker.persistence import Persistence
 from broker.timers import Timers
 from broker.vhost import VirtualHost
 from config import Settings
@@ -58,6 +59,7 @@ class Broker:
         self.access.add_user(
             settings.default_user, settings.default_pass, tags=settings.default_user_tags
         )
+        self.persistence: Persistence | None = None
         self.stats = BrokerStats()
         self.started_at = time.time()
         self.connections: set[Connection] = set()
@@ -67,13 +69,33 @@ class Broker:
             settings.default_user, settings.default_vhost, *settings.default_permissions
         )
 
-    def add_vhost(self, name: str) -> VirtualHost:
+    def add_vhost(self, name: str, persist: bool = True) -> VirtualHost:
         vhost = self.vhosts.get(name)
         if vhost is None:
             vhost = self.vhosts[name] = VirtualHost(
                 name, self.timers, self.settings.consumer_timeout
             )
+            vhost.persistence = self.persistence
+            if persist and self.persistence is not None:
+                self.persistence.vhost_added(name)
         return vhost
+
+    def open_store(self) -> None:
+        """Open the data directory and rebuild what it holds (before listening)."""
+        data_dir = self.settings.data_dir
+        if not data_dir:
+            return
+        self.persistence = Persistence(data_dir, self.log)
+        self.persistence.restore(self)
+        self.access.persistence = self.persistence
+        for vhost in self.vhosts.values():
+            vhost.persistence = self.persistence
+        self.persistence.start(self.timers.loop)
+
+    def close_store(self) -> None:
+        if self.persistence is not None:
+            self.persistence.close()
+            self.persistence = None
 
     def delete_vhost(self, name: str) -> bool:
         """Delete a vhost: its connections are closed (320), its queues and exchanges go."""
@@ -88,6 +110,8 @@ class Broker:
         for user, vhost_name in list(self.access.permissions):
             if vhost_name == name:
                 self.access.clear_permissions(user, vhost_name)
+        if self.persistence is not None:
+            self.persistence.vhost_deleted(name)
         return True
 
     def default_vhost_obj(self) -> VirtualHost:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import os
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,7 @@ from protocol.properties import (
 if TYPE_CHECKING:
     from broker.connection import Connection
     from broker.queue import Queue
+    from broker.store import MessageStore
 
 
 def parse_expiration(value: str) -> int:
@@ -115,6 +117,9 @@ class Channel:
         self.tx = False
         self.tx_publishes: list[tuple[Exchange, Message, bool, int | None]] = []
         self.tx_settles: list[tuple[str, list[Message], bool]] = []
+        persistence = connection.broker.persistence
+        self._store: MessageStore | None = persistence.messages if persistence else None
+        self._sync_waits: deque[tuple[int, int]] = deque()  # (last seq, store batch) to confirm
         self.handlers: dict[type, Callable[[Any], None]] = {
             Content: self.on_content,
             BasicAck: self.on_basic_ack,
@@ -348,6 +353,8 @@ class Channel:
         self, exchange: Exchange, msg: Message, mandatory: bool, ttl: int | None, seq: int
     ) -> None:
         queues = self.vhost.route(exchange, msg)
+        store = self._store
+        stored_before = store.published if store is not None else 0
         accepted = True
         if queues:
             self.stats.routed += 1
@@ -366,12 +373,38 @@ class Channel:
             self.stats.unroutable_dropped += 1
         if seq:
             if accepted:
-                self.confirm_upto = seq
-                self.conn.pending_confirms.add(self)
+                if store is not None and (store.published != stored_before or self._sync_waits):
+                    self._wait_for_disk(store, seq)
+                else:
+                    self.confirm_upto = seq
+                    self.conn.pending_confirms.add(self)
             else:
                 self.flush_confirms()
                 self.conn.write(nack_frame(self.id, seq, False))
                 self.confirmed = seq
+
+    def _wait_for_disk(self, store: MessageStore, seq: int) -> None:
+        """The confirm of ``seq`` (and of everything after it) waits for the open batch's fsync."""
+        waits = self._sync_waits
+        batch = store.open_batch
+        if waits and waits[-1][1] == batch:
+            waits[-1] = (seq, batch)
+        else:
+            waits.append((seq, batch))
+        store.waiters.add(self)
+
+    def store_synced(self, batch: int) -> None:
+        """The store made batches up to ``batch`` durable: confirm what waited for them."""
+        waits = self._sync_waits
+        upto = 0
+        while waits and waits[0][1] <= batch:
+            upto = waits.popleft()[0]
+        if upto:
+            self.confirm_upto = max(self.confirm_upto, upto)
+            self.conn.pending_confirms.add(self)
+            self.conn.schedule_flush()
+        if not waits and self._store is not None:
+            self._store.waiters.discard(self)
 
     def flush_confirms(self) -> None:
         upto = self.confirm_upto
@@ -813,6 +846,8 @@ class Channel:
         if self.closed:
             return
         self.closed = True
+        if self._store is not None:
+            self._store.waiters.discard(self)
         if self.reply_token:
             self.conn.broker.reply_channels.pop(self.reply_token, None)
             self.reply_tag = None

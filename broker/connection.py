@@ -120,6 +120,11 @@ class Connection:
             self._flush_scheduled = True
             self.broker.timers.call_soon(self.flush)
 
+    def schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.broker.timers.call_soon(self.flush)
+
     def send_method(self, channel: int, method: Any) -> None:
         self.write(method_frame(channel, method))
 

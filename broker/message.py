@@ -42,6 +42,8 @@ class Message:
         "routing_key",
         "seq",
         "state",
+        "store_id",
+        "store_segment",
         "tag",
     )
 
@@ -58,6 +60,8 @@ class Message:
         self.delivery_count = 0
         self.retries = 0  # delayed retries so far
         self.priority = 0  # read from the properties by priority queues only
+        self.store_id = 0  # id in the message store when persisted
+        self.store_segment = 0
         self.state = READY
         self.tag = 0
         self.channel: Channel | None = None

@@ -9,10 +9,12 @@ head: counts are exact at once, the deque entry goes later.
 from __future__ import annotations
 
 import heapq
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from broker.message import DELAYED, GONE, READY, UNACKED, Message
+from broker.persistence import is_persistent
 from broker.ready import PriorityReady, merge_in_order
 from broker.retry import RetryPolicy, parse_schedule
 from broker.timers import Deadline
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
     from broker.channel import Channel
     from broker.consumer import Consumer
     from broker.policy import Policy
+    from broker.store import MessageStore, StoredMessage
     from broker.vhost import VirtualHost
 
 
@@ -119,6 +122,8 @@ class Queue:
         self._last_used = self._now()
         queue_type = self.arguments.get("x-queue-type", "classic")
         self.queue_type: str = queue_type if isinstance(queue_type, str) else "classic"
+        self.store_id = 0  # the queue's id in the store when it keeps persistent messages
+        self.message_store: MessageStore | None = None
         self.policy: Policy | None = None
         # consumer timeouts (quorum queues): (deadline, n, message, channel, tag), earliest first
         self._lock_heap: list[tuple[float, int, Message, Channel, int, int]] = []
@@ -200,6 +205,11 @@ class Queue:
         queue_ttl = self.message_ttl
         if queue_ttl is not None and (ttl is None or queue_ttl < ttl):
             ttl = queue_ttl
+        if self.store_id and is_persistent(msg.properties):
+            assert self.message_store is not None
+            self.message_store.publish(
+                self.store_id, msg, time.time() + ttl / 1000 if ttl is not None else 0.0
+            )
         self.ready.append(msg)
         self.ready_count += 1
         self.ready_bytes += len(msg.body)
@@ -230,7 +240,7 @@ class Queue:
             msg = self._pop_ready(check_expiry=False)
             if msg is None:
                 break
-            msg.state = GONE
+            self._gone(msg)
             self._dead_letter(msg, "maxlen")
 
     def requeue(self, msgs: list[Message]) -> None:
@@ -245,7 +255,7 @@ class Queue:
             msg.tag = 0
             msg.redelivered = True
             if msg.expires_at is not None and msg.expires_at <= now:
-                msg.state = GONE
+                self._gone(msg)
                 self.stats.expired += 1
                 self._dead_letter(msg, "expired")
                 continue
@@ -303,6 +313,8 @@ class Queue:
             msg.state = UNACKED
             self.unacked_count += 1
             self.stats.delivered += 1
+            if msg.store_id and not msg.redelivered:
+                self.message_store.delivered(msg)  # type: ignore[union-attr]
             consumer.channel.deliver(consumer, msg)
 
     def _dispatch_ordered(self) -> None:
@@ -338,6 +350,8 @@ class Queue:
             msg.state = UNACKED
             self.unacked_count += 1
             self.stats.delivered += 1
+            if msg.store_id and not msg.redelivered:
+                self.message_store.delivered(msg)  # type: ignore[union-attr]
             chosen.channel.deliver(chosen, msg)
 
     def get(self) -> Message | None:
@@ -348,6 +362,8 @@ class Queue:
             msg.state = UNACKED
             self.unacked_count += 1
             self.stats.delivered += 1
+            if msg.store_id and not msg.redelivered:
+                self.message_store.delivered(msg)  # type: ignore[union-attr]
         return msg
 
     # ---- settling ----
@@ -355,7 +371,7 @@ class Queue:
     def settled(self, msg: Message) -> None:
         """Acked (or delivered with no-ack): the message is done."""
         if msg.state == UNACKED:
-            msg.state = GONE
+            self._gone(msg)
             self.unacked_count -= 1
             self.stats.acked += 1
 
@@ -363,7 +379,7 @@ class Queue:
         """basic.reject or basic.nack without requeue: dead-letter it (or drop it)."""
         if msg.state != UNACKED:
             return
-        msg.state = GONE
+        self._gone(msg)
         self.unacked_count -= 1
         self._dead_letter(msg, "rejected")
 
@@ -377,7 +393,7 @@ class Queue:
         self.unacked_count -= len(live)
         if self.deleted:
             for msg in live:
-                msg.state = GONE
+                self._gone(msg)
             return
         if failed and self.counts_deliveries:
             live = self._count_failed_delivery(live)
@@ -402,8 +418,11 @@ class Queue:
             msg.state = DELAYED
             self.delayed_count += 1
             self.stats.retried += 1
-            ready_at = now + self.retry.delay_ms(msg.retries) / 1000
+            delay = self.retry.delay_ms(msg.retries) / 1000
+            ready_at = now + delay
             heapq.heappush(self._delayed, (ready_at, msg.seq, msg))
+            if msg.store_id:
+                self.message_store.state(msg, time.time() + delay)  # type: ignore[union-attr]
         if self._delayed:
             self._delay_timer.arm(self._delayed[0][0])
 
@@ -418,7 +437,7 @@ class Queue:
                 continue
             self.delayed_count -= 1
             if msg.expires_at is not None and msg.expires_at <= now:
-                msg.state = GONE
+                self._gone(msg)
                 self.stats.expired += 1
                 self._dead_letter(msg, "expired")
                 continue
@@ -443,10 +462,12 @@ class Queue:
         for msg in msgs:
             msg.delivery_count += 1
             if limit is not None and msg.delivery_count > limit:
-                msg.state = GONE
+                self._gone(msg)
                 self._dead_letter(msg, "delivery_limit")
                 continue
             msg.properties = set_header(msg.properties, "x-delivery-count", msg.delivery_count)
+            if msg.store_id:
+                self.message_store.state(msg, 0.0)  # type: ignore[union-attr]
             back.append(msg)
         return back
 
@@ -454,9 +475,9 @@ class Queue:
         """Drop the ready messages and those waiting for a retry; unacked ones stay."""
         count = self.ready_count + self.delayed_count
         for msg in self.ready:
-            msg.state = GONE
+            self._gone(msg)
         for _, _, msg in self._delayed:
-            msg.state = GONE
+            self._gone(msg)
         self._delayed.clear()
         self.delayed_count = 0
         self._delay_timer.cancel()
@@ -552,9 +573,20 @@ class Queue:
         if heap:
             self._expiry_timer.arm(heap[0][0])
 
+    def _gone(self, msg: Message) -> None:
+        """The message leaves the queue for good (acked, expired, dropped, dead-lettered)."""
+        msg.state = GONE
+        if msg.store_id:
+            store = self.message_store
+            assert store is not None
+            if self.deleted:
+                store.forget(msg)  # the queue's definition is gone: no record needed
+            else:
+                store.remove(msg)
+
     def _expire(self, msg: Message) -> None:
         """Remove a ready message wherever it is in the queue."""
-        msg.state = GONE
+        self._gone(msg)
         self.ready_count -= 1
         self.ready_bytes -= len(msg.body)
         self.stats.expired += 1
@@ -569,6 +601,57 @@ class Queue:
             self.stats.dead_lettered[reason] = self.stats.dead_lettered.get(reason, 0) + 1
             self.vhost.dead_letter(self, msg, reason)
         msg.body = b""  # free the memory now; a GONE deque entry may linger until the head
+
+    # ---- recovery ----
+
+    def restore_messages(
+        self, records: list[StoredMessage], now_wall: float, now_mono: float
+    ) -> list[tuple[int, Message]]:
+        """Take back persistent messages after a restart, in publish order.
+
+        TTLs keep counting from the original publish; delivered ones come back
+        redelivered; those waiting for a retry wait out the rest of their delay.
+        """
+        restored = []
+        expired = []
+        for record in records:
+            msg = Message(record.exchange, record.routing_key, record.properties, record.body)
+            self._next_seq += 1
+            msg.seq = self._next_seq
+            msg.queue = self
+            msg.redelivered = record.delivered
+            msg.delivery_count = record.delivery_count
+            msg.retries = record.retries
+            if self.max_priority:
+                msg.priority = message_priority(msg.properties)
+            if record.expires_wall:
+                msg.expires_at = now_mono + (record.expires_wall - now_wall)
+            restored.append((record.msg_id, msg))
+            if record.retry_at_wall > now_wall:
+                msg.state = DELAYED
+                self.delayed_count += 1
+                ready_at = now_mono + (record.retry_at_wall - now_wall)
+                heapq.heappush(self._delayed, (ready_at, msg.seq, msg))
+                continue
+            self.ready.append(msg)
+            self.ready_count += 1
+            self.ready_bytes += len(msg.body)
+            if msg.expires_at is not None:
+                if msg.expires_at <= now_mono:
+                    expired.append(msg)
+                else:
+                    self._track_expiry(msg)
+        if self._delayed:
+            self._delay_timer.arm(self._delayed[0][0])
+        self._expired_at_start = expired
+        return restored
+
+    def expire_restored(self) -> None:
+        """Messages whose TTL ran out while the broker was down expire now (dead-lettering)."""
+        for msg in getattr(self, "_expired_at_start", ()):
+            if msg.state == READY:
+                self._expire(msg)
+        self._expired_at_start = []
 
     # ---- x-expires ----
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from broker.broker import Broker
 from broker.connection import Connection
+from broker.management.core import Management
 from broker.timers import Timers
 from config import Settings
 
@@ -56,9 +57,16 @@ class Server:
         self.settings = settings
         self.broker = Broker(settings, Timers(asyncio.get_running_loop()))
         self.servers: list[asyncio.AbstractServer] = []
+        self.management = Management(self.broker)
+        self.http_sites: list[Any] = []  # broker.management.app.HttpSite
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        self.broker.open_store()  # recover before the first client can see anything
+        if self.settings.load_definitions:
+            from broker.management.definitions import load_definitions
+
+            load_definitions(self.management, self.settings.load_definitions)
         for listener in self.settings.listeners:
             server = await loop.create_server(
                 lambda: AMQPServerProtocol(self.broker),
@@ -68,6 +76,40 @@ class Server:
                 backlog=1024,
             )
             self.servers.append(server)
+        await self._start_http()
+
+    async def _start_http(self) -> None:
+        """The management API and Prometheus metrics, on this loop (port 0: a free port)."""
+        settings = self.settings
+        mgmt = self.management
+        mgmt.listeners = self.addresses
+        if settings.management_port is not None:
+            from broker.management.api import management_app  # aiohttp only when used
+
+            site = management_app(mgmt)
+            self.http_sites.append(site)
+            mgmt.management_port = await site.start(
+                settings.management_ip, settings.management_port
+            )
+        if settings.prometheus_port is not None:
+            from broker.management.app import HttpSite
+            from broker.metrics import MetricsApp
+
+            site = HttpSite(MetricsApp(mgmt).app)
+            self.http_sites.append(site)
+            mgmt.prometheus_port = await site.start(
+                settings.management_ip, settings.prometheus_port
+            )
+        if self.http_sites:
+            mgmt.rates.start()
+
+    @property
+    def management_port(self) -> int | None:
+        return self.management.management_port
+
+    @property
+    def prometheus_port(self) -> int | None:
+        return self.management.prometheus_port
 
     @property
     def addresses(self) -> list[tuple[str, int]]:
@@ -82,6 +124,10 @@ class Server:
         """Stop listening, close every client with 320 CONNECTION_FORCED, and wait briefly."""
         for server in self.servers:
             server.close()
+        await self.management.rates.stop()
+        for site in self.http_sites:
+            await site.stop()
+        self.http_sites.clear()
         for connection in list(self.broker.connections):
             connection.force_close()
         for server in self.servers:
@@ -90,3 +136,4 @@ class Server:
         for connection in list(self.broker.connections):
             connection.connection_lost()
             connection.transport.close()
+        self.broker.close_store()

@@ -59,6 +59,7 @@ class VirtualHost:
         self.timers = timers
         self.default_consumer_timeout = default_consumer_timeout  # ms, None: off
         self.policies: dict[str, Policy] = {}
+        self.persistence: Any = None  # broker.persistence.Persistence, with a data directory
         self.log: Any = structlog.get_logger("warren")
         self.queues: dict[str, Queue] = {}
         self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self)}
@@ -136,7 +137,24 @@ class VirtualHost:
             name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments
         )
         self.exchanges[name] = exchange
+        if self.persistence is not None:
+            self.persistence.exchange_declared(self.name, exchange)
         return exchange
+
+    def restore_exchange(
+        self, name: str, kind: str, auto_delete: bool, internal: bool, arguments: dict[str, Any]
+    ) -> None:
+        cls = EXCHANGE_TYPES.get(kind)
+        if cls is not None:
+            self.exchanges[name] = cls(
+                name, durable=True, auto_delete=auto_delete, internal=internal, arguments=arguments
+            )
+
+    def restore_queue(self, name: str, auto_delete: bool, arguments: dict[str, Any]) -> Queue:
+        queue = Queue(self, name, durable=True, auto_delete=auto_delete, arguments=arguments)
+        self.queues[name] = queue
+        self._apply_policy(queue)
+        return queue
 
     def _check_exchange_equivalent(
         self,
@@ -183,6 +201,8 @@ class VirtualHost:
         self._remove_exchange(exchange)
 
     def _remove_exchange(self, exchange: Exchange) -> None:
+        if self.persistence is not None:
+            self.persistence.exchange_deleted(self.name, exchange)
         exchange.deleted = True
         self.exchanges.pop(exchange.name, None)
         exchange.bindings.clear()
@@ -263,6 +283,8 @@ class VirtualHost:
         )
         self.queues[name] = queue
         self._apply_policy(queue)
+        if self.persistence is not None:
+            self.persistence.queue_declared(self.name, queue)
         return queue
 
     def delete_queue(self, queue: Queue) -> int:
@@ -271,6 +293,8 @@ class VirtualHost:
             return 0
         count = queue.ready_count
         self.queues.pop(queue.name, None)
+        if self.persistence is not None:
+            self.persistence.queue_deleted(self.name, queue)
         for exchange in list(self.exchanges.values()):
             if any(b.destination is queue for b in exchange.bindings.values()):
                 exchange.unbind_destination(queue)
@@ -283,13 +307,17 @@ class VirtualHost:
 
     # ---- policies ----
 
-    def set_policy(self, policy: Policy) -> None:
+    def set_policy(self, policy: Policy, persist: bool = True) -> None:
         self.policies[policy.name] = policy
+        if persist and self.persistence is not None:
+            self.persistence.policy_saved(policy)
         self._reapply_policies()
 
     def clear_policy(self, name: str) -> bool:
         removed = self.policies.pop(name, None) is not None
         if removed:
+            if self.persistence is not None:
+                self.persistence.policy_deleted(self.name, name)
             self._reapply_policies()
         return removed
 
@@ -306,18 +334,30 @@ class VirtualHost:
     # ---- bindings ----
 
     def bind(
-        self, source: str, destination: Any, routing_key: str, arguments: dict[str, Any]
+        self,
+        source: str,
+        destination: Any,
+        routing_key: str,
+        arguments: dict[str, Any],
+        persist: bool = True,
     ) -> None:
         self.not_default(source)
         exchange = self.exchange(source)
-        exchange.bind(Binding(destination, routing_key, arguments))
+        added = exchange.bind(Binding(destination, routing_key, arguments))
+        if added and persist and self.persistence is not None:
+            self.persistence.binding_changed(
+                self.name, exchange, destination, routing_key, arguments, True
+            )
 
     def unbind(
         self, source: str, destination: Any, routing_key: str, arguments: dict[str, Any]
     ) -> None:
         self.not_default(source)
         exchange = self.exchange(source)
-        exchange.unbind(destination, routing_key, arguments)
+        if exchange.unbind(destination, routing_key, arguments) and self.persistence is not None:
+            self.persistence.binding_changed(
+                self.name, exchange, destination, routing_key, arguments, False
+            )
         self._maybe_auto_delete(exchange)
 
     # ---- routing ----

@@ -164,14 +164,24 @@ def free_port() -> int:
 def test_server_process_ready_line_and_sigterm_forces_close(tmp_path: object) -> None:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker", "--port", str(port), "--bind", "127.0.0.1"],
+        [
+            sys.executable,
+            "-m",
+            "broker",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--data-dir",
+            str(tmp_path),
+        ],
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         assert proc.stderr is not None
-        line = proc.stderr.readline()
-        assert "ready" in line and f"127.0.0.1:{port}" in line
+        lines = [proc.stderr.readline() for _ in range(2)]  # store recovered, then ready
+        assert "ready" in lines[-1] and f"127.0.0.1:{port}" in lines[-1]
         client = RawClient.connect(("127.0.0.1", port))
         proc.send_signal(signal.SIGTERM)
         code, text, _, _ = client.expect_close()
@@ -190,7 +200,7 @@ def test_bad_config_stops_before_listening_with_exit_2(tmp_path: object) -> None
     with open(conf, "w") as fh:
         fh.write("heartbeat = 30\nconsumer_timeout = 0\n")
     result = subprocess.run(
-        [sys.executable, "-m", "broker", "--config", conf],
+        [sys.executable, "-m", "broker", "--config", conf, "--data-dir", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=30,

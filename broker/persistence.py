@@ -1,0 +1,217 @@
+"""Keeps the on-disk stores in step with the engine, and rebuilds the engine from them.
+
+The engine calls these hooks when something durable changes; at start-up
+``restore`` recreates vhosts, users, permissions, policies, durable exchanges,
+queues and bindings, then puts the persistent messages back in their queues.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from broker.policy import Policy, PolicyError
+from broker.store import DefinitionStore, MessageStore
+from protocol.properties import FLAG_DELIVERY_MODE
+
+if TYPE_CHECKING:
+    from broker.auth import User
+    from broker.broker import Broker
+    from broker.exchange import Exchange
+    from broker.queue import Queue
+
+
+def is_persistent(properties: bytes) -> bool:
+    """delivery_mode = 2, read without decoding the other properties."""
+    flags = (properties[0] << 8) | properties[1]
+    if not flags & FLAG_DELIVERY_MODE:
+        return False
+    off = 2
+    if flags & 0x8000:  # content-type
+        off += 1 + properties[off]
+    if flags & 0x4000:  # content-encoding
+        off += 1 + properties[off]
+    if flags & 0x2000:  # headers
+        off += 4 + int.from_bytes(properties[off : off + 4], "big")
+    return off < len(properties) and properties[off] == 2
+
+
+class Persistence:
+    def __init__(self, data_dir: str, log: Any, *, sync: bool = True) -> None:
+        self.log = log
+        self.definitions = DefinitionStore(data_dir)
+        self.messages = MessageStore(os.path.join(data_dir, "messages"), log, sync=sync)
+        self._restored_queues: list[Queue] = []
+
+    # ---- hooks from the engine ----
+
+    def vhost_added(self, name: str) -> None:
+        self.definitions.save_vhost(name)
+
+    def vhost_deleted(self, name: str) -> None:
+        self.definitions.delete_vhost(name)
+
+    def user_saved(self, user: User) -> None:
+        self.definitions.save_user(user.name, user.password_hash, user.tags)
+
+    def user_deleted(self, name: str) -> None:
+        self.definitions.delete_user(name)
+
+    def permission_saved(
+        self, user: str, vhost: str, configure: str, write: str, read: str
+    ) -> None:
+        self.definitions.save_permission(user, vhost, configure, write, read)
+
+    def permission_deleted(self, user: str, vhost: str) -> None:
+        self.definitions.delete_permission(user, vhost)
+
+    def policy_saved(self, policy: Policy) -> None:
+        self.definitions.save_policy(
+            policy.vhost, policy.name, policy.pattern, policy.apply_to, policy.priority,
+            policy.definition,
+        )  # fmt: skip
+
+    def policy_deleted(self, vhost: str, name: str) -> None:
+        self.definitions.delete_policy(vhost, name)
+
+    def exchange_declared(self, vhost: str, exchange: Exchange) -> None:
+        if exchange.durable:
+            self.definitions.save_exchange(
+                vhost, exchange.name, exchange.kind, exchange.auto_delete, exchange.internal,
+                exchange.arguments,
+            )  # fmt: skip
+
+    def exchange_deleted(self, vhost: str, exchange: Exchange) -> None:
+        if exchange.durable:
+            self.definitions.delete_exchange(vhost, exchange.name)
+
+    def queue_declared(self, vhost: str, queue: Queue) -> None:
+        if queue.durable and queue.exclusive_owner is None:
+            queue.store_id = self.definitions.save_queue(
+                vhost, queue.name, queue.auto_delete, queue.arguments
+            )
+            queue.message_store = self.messages
+
+    def queue_deleted(self, vhost: str, queue: Queue) -> None:
+        if queue.store_id:
+            self.definitions.delete_queue(vhost, queue.name)
+
+    def binding_changed(
+        self,
+        vhost: str,
+        source: Exchange,
+        destination: Any,
+        routing_key: str,
+        arguments: dict[str, Any],
+        added: bool,
+    ) -> None:
+        from broker.exchange import Exchange
+
+        if not source.durable or not destination.durable:
+            return
+        if isinstance(destination, Exchange):
+            kind, name = "exchange", destination.name
+        elif getattr(destination, "store_id", 0):
+            kind, name = "queue", destination.name
+        else:
+            return
+        if added:
+            self.definitions.save_binding(vhost, source.name, kind, name, routing_key, arguments)
+        else:
+            self.definitions.delete_binding(vhost, source.name, kind, name, routing_key, arguments)
+
+    # ---- start-up ----
+
+    def restore(self, broker: Broker) -> None:
+        """Rebuild the durable topology and its persistent messages."""
+        started = time.monotonic()
+        defs = self.definitions.load()
+        access = broker.access
+        if self.definitions.fresh or not defs.vhosts:
+            self._save_boot_state(broker)  # first start: the defaults become durable
+            defs = self.definitions.load()
+        else:
+            # RabbitMQ creates the default user and vhost on first start only
+            access.users.clear()
+            access.permissions.clear()
+            broker.vhosts.clear()
+        for name in defs.vhosts:
+            broker.add_vhost(name, persist=False)
+        for name, password_hash, tags in defs.users:
+            access.add_user(name, password_hash=password_hash, tags=tags, persist=False)
+        for user_name, on_vhost, configure, write, read in defs.permissions:
+            access.set_permissions(user_name, on_vhost, configure, write, read, persist=False)
+        for vhost_name, name, pattern, apply_to, priority, definition in defs.policies:
+            vhost = broker.vhosts.get(vhost_name)
+            if vhost is None:
+                continue
+            try:
+                vhost.set_policy(
+                    Policy(vhost_name, name, pattern, definition, apply_to, priority),
+                    persist=False,
+                )
+            except PolicyError as exc:
+                self.log.warning("stored policy no longer valid", policy=name, error=str(exc))
+        for vhost_name, name, kind, auto_delete, internal, arguments in defs.exchanges:
+            vhost = broker.vhosts.get(vhost_name)
+            if vhost is not None and name not in vhost.exchanges:
+                vhost.restore_exchange(name, kind, auto_delete, internal, arguments)
+        queues_by_id: dict[int, Queue] = {}
+        for queue_id, vhost_name, name, auto_delete, arguments in defs.queues:
+            vhost = broker.vhosts.get(vhost_name)
+            if vhost is not None:
+                queue = vhost.restore_queue(name, auto_delete, arguments)
+                queue.store_id = queue_id
+                queue.message_store = self.messages
+                queues_by_id[queue_id] = queue
+        for vhost_name, source, kind, destination, routing_key, arguments in defs.bindings:
+            host = broker.vhosts.get(vhost_name)
+            if host is None or source not in host.exchanges:
+                continue
+            target: Any = (host.exchanges if kind == "exchange" else host.queues).get(destination)
+            if target is not None:
+                host.bind(source, target, routing_key, arguments, persist=False)
+        stored = self.messages.recover()
+        live: set[int] = set()
+        now_wall, now_mono = time.time(), broker.timers.now()
+        by_queue: dict[Queue, list[Any]] = {}
+        for record in stored:
+            owner = queues_by_id.get(record.queue_id)
+            if owner is not None:  # else its queue was deleted: the message goes with it
+                by_queue.setdefault(owner, []).append(record)
+                live.add(record.msg_id)
+        for queue, records in by_queue.items():
+            restored = queue.restore_messages(records, now_wall, now_mono)
+            for msg_id, msg in restored:
+                self.messages.adopt(msg_id, msg)
+        self.messages.finish_recovery(live)
+        self._restored_queues = list(by_queue)
+        self.log.info(
+            "store recovered",
+            queues=len(queues_by_id), messages=len(live),
+            seconds=round(time.monotonic() - started, 3),
+        )  # fmt: skip
+
+    def expire_restored(self) -> None:
+        """Once the store runs, expire what timed out during the downtime (it writes records)."""
+        for queue in self._restored_queues:
+            queue.expire_restored()
+        self._restored_queues = []
+
+    def _save_boot_state(self, broker: Broker) -> None:
+        """First start on this data directory: what the settings created becomes durable."""
+        for name in broker.vhosts:
+            self.vhost_added(name)
+        for user in broker.access.users.values():
+            self.user_saved(user)
+        for (user_name, vhost_name), perm in broker.access.permissions.items():
+            self.permission_saved(user_name, vhost_name, perm.configure, perm.write, perm.read)
+
+    def start(self, loop: Any) -> None:
+        self.messages.start(loop)
+        self.expire_restored()
+
+    def close(self) -> None:
+        self.messages.close()
+        self.definitions.close()
