@@ -10,20 +10,23 @@ from protocol.errors import ChannelError
 from protocol.tables import TypedTable
 
 MAX_UINT32 = 2**32 - 1
+# RabbitMQ's ceiling for TTLs and expiry (ten years, ms); Celery's delayed delivery needs more
+# than 2^32 ms, so Warren takes RabbitMQ's limit rather than a 32-bit one
+MAX_TTL = 315_360_000_000
 
 # arguments whose values must match on redeclare (RabbitMQ ignores others)
-EQUIVALENCE_CHECKED = (
+EQUIVALENCE_CHECKED = (  # in the order RabbitMQ checks them, so the same one is named
+    "x-expires",
+    "x-message-ttl",
     "x-dead-letter-exchange",
     "x-dead-letter-routing-key",
-    "x-expires",
     "x-max-length",
     "x-max-length-bytes",
     "x-max-priority",
-    "x-message-ttl",
     "x-overflow",
     "x-queue-mode",
-    "x-queue-type",
     "x-single-active-consumer",
+    "x-queue-type",
     "x-delivery-limit",
     "x-consumer-timeout",
     "x-delayed-retry-type",
@@ -70,11 +73,11 @@ def _non_negative(arg: str, value: Any, queue: str, vhost: str, maximum: int | N
     if value < 0:
         raise _invalid(arg, queue, vhost, f"{{value_negative,{value}}}")
     if maximum is not None and value > maximum:
-        raise _invalid(arg, queue, vhost, f"{{value_too_large,{value},{maximum}}}")
+        raise _invalid(arg, queue, vhost, f"{{value_too_large,{value}}}")
 
 
 def _positive(arg: str, value: Any, queue: str, vhost: str) -> None:
-    _non_negative(arg, value, queue, vhost, MAX_UINT32)
+    _non_negative(arg, value, queue, vhost, MAX_TTL)
     if value == 0:
         raise _invalid(arg, queue, vhost, "{value_zero,0}")
 
@@ -91,7 +94,7 @@ def validate_queue_arguments(
     """Refuse a declaration RabbitMQ would refuse, naming the argument and the value."""
     for arg, value in args.items():
         if arg == "x-message-ttl":
-            _non_negative(arg, value, queue, vhost, MAX_UINT32)
+            _non_negative(arg, value, queue, vhost, MAX_TTL)
         elif arg in ("x-expires", "x-consumer-timeout"):
             _positive(arg, value, queue, vhost)
         elif arg in (
@@ -207,8 +210,8 @@ def check_equivalent_arguments(
         if arg not in current and arg not in received:
             continue
         have_type, got_type = wire_type(current, arg), wire_type(received, arg)
-        if arg in current and arg in received and _kind(have_type) == _kind(got_type):
-            if current[arg] == received[arg]:
+        if arg in current and arg in received:
+            if _kind(have_type) == _kind(got_type) and current[arg] == received[arg]:
                 continue
             detail = f"received '{_show(received[arg])}' but current is '{_show(current[arg])}'"
         else:

@@ -85,7 +85,7 @@ class Broker:
         data_dir = self.settings.data_dir
         if not data_dir:
             return
-        self.persistence = Persistence(data_dir, self.log)
+        self.persistence = Persistence(data_dir, self.log, segment_size=self.settings.segment_size)
         self.persistence.restore(self)
         self.access.persistence = self.persistence
         for vhost in self.vhosts.values():

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from broker.arguments import validate_consumer_arguments
+from broker.arguments import MAX_TTL, validate_consumer_arguments
 from broker.consumer import Consumer
 from broker.exchange import Exchange
 from broker.message import Message
@@ -75,6 +75,10 @@ def parse_expiration(value: str) -> int:
     if number < 0:
         raise ChannelError(
             PRECONDITION_FAILED, f"invalid expiration '{value}': {{value_negative,{number}}}"
+        )
+    if number > MAX_TTL:
+        raise ChannelError(
+            PRECONDITION_FAILED, f"invalid expiration '{value}': {{value_too_large,{number}}}"
         )
     return number
 
@@ -710,10 +714,14 @@ class Channel:
     def on_queue_declare(self, method: commands.Queue.Declare) -> None:
         name = method.queue
         if name == REPLY_TO or name.startswith(REPLY_TO_PREFIX):
-            # the pseudo-queue of direct reply-to always "exists"
+            # direct reply-to's pseudo-queue: always there, with its one (virtual) consumer;
+            # a reply address exists while the channel that owns it is open
+            token = name[len(REPLY_TO_PREFIX) :]
+            if name != REPLY_TO and token not in self.conn.broker.reply_channels:
+                raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.vhost.name}'")
             if not method.nowait:
                 self.reply(
-                    make(commands.Queue.DeclareOk, queue=name, message_count=0, consumer_count=0)
+                    make(commands.Queue.DeclareOk, queue=name, message_count=0, consumer_count=1)
                 )
             return
         server_named = not name and not method.passive

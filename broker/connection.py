@@ -295,7 +295,7 @@ class Connection:
                 version_major=0,
                 version_minor=9,
                 server_properties=server_properties(),
-                mechanisms="PLAIN AMQPLAIN",
+                mechanisms="AMQPLAIN PLAIN",
                 locales="en_US",
             ),
         )

@@ -38,10 +38,14 @@ def is_persistent(properties: bytes) -> bool:
 
 
 class Persistence:
-    def __init__(self, data_dir: str, log: Any, *, sync: bool = True) -> None:
+    def __init__(
+        self, data_dir: str, log: Any, *, segment_size: int = 16 * 1024 * 1024, sync: bool = True
+    ) -> None:
         self.log = log
         self.definitions = DefinitionStore(data_dir)
-        self.messages = MessageStore(os.path.join(data_dir, "messages"), log, sync=sync)
+        self.messages = MessageStore(
+            os.path.join(data_dir, "messages"), log, segment_size=segment_size, sync=sync
+        )
         self._restored_queues: list[Queue] = []
 
     # ---- hooks from the engine ----

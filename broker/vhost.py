@@ -21,7 +21,7 @@ from protocol.constants import (
     PRECONDITION_FAILED,
     RESOURCE_LOCKED,
 )
-from protocol.errors import ChannelError, ConnectionError_
+from protocol.errors import ChannelError, ConnectionError_, erlang_binary
 
 if TYPE_CHECKING:
     from broker.timers import Timers
@@ -343,6 +343,15 @@ class VirtualHost:
     ) -> None:
         self.not_default(source)
         exchange = self.exchange(source)
+        if exchange.kind == "headers":
+            match = arguments.get("x-match", "all")
+            if match not in ("all", "any", "all-with-x", "any-with-x"):
+                shown = erlang_binary(match.encode()) if isinstance(match, str) else repr(match)
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"Invalid x-match field value {shown}; expected all, any, all-with-x, or "
+                    "any-with-x",
+                )
         added = exchange.bind(Binding(destination, routing_key, arguments))
         if added and persist and self.persistence is not None:
             self.persistence.binding_changed(

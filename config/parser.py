@@ -329,6 +329,7 @@ _KEYS: Mapping[str, _Key] = {
     "disk_free_limit.absolute": _Key(_information_unit, "disk_free_limit_absolute"),
     "load_definitions": _Key(_path, "load_definitions"),
     "data_dir": _Key(_path, "data_dir"),
+    "message_store.segment_size": _Key(_information_unit, "segment_size"),
 }
 
 # keys of the form "<family>.<name>", one entry per name

@@ -45,7 +45,8 @@ class Settings:
     vm_memory_high_watermark_absolute: int | None = None  # bytes
     disk_free_limit_absolute: int = 50 * 1000 * 1000  # bytes
     load_definitions: str | None = None
-    data_dir: str = "./data"
+    data_dir: str | None = "./data"  # None: nothing is kept on disk
+    segment_size: int = 16 * 1024 * 1024  # message_store.segment_size (Warren's own)
     # keys of a real rabbitmq.conf that Warren accepts but does not use
     ignored_keys: tuple[str, ...] = field(default=(), compare=False)
     # the files these settings were read from, in the order they were applied

@@ -71,3 +71,17 @@ def test_reply_consumer_must_be_no_ack(amqp_url: str) -> None:
         assert info.value.reply_text == "PRECONDITION_FAILED - reply consumer cannot acknowledge"
     finally:
         conn.close()
+
+
+def test_reply_to_pseudo_queue_declare(amqp_url: str) -> None:
+    """amqplib's checkQueue: the pseudo-queue exists with one consumer; unknown addresses don't."""
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        channel = conn.channel()
+        ok = channel.queue_declare(REPLY_TO, passive=True)
+        assert (ok.method.message_count, ok.method.consumer_count) == (0, 1)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+            channel.queue_declare(REPLY_TO + ".bogus", passive=True)
+        assert info.value.reply_code == 404
+    finally:
+        conn.close()

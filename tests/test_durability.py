@@ -207,21 +207,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_server(data: str, port: int) -> subprocess.Popen[str]:
+def start_server(data: str, port: int, config: str | None = None) -> subprocess.Popen[str]:
+    extra = ["--config", config] if config else []
+    command = [sys.executable, "-m", "broker", "--port", str(port), "--bind", "127.0.0.1"]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "broker",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--data-dir",
-            data,
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
+        [*command, "--data-dir", data, *extra], stderr=subprocess.PIPE, text=True
     )
     assert proc.stderr is not None
     for line in proc.stderr:
@@ -246,7 +236,10 @@ def publisher_until_killed(url: str, confirmed: list[int], stop_after: float) ->
         pass
 
 
-@pytest.mark.parametrize("round_", range(10))
+CRASH_ROUNDS = int(os.environ.get("WARREN_CRASH_ROUNDS", "10"))  # `make crash-test`: 100
+
+
+@pytest.mark.parametrize("round_", range(CRASH_ROUNDS))
 def test_kill_9_loses_no_confirmed_message(tmp_path: Path, round_: int) -> None:
     data = str(tmp_path)
     port = free_port()
@@ -279,3 +272,103 @@ def test_kill_9_loses_no_confirmed_message(tmp_path: Path, round_: int) -> None:
     )
     assert bodies == sorted(bodies)  # in order
     assert len(snapshot) > 0, "the publisher never got a confirm before the kill"
+
+
+def churn(url: str, rounds: int, keep_every: int, confirmed: list[int] | None = None) -> None:
+    """Publish to a queue that is drained at once and, now and then, to one that keeps."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("keep.q", durable=True)
+    ch.queue_declare("churn.q", durable=True)
+    try:
+        for i in range(rounds):
+            ch.basic_publish("", "churn.q", b"x" * 1024, PERSISTENT)
+            method, _, _ = ch.basic_get("churn.q")
+            ch.basic_ack(method.delivery_tag)
+            if i % keep_every == 0:
+                ch.basic_publish("", "keep.q", b"%08d" % i, PERSISTENT)
+                if confirmed is not None:
+                    confirmed.append(i)
+        conn.close()
+    except (pika.exceptions.AMQPError, OSError):
+        pass
+
+
+def test_dead_segments_are_deleted_and_live_ones_compacted(tmp_path: Path) -> None:
+    data = str(tmp_path)
+    with run_broker(data_dir=data, segment_size=32 * 1024) as running:
+        churn(running.url, 600, 50)
+        segments = list((tmp_path / "messages").glob("*.seg"))
+        # ~600 KiB went through 32 KiB segments; what is left holds 12 small messages
+        assert len(segments) <= 4, [s.name for s in segments]
+    with run_broker(data_dir=data, segment_size=32 * 1024) as running:
+        conn = pika.BlockingConnection(pika.URLParameters(running.url))
+        ch = conn.channel()
+        assert [int(b) for b, _ in drain(ch, "keep.q")] == list(range(0, 600, 50))
+        assert drain(ch, "churn.q") == []
+        conn.close()
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_kill_9_during_compaction_loses_nothing(tmp_path: Path, round_: int) -> None:
+    import threading
+
+    data = str(tmp_path)
+    conf = tmp_path / "warren.conf"
+    conf.write_text("message_store.segment_size = 16KiB\n")
+    port = free_port()
+    url = f"amqp://guest:guest@127.0.0.1:{port}/"
+    proc = start_server(data, port, str(conf))
+    confirmed: list[int] = []
+    worker = threading.Thread(target=churn, args=(url, 100_000, 7, confirmed))
+    worker.start()
+    time.sleep(random.Random(round_).uniform(0.3, 0.8))
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    worker.join(10)
+    snapshot = list(confirmed)
+    proc = start_server(data, port, str(conf))
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        ch = conn.channel()
+        bodies = [int(b) for b, _ in drain(ch, "keep.q")]
+        conn.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+    assert len(bodies) == len(set(bodies))
+    assert set(snapshot) <= set(bodies)
+    assert len(snapshot) > 5
+
+
+@pytest.mark.parametrize("how", ["delete", "auto-delete", "x-expires"])
+def test_restart_after_durable_queue_with_messages_went_away(tmp_path: Path, how: str) -> None:
+    data = str(tmp_path)
+    with run_broker(data_dir=data) as running:
+        conn = pika.BlockingConnection(pika.URLParameters(running.url))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        args = {"x-expires": 100} if how == "x-expires" else {}
+        ch.queue_declare("gone.q", durable=True, auto_delete=how == "auto-delete", arguments=args)
+        ch.basic_publish("", "gone.q", b"orphan", PERSISTENT)
+        if how == "delete":
+            ch.queue_delete("gone.q")
+        elif how == "auto-delete":
+            tag = ch.basic_consume("gone.q", lambda *a: None)
+            ch.basic_cancel(tag)  # the last consumer goes: so does the queue
+        else:
+            deadline = time.monotonic() + 5
+            while "gone.q" in running.server.broker.vhosts["/"].queues:
+                assert time.monotonic() < deadline, "x-expires did not delete the queue"
+                time.sleep(0.02)
+        conn.close()
+    with run_broker(data_dir=data) as running:
+        conn = pika.BlockingConnection(pika.URLParameters(running.url))
+        ch = conn.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker):
+            ch.queue_declare("gone.q", passive=True)
+        ch = conn.channel()
+        ch.queue_declare("gone.q", durable=True)  # a new queue of that name starts empty
+        assert drain(ch, "gone.q") == []
+        conn.close()

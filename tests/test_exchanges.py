@@ -679,3 +679,23 @@ def test_odd_names_end_to_end(client: RawClient, janitor: Janitor, name: str, su
     client.call(1, build(commands.Queue.Purge, queue=q), commands.Queue.PurgeOk)
     client.delete_queue(1, q)
     client.delete_exchange(1, ex)
+
+
+def test_headers_binding_with_invalid_x_match_refused(client: RawClient, name: str) -> None:
+    client.declare_queue(1, name, exclusive=True)
+    client.send_method(
+        1,
+        build(
+            commands.Queue.Bind,
+            queue=name,
+            exchange="amq.headers",
+            arguments={"x-match": "some", "a": "b"},
+        ),
+    )
+    assert client.expect_channel_close(1) == (
+        406,
+        'PRECONDITION_FAILED - Invalid x-match field value <<"some">>; expected all, any, '
+        "all-with-x, or any-with-x",
+        50,
+        20,
+    )

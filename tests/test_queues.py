@@ -605,3 +605,27 @@ def test_empty_queue_name_without_declared_queue(
         "NOT_FOUND - no previously declared queue",
         *ids,
     )
+
+
+@pytest.mark.parametrize(
+    ("arg", "value", "ok"),
+    [
+        ("x-message-ttl", 134_217_728_000, True),  # Celery's delayed delivery uses TTLs this long
+        ("x-expires", 134_217_728_000, True),
+        ("x-message-ttl", 315_360_000_001, False),  # past RabbitMQ's ten-year ceiling
+    ],
+)
+def test_ttl_ceiling_is_rabbitmqs_ten_years(
+    client: RawClient, janitor: Janitor, name: str, arg: str, value: int, ok: bool
+) -> None:
+    q = janitor.queue(name)
+    client.send_method(1, build(commands.Queue.Declare, queue=q, arguments={arg: value}))
+    if ok:
+        client.expect_method(commands.Queue.DeclareOk, 1)
+    else:
+        code, text, _, _ = client.expect_channel_close(1)
+        assert (code, text) == (
+            406,
+            f"PRECONDITION_FAILED - invalid arg '{arg}' for queue '{q}' in vhost '/': "
+            f"{{value_too_large,{value}}}",
+        )

@@ -234,23 +234,20 @@ class MessageStore:
             if msg_id not in live_ids:
                 self._live[segment] -= 1
         self._where_recovered = {}
-        self._collect_garbage()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._writer = _Writer(self.directory, loop, self._on_synced, self.sync)
         self._writer.start()
+        self._collect_garbage()  # what recovery found dead goes now that the writer runs
 
     # ---- the message path ----
 
     def _append(self, record: bytes) -> None:
+        """Buffer a record; the buffer becomes one batch at the end of this loop turn."""
         self._buffer.append(record)
         self._segment_bytes += len(record)
-        if self._segment_bytes >= self.segment_size:
-            self._handoff()
-            self._segment += 1
-            self._segment_bytes = 0
-        elif not self._handoff_scheduled:
+        if not self._handoff_scheduled:
             self._handoff_scheduled = True
             assert self._loop is not None
             self._loop.call_soon(self._handoff)
@@ -267,6 +264,11 @@ class MessageStore:
             raise RuntimeError(f"message store writer failed: {writer.error!r}")
         writer.jobs.put(("write", self._segment, data, self.open_batch))
         self.open_batch += 1
+        if self._segment_bytes >= self.segment_size:
+            # roll only between batches, so a batch (and a confirm) never spans two files
+            self._segment += 1
+            self._segment_bytes = 0
+            self._collect_garbage()
 
     def publish(self, queue_id: int, msg: Message, expires_wall: float) -> None:
         msg_id = self._next_id
