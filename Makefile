@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PORT ?= 5672
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck check bench conformance clean
+.PHONY: run test lint typecheck check bench bench-compare conformance crash-test clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,10 +30,19 @@ typecheck: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python tests/benchmarks/run_bench.py
 
-# The shared black-box suite against a Warren started here on port 5679.
+# The shared black-box suite against a Warren started here on port 5679 (API on 15679).
 conformance: $(STAMP)
-	$(BIN)/python tests/benchmarks/with_broker.py --port 5679 -- \
-		env AMQP_URL=amqp://guest:guest@127.0.0.1:5679/ WARREN=1 ../shared/conformance/run.sh
+	$(BIN)/python tests/benchmarks/with_broker.py --port 5679 --management-port 15679 -- \
+		env AMQP_URL=amqp://guest:guest@127.0.0.1:5679/ MGMT_URL=http://guest:guest@127.0.0.1:15679 \
+		WARREN=1 ../shared/conformance/run.sh
+
+# kill -9 a broker 100 times while a publisher with confirms runs; nothing confirmed may be lost
+crash-test: $(STAMP)
+	WARREN_CRASH_ROUNDS=100 $(BIN)/pytest -q tests/test_durability.py -k kill_9
+
+# amqp-perf against Warren and a second broker, side by side (see README "Performance")
+bench-compare: $(STAMP)
+	tests/benchmarks/compare.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info

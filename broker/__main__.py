@@ -1,29 +1,50 @@
-"""``warren-server`` / ``python -m broker``: run the broker until SIGTERM or SIGINT."""
+"""``warren-server`` / ``python -m broker``: run the broker until SIGTERM or SIGINT.
+
+The engine, structlog and uvloop are imported only once the arguments are
+parsed, so ``--help`` and configuration errors answer at once; start-up time
+is what CI jobs and container health checks wait for.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from broker.logging import configure_logging
-from broker.server import Server
-from config import ConfigError, Listener, Settings, load_settings
+if TYPE_CHECKING:
+    from config import Settings
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="warren-server", description="Warren AMQP 0-9-1 broker")
-    parser.add_argument("--config", metavar="PATH", help="rabbitmq.conf-style file")
+    parser.add_argument(
+        "--config", metavar="PATH", help="rabbitmq.conf-style file (default: $RABBITMQ_CONFIG_FILE)"
+    )
     parser.add_argument("--port", type=int, help="AMQP port (overrides listeners.tcp.default)")
     parser.add_argument("--bind", metavar="ADDR", help="address to listen on")
     parser.add_argument("--data-dir", metavar="DIR", help="where durable state is kept")
+    for endpoint, default in (("management", 15672), ("prometheus", 15692)):
+        parser.add_argument(
+            f"--{endpoint}-port",
+            type=_port_or_none,
+            default=argparse.SUPPRESS,  # absent unless given: None means "off"
+            metavar="PORT",
+            help=f"{endpoint}.tcp.port: 0 for a free port, 'none' for off (default {default})",
+        )
     return parser.parse_args(argv)
 
 
+def _port_or_none(text: str) -> int | None:
+    if text == "none":
+        return None
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535 or 'none', got {text!r}")
+    return int(text)
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
+    from config import Listener, load_settings
+
     settings = load_settings(args.config)
     changes: dict[str, object] = {}
     if args.port is not None or args.bind is not None:
@@ -39,10 +60,23 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         )
     if args.data_dir is not None:
         changes["data_dir"] = args.data_dir
+    for field in ("management_port", "prometheus_port"):
+        if hasattr(args, field):
+            changes[field] = getattr(args, field)
     return settings.replace(**changes) if changes else settings
 
 
 async def serve(settings: Settings) -> None:
+    import asyncio
+    import signal
+
+    from broker.server import Server
+
+    # handlers first: whoever reads the first log line may send SIGTERM at once
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     server = Server(settings)
     log = server.broker.log
     for key in settings.ignored_keys:
@@ -50,36 +84,42 @@ async def serve(settings: Settings) -> None:
     await server.start()
     for host, port in server.addresses:
         log.info("ready", address=f"{host}:{port}")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    for name, http_port in (
+        ("management API", server.management_port),
+        ("prometheus metrics", server.prometheus_port),
+    ):
+        if http_port:
+            log.info(f"{name} listening", address=f"{settings.management_ip}:{http_port}")
     await stop.wait()
     log.info("shutting down", connections=len(server.broker.connections))
     await server.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from config import ConfigError
+
     try:
-        settings = settings_from_args(parse_args(argv))
+        settings = settings_from_args(args)
     except ConfigError as exc:
         print(f"warren-server: configuration error: {exc}", file=sys.stderr)
         return 2
+    from broker.logging import configure_logging
+
     configure_logging(settings.log_level, settings.log_formatter, settings.log_console)
-    runner: Any = asyncio.run
     try:
         import uvloop
 
-        runner = uvloop.run
+        runner: Any = uvloop.run
     except ImportError:
-        pass
+        import asyncio
+
+        runner = asyncio.run
     try:
         runner(serve(settings))
     except OSError as exc:
         print(f"warren-server: cannot listen: {exc}", file=sys.stderr)
         return 1
-    with contextlib.suppress(Exception):
-        sys.stderr.flush()
     return 0
 
 

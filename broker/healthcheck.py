@@ -24,6 +24,7 @@ from pamqp.base import Frame
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 FRAME_METHOD = 1
+FRAME_TYPES = (1, 2, 3, 8)  # method, content header, content body, heartbeat
 FRAME_END = b"\xce"
 # a bind-all listener is checked on the matching loopback address
 LOOPBACK = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
@@ -76,6 +77,8 @@ class _Conn:
             if head.startswith(b"AMQP"):  # the broker rejected our protocol version
                 raise Unhealthy("the broker refused protocol AMQP 0-9-1")
             kind, _channel, size = struct.unpack(">BHI", head)
+            if kind not in FRAME_TYPES:
+                raise Unhealthy(f"not an AMQP broker: it sent {head!r}")
             payload = self._recv_exactly(size + 1)
             if payload[-1:] != FRAME_END:
                 raise Unhealthy("malformed frame from the broker")
@@ -88,7 +91,7 @@ class _Conn:
     def expect(self, wanted: type[Frame]) -> Frame:
         value = self.method()
         if isinstance(value, commands.Connection.Close):
-            raise Unhealthy(f"the broker closed the connection: {value.reply_code} {value.reply_text}")
+            raise Unhealthy(f"the broker refused: {value.reply_code} {value.reply_text}")
         if not isinstance(value, wanted):
             raise Unhealthy(f"expected {wanted.__name__}, got {type(value).__name__}")
         return value

@@ -1,88 +1,346 @@
-"""Run a broker inside a test process: ``with run_broker() as b: connect(b.url)``.
+"""Run a Warren broker inside a test process, on 127.0.0.1 and a free port.
 
-The broker gets its own thread and event loop, so blocking clients (pika)
-and asyncio clients in the test's own loop can both talk to it.
+Blocking (the broker gets its own thread and event loop, so blocking
+clients such as pika and asyncio clients in any loop can both use it)::
+
+    with run_broker() as broker:
+        connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+
+Async (the broker runs on the current event loop; no thread)::
+
+    async with run_broker() as broker:
+        connection = await aio_pika.connect(broker.url)
+
+Keyword arguments are :class:`config.Settings` fields. Unless given as
+keywords, the AMQP listener is 127.0.0.1 on a free port, the management
+and Prometheus endpoints are off (``management_port=0`` turns management
+on at a free port) and nothing is kept on disk (``data_dir=None``); pass
+``data_dir=...`` for durable queues and messages that survive ``restart()``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar
+from urllib.parse import quote
 
 from broker.server import Server
 from config import Listener, Settings
 
+__all__ = ["BrokerRunner", "QueueDepth", "RunningBroker", "run_broker", "run_broker_async"]
 
-@dataclass
+T = TypeVar("T")
+START_TIMEOUT = 10.0  # seconds; a start that takes longer is a failure, not a slow machine
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueDepth:
+    ready: int  # waiting to be delivered
+    unacked: int  # delivered, not yet acknowledged
+
+    @property
+    def total(self) -> int:
+        return self.ready + self.unacked
+
+
+class _Engine:
+    """The state every view of one running broker shares: a restart swaps ``server``."""
+
+    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop) -> None:
+        self.settings = settings
+        self.loop = loop
+        # made on the loop's own thread: calls from there need no hop (RunningBroker.call)
+        self.loop_thread = threading.get_ident()
+        self.server: Server | None = None
+
+    async def start(self) -> Server:
+        server = Server(self.settings)
+        try:
+            await server.start()
+        except BaseException:
+            # e.g. AMQP bound but a management port taken: release what did start
+            with contextlib.suppress(Exception):
+                await server.stop()
+            raise
+        self.server = server
+        return server
+
+    async def restart(self) -> None:
+        assert self.server is not None
+        old = self.server
+        # the same addresses again, so that clients reconnect to the URL they have
+        listeners = tuple(Listener(f"l{i}", h, p) for i, (h, p) in enumerate(old.addresses))
+        changes: dict[str, object] = {"listeners": listeners}
+        for endpoint in ("management_port", "prometheus_port"):
+            port = getattr(old, endpoint, None)
+            if port:
+                changes[endpoint] = port
+        await old.stop()
+        self.settings = self.settings.replace(**changes)
+        await self.start()
+
+
 class RunningBroker:
-    host: str
-    port: int
-    server: Server
-    loop: asyncio.AbstractEventLoop
+    """A running broker as a test sees it, for one vhost (the default one unless chosen)."""
+
+    def __init__(self, engine: _Engine, vhost: str | None = None) -> None:
+        self._engine = engine
+        self.vhost: str = engine.settings.default_vhost if vhost is None else vhost
+
+    @property
+    def server(self) -> Server:
+        assert self._engine.server is not None, "the broker is not running"
+        return self._engine.server
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._engine.loop
+
+    @property
+    def settings(self) -> Settings:
+        return self._engine.settings
+
+    @property
+    def host(self) -> str:
+        return self.server.addresses[0][0]
+
+    @property
+    def port(self) -> int:
+        return self.server.addresses[0][1]
+
+    @property
+    def user(self) -> str:
+        return self.settings.default_user
+
+    @property
+    def password(self) -> str:
+        return self.settings.default_pass
 
     @property
     def url(self) -> str:
-        return f"amqp://guest:guest@{self.host}:{self.port}/"
+        """``amqp://user:pass@127.0.0.1:port/vhost``, as pika, aio-pika and kombu read it."""
+        # clients read an empty path as the default vhost "/"; others are percent-encoded
+        path = "" if self.vhost == "/" else quote(self.vhost, safe="")
+        auth = f"{quote(self.user, safe='')}:{quote(self.password, safe='')}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"amqp://{auth}@{host}:{self.port}/{path}"
 
-    def call(self, fn: Any, *args: Any) -> Any:
-        """Run ``fn(*args)`` on the broker's loop and return its result (for inspection)."""
-        future: Any = asyncio.run_coroutine_threadsafe(_call(fn, *args), self.loop)
+    @property
+    def management_url(self) -> str | None:
+        """``http://user:pass@127.0.0.1:port`` if the management API is listening, else None."""
+        port = getattr(self.server, "management_port", None)
+        if not port:
+            return None
+        auth = f"{quote(self.user, safe='')}:{quote(self.password, safe='')}"
+        return f"http://{auth}@127.0.0.1:{port}"
+
+    @property
+    def prometheus_url(self) -> str | None:
+        """``http://127.0.0.1:port/metrics`` if the Prometheus endpoint is listening, else None."""
+        port = getattr(self.server, "prometheus_port", None)
+        return f"http://127.0.0.1:{port}/metrics" if port else None
+
+    # ---- running code in the broker ----
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on the broker's loop and return its result.
+
+        Engine objects belong to that loop; touch them only through here.
+        """
+        if threading.get_ident() == self._engine.loop_thread:
+            return fn(*args)  # async mode: we are on the broker's loop already
+        future = asyncio.run_coroutine_threadsafe(_call(fn, *args), self.loop)
         return future.result(timeout=10)
 
+    def restart(self) -> None:
+        """Stop and start the broker on the same ports and data_dir (threaded mode).
 
-async def _call(fn: Any, *args: Any) -> Any:
+        Open connections are closed with 320 CONNECTION_FORCED, as when
+        RabbitMQ restarts; clients reconnect to the same ``url``. Durable
+        queues and persistent messages survive if there is a ``data_dir``.
+        """
+        if threading.get_ident() == self._engine.loop_thread:
+            raise RuntimeError("in async mode use `await broker.restart_async()`")
+        asyncio.run_coroutine_threadsafe(self._engine.restart(), self.loop).result(START_TIMEOUT)
+
+    async def restart_async(self) -> None:
+        """:meth:`restart` for a broker started with ``async with``."""
+        await self._engine.restart()
+
+    # ---- vhosts ----
+
+    def add_vhost(self, name: str) -> RunningBroker:
+        """Create vhost ``name``, give the default user full rights on it; return its view."""
+
+        def add() -> None:
+            broker = self.server.broker
+            broker.add_vhost(name)
+            broker.access.set_permissions(self.user, name, ".*", ".*", ".*")
+
+        self.call(add)
+        return RunningBroker(self._engine, name)
+
+    def delete_vhost(self, name: str) -> bool:
+        """Delete vhost ``name``; its connections are closed with 320 CONNECTION_FORCED."""
+        return self.call(self.server.broker.delete_vhost, name)
+
+    # ---- queues ----
+
+    def queues(self) -> dict[str, QueueDepth]:
+        """Every queue in this view's vhost with its depth, read in one go."""
+
+        def read() -> dict[str, QueueDepth]:
+            vhost = self.server.broker.vhosts.get(self.vhost)
+            if vhost is None:
+                return {}
+            return {n: QueueDepth(q.ready_count, q.unacked_count) for n, q in vhost.queues.items()}
+
+        return self.call(read)
+
+    def queue_counts(self, name: str) -> QueueDepth:
+        """Ready and unacknowledged messages of queue ``name``; KeyError if there is none."""
+        depth = self.queues().get(name)
+        if depth is None:
+            raise KeyError(f"no queue {name!r} in vhost {self.vhost!r}")
+        return depth
+
+    def queue_depth(self, name: str) -> int:
+        """Messages ready for delivery in queue ``name`` (RabbitMQ's ``messages_ready``)."""
+        return self.queue_counts(name).ready
+
+    def __repr__(self) -> str:
+        running = self._engine.server is not None
+        where = f"{self.host}:{self.port}" if running else "stopped"
+        return f"<RunningBroker {where} vhost={self.vhost!r}>"
+
+
+async def _call(fn: Callable[..., T], *args: Any) -> T:
     return fn(*args)
 
 
-@contextmanager
-def run_broker(settings: Settings | None = None, **changes: Any) -> Iterator[RunningBroker]:
-    """Start a broker on 127.0.0.1 and a free port; stop it on exit."""
-    base = settings or Settings()
-    changes.setdefault("listeners", (Listener("default", "127.0.0.1", 0),))
-    final = base.replace(**changes)
-    ready = threading.Event()
-    holder: dict[str, Any] = {}
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
 
-    def target() -> None:
-        try:
-            import uvloop
 
-            loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-        except ImportError:
-            loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        holder["loop"] = loop
+class BrokerRunner:
+    """What :func:`run_broker` returns: use it with ``with`` or ``async with``."""
+
+    def __init__(self, settings: Settings | None, changes: dict[str, Any]) -> None:
+        self._base = settings or Settings()
+        self._changes = dict(changes)
+        self._engine: _Engine | None = None
+        self._thread: threading.Thread | None = None
+        self._stop: asyncio.Event | None = None
+
+    def _settings(self) -> Settings:
+        changes = dict(self._changes)
+        # ports a test run could collide on are chosen here, never taken from the base
+        changes.setdefault("listeners", (Listener("default", "127.0.0.1", 0),))
+        changes.setdefault("management_port", None)
+        changes.setdefault("prometheus_port", None)
+        if changes["management_port"] is not None or changes["prometheus_port"] is not None:
+            changes.setdefault("management_ip", "127.0.0.1")
+        # in memory unless asked: tests stay fast and cannot see each other's state
+        changes.setdefault("data_dir", None)
+        return self._base.replace(**changes)
+
+    # ---- in a thread ----
+
+    def __enter__(self) -> RunningBroker:
+        settings = self._settings()
+        ready = threading.Event()
+        failure: list[BaseException] = []
+        loop = _new_loop()
+        stop = asyncio.Event()
 
         async def main() -> None:
-            server = Server(final)
-            await server.start()
-            holder["server"] = server
-            holder["stop"] = stop = asyncio.Event()
+            engine = _Engine(settings, loop)
+            await engine.start()
+            self._engine = engine
             ready.set()
             await stop.wait()
-            await server.stop()
+            if engine.server is not None:
+                await engine.server.stop()
+                engine.server = None
 
-        try:
-            loop.run_until_complete(main())
-        except BaseException as exc:  # report start-up failures to the caller
-            holder["error"] = exc
-            ready.set()
-        finally:
-            loop.close()
+        def target() -> None:
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(main())
+            except BaseException as exc:  # a start-up failure is raised in the caller
+                failure.append(exc)
+            finally:
+                ready.set()
+                loop.close()
 
-    thread = threading.Thread(target=target, name="warren-broker", daemon=True)
-    thread.start()
-    ready.wait(10)
-    if "error" in holder:
-        raise holder["error"]
-    server: Server = holder["server"]
-    host, port = server.addresses[0]
-    try:
-        yield RunningBroker(host, port, server, holder["loop"])
-    finally:
-        holder["loop"].call_soon_threadsafe(holder["stop"].set)
-        thread.join(10)
+        thread = threading.Thread(target=target, name="warren-broker", daemon=True)
+        self._thread, self._stop = thread, stop
+        thread.start()
+        ready.wait(START_TIMEOUT)
+        if self._engine is None:
+            if not failure:  # hung in start(): stopping the loop ends the thread
+                loop.call_soon_threadsafe(loop.stop)
+            thread.join(START_TIMEOUT)
+            self._thread = None
+            if failure:
+                raise failure[0]
+            raise RuntimeError(f"the broker did not start within {START_TIMEOUT} s")
+        return RunningBroker(self._engine)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        engine, thread, stop = self._engine, self._thread, self._stop
+        self._engine = self._thread = self._stop = None
+        if engine is not None and stop is not None and not engine.loop.is_closed():
+            engine.loop.call_soon_threadsafe(stop.set)
+        if thread is not None:
+            thread.join(START_TIMEOUT)
+
+    # ---- on the current loop ----
+
+    async def __aenter__(self) -> RunningBroker:
+        settings = self._settings()
+        engine = _Engine(settings, asyncio.get_running_loop())
+        await engine.start()
+        self._engine = engine
+        return RunningBroker(engine)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None and engine.server is not None:
+            await engine.server.stop()
+            engine.server = None
+
+
+def run_broker(settings: Settings | None = None, **changes: Any) -> BrokerRunner:
+    """A broker for a test: ``with run_broker() as b`` (own thread) or ``async with`` (this loop).
+
+    ``settings`` is the base (default: RabbitMQ's defaults); keyword arguments
+    are Settings fields that replace its values. See the module docstring for
+    the ports and data_dir chosen unless given as keywords.
+    """
+    return BrokerRunner(settings, changes)
+
+
+def run_broker_async(settings: Settings | None = None, **changes: Any) -> BrokerRunner:
+    """The same as :func:`run_broker`; a name that says ``async with`` is meant."""
+    return BrokerRunner(settings, changes)

@@ -36,3 +36,17 @@ def amqp_addr(amqp_url: str) -> tuple[str, int]:
 def name(request: pytest.FixtureRequest) -> str:
     """A unique queue/exchange name prefix for this test."""
     return f"t.{request.node.name[:40]}.{uuid.uuid4().hex[:8]}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The in-process broker logs through the standard library, so pytest captures it."""
+    import logging
+
+    import structlog
+
+    structlog.configure(
+        processors=[structlog.processors.add_log_level, structlog.processors.KeyValueRenderer()],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+        cache_logger_on_first_use=False,
+    )

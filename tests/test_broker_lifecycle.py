@@ -163,11 +163,17 @@ def free_port() -> int:
 
 def test_server_process_ready_line_and_sigterm_forces_close(tmp_path: object) -> None:
     port = free_port()
+    # the HTTP ports default to RabbitMQ's 15672/15692, which a local RabbitMQ may hold
+    conf = os.path.join(str(tmp_path), "rabbitmq.conf")
+    with open(conf, "w") as fh:
+        fh.write("management.tcp.port = none\nprometheus.tcp.port = none\n")
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "broker",
+            "--config",
+            conf,
             "--port",
             str(port),
             "--bind",

@@ -8,24 +8,32 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 
 @contextmanager
-def warren(port: int, extra: list[str] | None = None) -> Iterator[subprocess.Popen[str]]:
+def warren(
+    port: int, extra: list[str] | None = None, management_port: str = "none"
+) -> Iterator[subprocess.Popen[str]]:
+    """A fresh broker with its own temporary data directory."""
+    data_dir = tempfile.mkdtemp(prefix="warren-bench-")
+    command = [sys.executable, "-m", "broker", "--port", str(port), "--bind", "127.0.0.1"]
+    # by default no HTTP ports: a RabbitMQ on the same machine may hold 15672 and 15692
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "broker",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
+            *command,
+            "--data-dir",
+            data_dir,
+            "--management-port",
+            management_port,
+            "--prometheus-port",
+            "none",
             *(extra or []),
         ],
         stderr=subprocess.PIPE,
@@ -45,15 +53,17 @@ def warren(port: int, extra: list[str] | None = None) -> Iterator[subprocess.Pop
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=5679)
+    parser.add_argument("--management-port", default="none")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    with warren(args.port) as proc:
+    with warren(args.port, management_port=args.management_port) as proc:
         env = dict(os.environ, WARREN_PID=str(proc.pid))
         return subprocess.call(command, env=env)
 

@@ -1,0 +1,167 @@
+"""Warren's pytest plugin (entry point ``pytest11``): an AMQP broker per test, no set-up.
+
+Fixtures:
+
+* ``warren_broker``: a broker of its own for each test, on 127.0.0.1 and a
+  free port; ``.url``, ``.port``, ``.management_url``, ``.queue_depth(name)``,
+  ``.queue_counts(name)``, ``.queues()``, ``.restart()``, ``.call(fn, ...)``.
+  ``@pytest.mark.warren(**settings)`` changes its settings for one test.
+* ``warren_broker_session``: one broker for the whole session, and a fresh
+  vhost for each test (deleted afterwards); the same attributes, with
+  ``.url`` and the queue helpers pointing at that vhost.
+
+Options (``pytest.ini`` / ``[tool.pytest.ini_options]``, paths relative to
+that file):
+
+* ``warren_config``: a rabbitmq.conf to start from (the fixtures still
+  choose the ports and data_dir, and the ``RABBITMQ_*`` environment is
+  not read, so that a developer's shell cannot change the tests);
+* ``warren_data_dir``: keep durable queues and messages on disk there, in
+  a fresh subdirectory per test, so that they survive ``.restart()``
+  (default: nothing is written to disk);
+* ``warren_management``: also serve the management API on a free port.
+
+Nothing here imports the broker until a fixture is used, so the plugin
+costs nothing in test runs that do not use it.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from broker.testing import RunningBroker
+    from config import Settings
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        "warren_config",
+        "rabbitmq.conf for the warren_broker fixtures (relative to the ini file)",
+        type="paths",
+        default=[],
+    )
+    parser.addini(
+        "warren_data_dir",
+        "directory for the warren fixtures' durable data, a subdirectory per test "
+        "(default: nothing is written to disk)",
+        type="paths",
+        default=[],
+    )
+    parser.addini(
+        "warren_management",
+        "serve Warren's management API on a free port (warren_broker.management_url)",
+        type="bool",
+        default=False,
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "warren(**settings): config.Settings fields for this test's warren_broker, "
+        "e.g. @pytest.mark.warren(consumer_timeout=500, max_message_size=1024)",
+    )
+
+
+def _one_path(config: pytest.Config, name: str) -> Path | None:
+    paths: list[Path] = config.getini(name)
+    if len(paths) > 1:
+        raise pytest.UsageError(f"{name}: expected one path, got {len(paths)}")
+    return paths[0] if paths else None
+
+
+def _safe(name: str) -> str:
+    """A test name as a directory or vhost name: no slashes, brackets or spaces."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:60].strip("_.") or "test"
+
+
+def _data_dir(config: pytest.Config, name: str) -> str | None:
+    base = _one_path(config, "warren_data_dir")
+    if base is None:
+        return None
+    path = base / name
+    shutil.rmtree(path, ignore_errors=True)  # each run of a test starts empty
+    path.mkdir(parents=True)
+    return str(path)
+
+
+def _changes(config: pytest.Config, **changes: Any) -> dict[str, Any]:
+    """Settings changes for run_broker, checked as config/ checks overrides."""
+    from config import ConfigError, load_settings
+
+    if config.getini("warren_management"):
+        changes.setdefault("management_port", 0)
+    try:
+        load_settings(environ={}, overrides=changes)
+    except ConfigError as exc:
+        raise pytest.UsageError(f"warren: {exc}") from None
+    return changes
+
+
+@pytest.fixture(scope="session")
+def warren_settings(pytestconfig: pytest.Config) -> Settings:
+    """The settings the warren fixtures start from: ``warren_config`` or RabbitMQ's defaults."""
+    from config import ConfigError, load_settings
+
+    path = _one_path(pytestconfig, "warren_config")
+    try:
+        # environ={}: a developer's RABBITMQ_* variables must not change the tests
+        return load_settings(path, environ={}) if path else load_settings(environ={})
+    except ConfigError as exc:
+        raise pytest.UsageError(f"warren_config: {exc}") from None
+
+
+@pytest.fixture
+def warren_broker(
+    request: pytest.FixtureRequest, warren_settings: Settings
+) -> Iterator[RunningBroker]:
+    """A broker of this test's own, started for it and stopped after it."""
+    from broker.testing import run_broker
+
+    marked: dict[str, Any] = {}
+    # the closest marker wins: apply module/class markers first
+    for marker in reversed(list(request.node.iter_markers("warren"))):
+        if marker.args:
+            raise pytest.UsageError("@pytest.mark.warren takes keyword arguments only")
+        marked.update(marker.kwargs)
+    data_dir = _data_dir(request.config, _safe(request.node.name))
+    changes = _changes(request.config, **{"data_dir": data_dir, **marked})
+    with run_broker(warren_settings, **changes) as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def _warren_session_broker(
+    pytestconfig: pytest.Config, warren_settings: Settings
+) -> Iterator[RunningBroker]:
+    from broker.testing import run_broker
+
+    data_dir = _data_dir(pytestconfig, "session")
+    with run_broker(warren_settings, **_changes(pytestconfig, data_dir=data_dir)) as broker:
+        yield broker
+
+
+@pytest.fixture
+def warren_broker_session(
+    request: pytest.FixtureRequest, _warren_session_broker: RunningBroker
+) -> Iterator[RunningBroker]:
+    """The session's broker, seen through a vhost made for this test and deleted after it."""
+    if request.node.get_closest_marker("warren") is not None:
+        raise pytest.UsageError(
+            "@pytest.mark.warren changes settings of warren_broker only; the session broker "
+            "is shared (set warren_config instead)"
+        )
+    name = f"{_safe(request.node.name)[:40]}-{uuid.uuid4().hex[:8]}"
+    view = _warren_session_broker.add_vhost(name)
+    try:
+        yield view
+    finally:
+        _warren_session_broker.delete_vhost(name)

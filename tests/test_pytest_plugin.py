@@ -1,0 +1,481 @@
+"""broker.testing.run_broker (sync and async) and the pytest plugin's fixtures.
+
+The plugin is exercised the way a user meets it: pytest runs in a separate
+process on a project of its own, finding the fixtures through the
+``pytest11`` entry point; the last test installs the built wheel into a
+fresh virtualenv first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import urllib.request
+import venv
+from collections.abc import Iterator
+from pathlib import Path
+
+import aio_pika
+import pika
+import pika.exceptions
+import pytest
+
+from broker.testing import QueueDepth, RunningBroker, run_broker, run_broker_async
+from config import Listener, Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytest_plugins = ["pytester"]
+
+
+def broker_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "warren-broker"]
+
+
+@pytest.fixture
+def running() -> Iterator[RunningBroker]:
+    with run_broker() as broker:
+        yield broker
+
+
+# --------------------------------------------------------------------------
+# run_broker in a thread
+
+
+def test_run_broker_serves_pika_and_reports_queue_depth(running: RunningBroker) -> None:
+    assert running.host == "127.0.0.1"
+    assert running.url == f"amqp://guest:guest@127.0.0.1:{running.port}/"
+    assert running.management_url is None  # off unless asked for
+    conn = pika.BlockingConnection(pika.URLParameters(running.url))
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("work")
+        for i in range(3):
+            ch.basic_publish("", "work", b"job %d" % i)
+        assert running.queue_depth("work") == 3
+        method, _, body = ch.basic_get("work")
+        assert body == b"job 0"
+        assert running.queue_counts("work") == QueueDepth(ready=2, unacked=1)
+        assert running.queue_counts("work").total == 3
+        assert method is not None
+        ch.basic_ack(method.delivery_tag)
+        conn.process_data_events(0)
+        assert running.queues() == {"work": QueueDepth(2, 0)}
+    finally:
+        conn.close()
+    with pytest.raises(KeyError, match="no queue 'missing' in vhost '/'"):
+        running.queue_depth("missing")
+
+
+def test_run_broker_defaults_keep_test_runs_apart() -> None:
+    before = broker_threads()
+    with run_broker() as one, run_broker() as two:
+        assert one.port != two.port
+        assert len(broker_threads()) == len(before) + 2
+        for broker in (one, two):
+            settings = broker.settings
+            assert settings.listeners == (Listener("default", "127.0.0.1", 0),)
+            assert settings.management_port is None
+            assert settings.prometheus_port is None
+            assert settings.data_dir is None  # nothing on disk
+    assert broker_threads() == before
+
+
+def test_run_broker_takes_settings_and_keywords(tmp_path: Path) -> None:
+    base = Settings(default_user="app", default_pass="p@ss/word", heartbeat=7)
+    with run_broker(base, frame_max=8192, data_dir=str(tmp_path)) as broker:
+        assert (broker.settings.heartbeat, broker.settings.frame_max) == (7, 8192)
+        assert broker.settings.data_dir == str(tmp_path)
+        assert broker.url == f"amqp://app:p%40ss%2Fword@127.0.0.1:{broker.port}/"
+        params = pika.URLParameters(broker.url)
+        assert params.credentials.password == "p@ss/word"
+        conn = pika.BlockingConnection(params)
+        assert conn.is_open
+        conn.close()
+    assert tmp_path.is_dir()  # a data_dir given is the caller's: kept
+
+
+@pytest.mark.parametrize("taken_by", ["listeners", "management_port"])
+def test_run_broker_start_failure_is_raised_and_leaves_nothing_behind(taken_by: str) -> None:
+    before = broker_threads()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        if taken_by == "listeners":
+            runner = run_broker(listeners=(Listener("default", "127.0.0.1", port),))
+        else:
+            runner = run_broker(management_port=port)
+        with pytest.raises(OSError), runner:
+            pass
+    assert broker_threads() == before
+
+
+def test_call_runs_on_the_broker_loop(running: RunningBroker) -> None:
+    def where() -> str:
+        asyncio.get_running_loop()  # raises unless on a running loop
+        return threading.current_thread().name
+
+    assert running.call(where) == "warren-broker"
+    assert running.call(lambda a, b: a + b, 2, 3) == 5
+
+
+def test_restart_keeps_the_port_and_closes_connections(running: RunningBroker) -> None:
+    port, url = running.port, running.url
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    conn.channel().queue_declare("before", durable=True)
+    running.restart()
+    assert running.port == port
+    with pytest.raises(pika.exceptions.ConnectionClosed) as closed:
+        conn.channel()
+    assert closed.value.reply_code == 320
+    again = pika.BlockingConnection(pika.URLParameters(url))
+    assert again.is_open
+    again.close()
+    assert running.queues() == {}  # no data_dir: nothing survives
+
+
+def test_restart_with_a_data_dir_keeps_durable_messages(tmp_path: Path) -> None:
+    with run_broker(data_dir=str(tmp_path)) as broker:
+        conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("durable", durable=True)
+        ch.queue_declare("transient")
+        persistent = pika.BasicProperties(delivery_mode=2)
+        ch.basic_publish("", "durable", b"kept", persistent)
+        ch.basic_publish("", "durable", b"lost")  # not persistent
+        broker.restart()
+        assert broker.queues() == {"durable": QueueDepth(1, 0)}
+        conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+        _, _, body = conn.channel().basic_get("durable", auto_ack=True)
+        assert body == b"kept"
+        conn.close()
+
+
+def test_vhosts_isolate_queues(running: RunningBroker) -> None:
+    other = running.add_vhost("tenant/a")
+    assert other.vhost == "tenant/a"
+    assert other.url == f"amqp://guest:guest@127.0.0.1:{running.port}/tenant%2Fa"
+    conn = pika.BlockingConnection(pika.URLParameters(other.url))
+    ch = conn.channel()
+    ch.queue_declare("q")
+    ch.basic_publish("", "q", b"x")
+    conn.process_data_events(0.05)
+    assert other.queue_depth("q") == 1
+    assert "q" not in running.queues()
+    assert running.delete_vhost("tenant/a") is True
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        conn.process_data_events(2)  # deleting a vhost closes its connections
+    assert closed.value.reply_code == 320
+    assert other.queues() == {}
+
+
+def test_management_and_prometheus_on_free_ports() -> None:
+    with run_broker(management_port=0, prometheus_port=0) as broker:
+        assert broker.settings.management_ip == "127.0.0.1"
+        url = broker.management_url
+        assert url is not None
+        port = int(url.rsplit(":", 1)[1])
+        assert url == f"http://guest:guest@127.0.0.1:{port}" and port != 15672
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/overview",
+            headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()},
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 200
+            assert "rabbitmq_version" in json.load(response)
+        assert broker.prometheus_url is not None
+        with urllib.request.urlopen(broker.prometheus_url, timeout=5) as response:
+            assert response.status == 200
+        broker.restart()  # the same ports again
+        assert broker.management_url == url
+
+
+# --------------------------------------------------------------------------
+# run_broker on the current loop
+
+
+async def test_run_broker_async_runs_on_this_loop() -> None:
+    before = broker_threads()
+    async with run_broker() as broker:
+        assert broker_threads() == before
+        assert broker.loop is asyncio.get_running_loop()
+        connection = await aio_pika.connect(broker.url)
+        async with connection:
+            channel = await connection.channel()
+            queue = await channel.declare_queue("jobs")
+            await channel.default_exchange.publish(aio_pika.Message(b"1"), routing_key="jobs")
+            await channel.default_exchange.publish(aio_pika.Message(b"2"), routing_key="jobs")
+            for _ in range(100):  # publishes are not confirmed: let the broker read them
+                if broker.queue_depth("jobs") == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert broker.queue_depth("jobs") == 2
+            message = await queue.get()
+            assert broker.queue_counts("jobs") == QueueDepth(1, 1)
+            await message.ack()
+        port = broker.port
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+async def test_run_broker_async_restart_and_vhost() -> None:
+    async with run_broker_async(default_vhost="app") as broker:
+        assert broker.vhost == "app"
+        assert broker.url.endswith("/app")
+        tenant = broker.add_vhost("t1")
+        connection = await aio_pika.connect(tenant.url)
+        await connection.close()
+        port = broker.port
+        await broker.restart_async()
+        assert broker.port == port
+        with pytest.raises(RuntimeError, match="restart_async"):
+            broker.restart()
+        connection = await aio_pika.connect(broker.url)
+        await connection.close()
+
+
+# --------------------------------------------------------------------------
+# the plugin, run by pytest in a process of its own
+
+# The README's example, verbatim: aio-pika against the fixture.
+README_EXAMPLE = """
+import aio_pika
+
+
+async def test_order_is_queued(warren_broker):
+    connection = await aio_pika.connect(warren_broker.url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        await channel.declare_queue("orders", durable=True)
+        await channel.default_exchange.publish(
+            aio_pika.Message(b'{"id": 1}'), routing_key="orders"
+        )
+
+    assert warren_broker.queue_depth("orders") == 1
+"""
+
+PLUGIN_TESTS = """
+import asyncio
+import pathlib
+
+import aio_pika
+import pika
+import pytest
+
+
+def test_sync_client(warren_broker):
+    conn = pika.BlockingConnection(pika.URLParameters(warren_broker.url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("q")
+    ch.basic_publish("", "q", b"hello")
+    assert warren_broker.queue_depth("q") == 1
+    conn.close()
+
+
+@pytest.mark.warren(max_message_size=1024, heartbeat=5)
+def test_marker_changes_settings(warren_broker):
+    assert warren_broker.settings.max_message_size == 1024
+    assert warren_broker.settings.heartbeat == 5
+    assert warren_broker.management_url is None
+
+
+@pytest.mark.parametrize("n", [1, 2])
+async def test_session_vhosts_are_fresh(warren_broker_session, n):
+    assert warren_broker_session.vhost != "/"
+    assert warren_broker_session.queues() == {}
+    connection = await aio_pika.connect(warren_broker_session.url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        await channel.declare_queue("shared-name")
+        for _ in range(n):
+            await channel.default_exchange.publish(aio_pika.Message(b"x"), "shared-name")
+    assert warren_broker_session.queue_depth("shared-name") == n
+
+
+def test_one_broker_for_the_session(warren_broker_session, request):
+    ports = request.config.stash.setdefault(PORTS, set())
+    ports.add(warren_broker_session.port)
+    assert len(ports) == 1
+
+
+def test_one_broker_for_the_session_again(warren_broker_session, request):
+    test_one_broker_for_the_session(warren_broker_session, request)
+
+
+PORTS = pytest.StashKey()
+"""
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeini(
+        "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n"
+    )
+    return pytester
+
+
+def test_plugin_fixtures_in_another_project(project: pytest.Pytester) -> None:
+    project.makepyfile(test_readme=README_EXAMPLE, test_plugin=PLUGIN_TESTS)
+    result = project.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=7)
+
+
+def test_plugin_reads_its_ini_options(project: pytest.Pytester) -> None:
+    project.makefile(
+        ".conf",
+        **{
+            "etc/warren": (
+                "default_user = app\n"
+                "default_pass = s3cret\n"
+                "consumer_timeout = 5000\n"
+                "# the fixtures choose their own ports whatever the file says\n"
+                "listeners.tcp.default = 5672\n"
+                "management.tcp.port = 15672\n"
+            )
+        },
+    )
+    project.makeini(
+        "[pytest]\n"
+        "asyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n"
+        "warren_config = etc/warren.conf\n"
+        "warren_data_dir = var/warren\n"
+        "warren_management = true\n"
+    )
+    project.makepyfile(
+        """
+        import pathlib
+
+        import pika
+
+        def test_options(warren_broker, warren_broker_session):
+            s = warren_broker.settings
+            assert (s.default_user, s.consumer_timeout) == ("app", 5000)
+            assert warren_broker.port != 5672
+            assert warren_broker.url.startswith("amqp://app:s3cret@127.0.0.1:")
+            assert warren_broker_session.url.startswith("amqp://app:s3cret@127.0.0.1:")
+            # management on a free port, on loopback
+            assert (s.management_port, s.management_ip) == (0, "127.0.0.1")
+            assert s.prometheus_port is None
+            assert pathlib.Path(s.data_dir) == pathlib.Path("var/warren/test_options").resolve()
+            assert pathlib.Path(s.data_dir).is_dir()
+
+        def test_durable_across_restart(warren_broker):
+            conn = pika.BlockingConnection(pika.URLParameters(warren_broker.url))
+            ch = conn.channel()
+            ch.confirm_delivery()
+            ch.queue_declare("jobs", durable=True)
+            ch.basic_publish("", "jobs", b"1", pika.BasicProperties(delivery_mode=2))
+            warren_broker.restart()
+            assert warren_broker.queue_depth("jobs") == 1
+        """
+    )
+    project.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
+def test_plugin_usage_errors(project: pytest.Pytester) -> None:
+    project.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.warren(heartbeat="often")
+        def test_bad_value(warren_broker):
+            pass
+
+        @pytest.mark.warren(heartbeat=5)
+        def test_marker_on_shared_broker(warren_broker_session):
+            pass
+        """
+    )
+    result = project.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=2)
+    result.stdout.fnmatch_lines(
+        ["*warren: <overrides>: heartbeat = 'often': expected int*", "*warren_broker only*"]
+    )
+
+
+def test_plugin_does_not_import_the_broker_until_used(project: pytest.Pytester) -> None:
+    project.makepyfile(
+        """
+        import sys
+
+        def test_no_broker_imported(pytestconfig):
+            assert pytestconfig.pluginmanager.has_plugin("warren")
+            assert "broker.server" not in sys.modules
+        """
+    )
+    project.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def test_installed_wheel_gives_the_fixture_to_another_project(tmp_path: Path) -> None:
+    """What `pip install warren` gives a project: the fixtures, with no conftest or set-up."""
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    (wheel,) = wheels.glob("warren-*.whl")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    # the dependencies (pytest, aio-pika, ...) come from this virtualenv, after the wheel's
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    ours = subprocess.run(
+        [sys.executable, "-c", "import aio_pika, os; print(os.path.dirname(aio_pika.__path__[0]))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    Path(site, "test-deps.pth").write_text(ours + "\n")
+
+    other = tmp_path / "other-project"
+    other.mkdir()
+    (other / "pyproject.toml").write_text('[tool.pytest.ini_options]\nasyncio_mode = "auto"\n')
+    (other / "test_readme.py").write_text(README_EXAMPLE)
+    (other / "test_where.py").write_text(
+        "import broker\n\n"
+        "def test_warren_comes_from_the_wheel():\n"
+        f"    assert broker.__file__.startswith({str(env_dir)!r})\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    result = subprocess.run(
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=other,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout
