@@ -9,19 +9,19 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,pipeline]'
 	touch $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/warren-server --port $(PORT)
 
 test: $(STAMP)
-	$(BIN)/ruff check broker protocol config tests
+	$(BIN)/ruff check broker protocol config tests pipeline
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check broker protocol config tests
+	$(BIN)/ruff check broker protocol config tests pipeline
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -84,6 +84,8 @@ async def serve(settings: Settings) -> None:
     await server.start()
     for host, port in server.addresses:
         log.info("ready", address=f"{host}:{port}")
+    for host, port in server.tls_addresses:
+        log.info("TLS listener ready", address=f"{host}:{port}")
     for name, http_port in (
         ("management API", server.management_port),
         ("prometheus metrics", server.prometheus_port),

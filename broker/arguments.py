@@ -67,17 +67,19 @@ def _invalid(arg: str, queue: str, vhost: str, reason: str) -> ChannelError:
     )
 
 
-def _non_negative(arg: str, value: Any, queue: str, vhost: str, maximum: int | None) -> None:
+def _non_negative(
+    arg: str, value: Any, queue: str, vhost: str, maximum: int | None, kind: str = ""
+) -> None:
     if not _is_int(value):
-        raise _invalid(arg, queue, vhost, f'"expected integer, got {type_name(value)}"')
+        raise _invalid(arg, queue, vhost, f'"expected integer, got {kind or type_name(value)}"')
     if value < 0:
         raise _invalid(arg, queue, vhost, f"{{value_negative,{value}}}")
     if maximum is not None and value > maximum:
         raise _invalid(arg, queue, vhost, f"{{value_too_large,{value}}}")
 
 
-def _positive(arg: str, value: Any, queue: str, vhost: str) -> None:
-    _non_negative(arg, value, queue, vhost, MAX_TTL)
+def _positive(arg: str, value: Any, queue: str, vhost: str, kind: str = "") -> None:
+    _non_negative(arg, value, queue, vhost, MAX_TTL, kind)
     if value == 0:
         raise _invalid(arg, queue, vhost, "{value_zero,0}")
 
@@ -92,27 +94,35 @@ def validate_queue_arguments(
     auto_delete: bool = False,
 ) -> None:
     """Refuse a declaration RabbitMQ would refuse, naming the argument and the value."""
+    dlx = args.get("x-dead-letter-exchange")
+    if dlx is not None and not isinstance(dlx, str):  # RabbitMQ checks this one first, so worded
+        raise ChannelError(
+            PRECONDITION_FAILED,
+            f"invalid type '{wire_type(args, 'x-dead-letter-exchange')}' for arg "
+            f"'x-dead-letter-exchange' in queue '{queue}' in vhost '{vhost}'",
+        )
     for arg, value in args.items():
+        kind = wire_type(args, arg)  # the field type as sent: 'byte', 'float', 'timestamp' ...
         if arg == "x-message-ttl":
-            _non_negative(arg, value, queue, vhost, MAX_TTL)
+            _non_negative(arg, value, queue, vhost, MAX_TTL, kind)
         elif arg in ("x-expires", "x-consumer-timeout"):
-            _positive(arg, value, queue, vhost)
+            _positive(arg, value, queue, vhost, kind)
         elif arg in (
             "x-max-length",
             "x-max-length-bytes",
             "x-delayed-retry-min",
             "x-delayed-retry-max",
         ):
-            _non_negative(arg, value, queue, vhost, None)
+            _non_negative(arg, value, queue, vhost, None, kind)
         elif arg == "x-max-priority":
-            _non_negative(arg, value, queue, vhost, None)
+            _non_negative(arg, value, queue, vhost, None, kind)
             if value > 255:
                 raise _invalid(arg, queue, vhost, f"{{max_value_exceeded,{value}}}")
         elif arg == "x-delivery-limit":
             if not _is_int(value):
-                raise _invalid(arg, queue, vhost, f'"expected integer, got {type_name(value)}"')
+                raise _invalid(arg, queue, vhost, f'"expected integer, got {kind}"')
         elif arg == "x-delayed-retry-multiplier":
-            _positive(arg, value, queue, vhost)
+            _positive(arg, value, queue, vhost, kind)
         elif arg == "x-delayed-retry-type":
             if value not in RETRY_TYPES:
                 raise _invalid(
@@ -120,28 +130,24 @@ def validate_queue_arguments(
                 )
         elif arg == "x-delayed-retry-schedule":
             if not isinstance(value, str):
-                raise _invalid(arg, queue, vhost, f'"expected a string, got {type_name(value)}"')
+                raise _invalid(arg, queue, vhost, f'"expected a string, got {kind}"')
             try:
                 parse_schedule(value)
             except RetryConfigError as exc:
                 raise _invalid(arg, queue, vhost, str(exc)) from None
         elif arg == "x-overflow":
             if value not in OVERFLOW_MODES:
-                raise _invalid(arg, queue, vhost, "invalid_overflow")
+                raise _invalid(arg, queue, vhost, f"{{invalid_overflow,{_show(value)!r}}}")
         elif arg in ("x-dead-letter-exchange", "x-dead-letter-routing-key"):
             if not isinstance(value, str):
-                raise _invalid(arg, queue, vhost, f"{{unacceptable_type,{type_name(value)}}}")
+                raise _invalid(arg, queue, vhost, f"{{unacceptable_type,{kind}}}")
         elif arg == "x-queue-type":
             if value not in QUEUE_TYPES:
                 raise _invalid(arg, queue, vhost, f"\"unsupported queue type '{value}'\"")
         elif arg == "x-single-active-consumer" and not isinstance(value, bool):
-            raise _invalid(arg, queue, vhost, f"{{unacceptable_type,{type_name(value)}}}")
+            raise _invalid(arg, queue, vhost, f"{{unacceptable_type,{kind}}}")
     if "x-dead-letter-routing-key" in args and "x-dead-letter-exchange" not in args:
-        raise ChannelError(
-            PRECONDITION_FAILED,
-            f"invalid arg 'x-dead-letter-routing-key' for queue '{queue}' in vhost '{vhost}': "
-            "{no_dead_letter_exchange}",
-        )
+        raise _invalid("x-dead-letter-routing-key", queue, vhost, "routing_key_but_no_dlx_defined")
     if args.get("x-queue-type") == "quorum":
         # RabbitMQ: a quorum queue is durable, not exclusive and not auto-delete
         for bad, name in (

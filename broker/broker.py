@@ -7,9 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from broker.alarms import ResourceMonitor
 from broker.auth import AccessControl
 from broker.persistence import Persistence
 from broker.timers import Timers
+from broker.tracing import Tracing
 from broker.vhost import VirtualHost
 from config import Settings
 
@@ -60,10 +62,13 @@ class Broker:
             settings.default_user, settings.default_pass, tags=settings.default_user_tags
         )
         self.persistence: Persistence | None = None
+        self.alarms: set[str] = set()  # "memory", "disk": publishers are blocked while any is on
+        self.monitor = ResourceMonitor(self)
         self.stats = BrokerStats()
         self.started_at = time.time()
         self.connections: set[Connection] = set()
         self.reply_channels: dict[str, Channel] = {}  # direct reply-to token -> channel
+        self.tracing = Tracing(self.settings)
         self.add_vhost(settings.default_vhost)
         self.access.set_permissions(
             settings.default_user, settings.default_vhost, *settings.default_permissions
@@ -76,6 +81,7 @@ class Broker:
                 name, self.timers, self.settings.consumer_timeout
             )
             vhost.persistence = self.persistence
+            self.tracing.attach(vhost)
             if persist and self.persistence is not None:
                 self.persistence.vhost_added(name)
         return vhost
@@ -102,6 +108,7 @@ class Broker:
         vhost = self.vhosts.pop(name, None)
         if vhost is None:
             return False
+        self.tracing.disable(vhost)
         for connection in list(self.connections):
             if connection.vhost is vhost:
                 connection.force_close(f"vhost '{name}' is deleted")
@@ -113,6 +120,24 @@ class Broker:
         if self.persistence is not None:
             self.persistence.vhost_deleted(name)
         return True
+
+    def set_alarm(self, name: str, active: bool) -> None:
+        if active == (name in self.alarms):
+            return
+        if active:
+            self.alarms.add(name)
+        else:
+            self.alarms.discard(name)
+        self.log.warning(
+            "resource alarm " + ("set" if active else "cleared"),
+            alarm=name,
+            memory_used=self.monitor.memory_used,
+            memory_limit=self.monitor.memory_limit,
+            disk_free=self.monitor.disk_free,
+            disk_limit=self.monitor.disk_limit,
+        )
+        for connection in list(self.connections):
+            connection.alarms_changed()
 
     def default_vhost_obj(self) -> VirtualHost:
         vhost = self.vhosts.get(self.settings.default_vhost)

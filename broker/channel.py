@@ -1,4 +1,4 @@
-"""A channel: what each AMQP method does, looked up by its name in ``Channel.handlers``.
+"""A channel: what each AMQP method does; ``HANDLERS`` maps a method to its ``on_...`` handler.
 
 Errors are raised as ``ChannelError``/``ConnectionError_`` anywhere below and
 turned into channel.close or connection.close by the connection.
@@ -124,34 +124,6 @@ class Channel:
         persistence = connection.broker.persistence
         self._store: MessageStore | None = persistence.messages if persistence else None
         self._sync_waits: deque[tuple[int, int]] = deque()  # (last seq, store batch) to confirm
-        self.handlers: dict[type, Callable[[Any], None]] = {
-            Content: self.on_content,
-            BasicAck: self.on_basic_ack,
-            BasicNack: self.on_basic_nack,
-            BasicReject: self.on_basic_reject,
-            commands.Basic.Qos: self.on_basic_qos,
-            commands.Basic.Consume: self.on_basic_consume,
-            commands.Basic.Cancel: self.on_basic_cancel,
-            commands.Basic.CancelOk: self.on_basic_cancel_ok,
-            commands.Basic.Get: self.on_basic_get,
-            commands.Basic.Recover: self.on_basic_recover,
-            commands.Basic.RecoverAsync: self.on_basic_recover_async,
-            commands.Channel.Flow: self.on_channel_flow,
-            commands.Channel.FlowOk: self.on_ignored,
-            commands.Exchange.Declare: self.on_exchange_declare,
-            commands.Exchange.Delete: self.on_exchange_delete,
-            commands.Exchange.Bind: self.on_exchange_bind,
-            commands.Exchange.Unbind: self.on_exchange_unbind,
-            commands.Queue.Declare: self.on_queue_declare,
-            commands.Queue.Bind: self.on_queue_bind,
-            commands.Queue.Unbind: self.on_queue_unbind,
-            commands.Queue.Purge: self.on_queue_purge,
-            commands.Queue.Delete: self.on_queue_delete,
-            commands.Confirm.Select: self.on_confirm_select,
-            commands.Tx.Select: self.on_tx_select,
-            commands.Tx.Commit: self.on_tx_commit,
-            commands.Tx.Rollback: self.on_tx_rollback,
-        }
 
     def allow(self, kind: str, resource: str, name: str) -> None:
         """RabbitMQ's permission check: configure, write or read on a queue or exchange."""
@@ -189,6 +161,8 @@ class Channel:
 
     def deliver(self, consumer: Consumer, msg: Message) -> None:
         self.next_tag = tag = self.next_tag + 1
+        if (tracer := self.vhost.tracer) is not None:
+            tracer.delivered(self, consumer, msg, tag)
         stats = self.stats
         stats.delivered += 1
         if msg.redelivered:
@@ -233,6 +207,8 @@ class Channel:
         assert queue is not None
         queue.stats.consumer_timeouts += 1
         self.stats.consumer_timeouts += 1
+        if (tracer := self.vhost.tracer) is not None:
+            tracer.consumer_timed_out(self, consumer, msgs, timeout)
         queue.return_unacked(msgs, failed=False)
         notify = registered and self.conn.capabilities.get("consumer_cancel_notify") is True
         self.conn.broker.log.warning(
@@ -357,6 +333,8 @@ class Channel:
         self, exchange: Exchange, msg: Message, mandatory: bool, ttl: int | None, seq: int
     ) -> None:
         queues = self.vhost.route(exchange, msg)
+        if (tracer := self.vhost.tracer) is not None:
+            tracer.published(self, msg, queues, mandatory, seq)
         store = self._store
         stored_before = store.published if store is not None else 0
         accepted = True
@@ -384,6 +362,8 @@ class Channel:
                     self.conn.pending_confirms.add(self)
             else:
                 self.flush_confirms()
+                if (tracer := self.vhost.tracer) is not None:
+                    tracer.confirmed(self, seq, seq, False)
                 self.conn.write(nack_frame(self.id, seq, False))
                 self.confirmed = seq
 
@@ -413,6 +393,8 @@ class Channel:
     def flush_confirms(self) -> None:
         upto = self.confirm_upto
         if upto > self.confirmed:
+            if (tracer := self.vhost.tracer) is not None:
+                tracer.confirmed(self, self.confirmed + 1, upto, True)
             self.stats.confirmed += upto - self.confirmed
             self.conn.write(ack_frame(self.id, upto, upto - self.confirmed > 1))
             self.confirmed = upto
@@ -494,6 +476,8 @@ class Channel:
     def _reject(self, msgs: list[Message], requeue: bool) -> None:
         by_queue = self._group(msgs)
         for queue, group in by_queue.items():
+            if (tracer := self.vhost.tracer) is not None:
+                tracer.nacked(queue, group, requeue)
             if requeue:
                 queue.return_unacked(group)
             else:
@@ -587,6 +571,8 @@ class Channel:
         self.consumers[tag] = consumer
         if not method.nowait:
             self.reply(make(commands.Basic.ConsumeOk, consumer_tag=tag))
+        if (tracer := self.vhost.tracer) is not None:
+            tracer.consumer_added(consumer)
         queue.add_consumer(consumer)
 
     def _consume_reply_to(self, method: commands.Basic.Consume) -> None:
@@ -613,6 +599,8 @@ class Channel:
         consumer = self.consumers.pop(method.consumer_tag or "", None)
         if not method.nowait:
             self.reply(make(commands.Basic.CancelOk, consumer_tag=method.consumer_tag))
+        if consumer is not None and (tracer := self.vhost.tracer) is not None:
+            tracer.consumer_cancelled(consumer, "client")
         if consumer is not None:
             consumer.queue.remove_consumer(consumer)
 
@@ -631,6 +619,8 @@ class Channel:
             return
         self.next_tag = tag = self.next_tag + 1
         self.stats.delivered += 1
+        if (tracer := self.vhost.tracer) is not None:
+            tracer.delivered(self, None, msg, tag)
         if method.no_ack:
             queue.settled(msg)
         else:
@@ -669,6 +659,10 @@ class Channel:
     def on_exchange_declare(self, method: commands.Exchange.Declare) -> None:
         if not method.passive and method.exchange:
             self.allow("configure", "exchange", method.exchange)
+            alternate = (method.arguments or {}).get("alternate-exchange")
+            if isinstance(alternate, str):  # RabbitMQ: the exchange passes messages on to it
+                self.allow("read", "exchange", method.exchange)
+                self.allow("write", "exchange", alternate)
         self.vhost.declare_exchange(
             method.exchange,
             method.exchange_type,
@@ -682,15 +676,23 @@ class Channel:
             self.reply(commands.Exchange.DeclareOk())
 
     def on_exchange_delete(self, method: commands.Exchange.Delete) -> None:
-        if method.exchange:
-            self.allow("configure", "exchange", method.exchange)
+        self.vhost.not_default(method.exchange)
+        if method.exchange.startswith("amq."):  # checked before permissions, as RabbitMQ does
+            raise ChannelError(
+                ACCESS_REFUSED,
+                f"deletion of system exchange '{method.exchange}' in vhost "
+                f"'{self.vhost.name}' not allowed",
+            )
+        self.allow("configure", "exchange", method.exchange)
         self.vhost.delete_exchange(method.exchange, method.if_unused)
         if not method.nowait:
             self.reply(commands.Exchange.DeleteOk())
 
     def on_exchange_bind(self, method: commands.Exchange.Bind) -> None:
-        self.vhost.not_default(method.destination)
+        # RabbitMQ's order: write on the destination, neither end the default, read on the source
         self.allow("write", "exchange", method.destination)
+        self.vhost.not_default(method.destination)
+        self.vhost.not_default(method.source)
         self.allow("read", "exchange", method.source)
         destination = self.vhost.exchange(method.destination)
         self.vhost.bind(method.source, destination, method.routing_key, method.arguments or {})
@@ -698,8 +700,9 @@ class Channel:
             self.reply(commands.Exchange.BindOk())
 
     def on_exchange_unbind(self, method: commands.Exchange.Unbind) -> None:
-        self.vhost.not_default(method.destination)
         self.allow("write", "exchange", method.destination)
+        self.vhost.not_default(method.destination)
+        self.vhost.not_default(method.source)
         self.allow("read", "exchange", method.source)
         destination = self.vhost.exchanges.get(method.destination)
         if destination is not None:  # RabbitMQ: unbinding what is not there succeeds
@@ -729,6 +732,10 @@ class Channel:
             name = self.vhost.new_queue_name()
         if not method.passive:
             self.allow("configure", "queue", name)
+            dlx = (method.arguments or {}).get("x-dead-letter-exchange")
+            if isinstance(dlx, str):  # RabbitMQ: the queue passes messages on to it
+                self.allow("read", "queue", name)
+                self.allow("write", "exchange", dlx or "amq.default")
         queue = self.vhost.declare_queue(
             self._queue_name(name),
             server_named=server_named,
@@ -753,8 +760,8 @@ class Channel:
             )
 
     def on_queue_bind(self, method: commands.Queue.Bind) -> None:
-        self.vhost.not_default(method.exchange)
         self.allow("write", "queue", self._queue_name(method.queue))
+        self.vhost.not_default(method.exchange)
         self.allow("read", "exchange", method.exchange)
         self.vhost.exchange(method.exchange)  # RabbitMQ names a missing exchange first
         queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
@@ -763,8 +770,8 @@ class Channel:
             self.reply(commands.Queue.BindOk())
 
     def on_queue_unbind(self, method: commands.Queue.Unbind) -> None:
-        self.vhost.not_default(method.exchange)
         self.allow("write", "queue", self._queue_name(method.queue))
+        self.vhost.not_default(method.exchange)
         self.allow("read", "exchange", method.exchange)
         queue = self.vhost.queues.get(self._queue_name(method.queue))
         exchange = self.vhost.exchanges.get(method.exchange)
@@ -854,6 +861,8 @@ class Channel:
         if self.closed:
             return
         self.closed = True
+        if (tracer := self.vhost.tracer) is not None:
+            tracer.channel_closed(self)
         if self._store is not None:
             self._store.waiters.discard(self)
         if self.reply_token:
@@ -872,3 +881,34 @@ class Channel:
         if msgs:
             for queue, group in self._group(msgs).items():
                 queue.return_unacked(group)
+
+
+# What handles each method a client may send on a channel (connection.py looks it up by type).
+HANDLERS: dict[type, Callable[[Channel, Any], None]] = {
+    Content: Channel.on_content,
+    BasicAck: Channel.on_basic_ack,
+    BasicNack: Channel.on_basic_nack,
+    BasicReject: Channel.on_basic_reject,
+    commands.Basic.Qos: Channel.on_basic_qos,
+    commands.Basic.Consume: Channel.on_basic_consume,
+    commands.Basic.Cancel: Channel.on_basic_cancel,
+    commands.Basic.CancelOk: Channel.on_basic_cancel_ok,
+    commands.Basic.Get: Channel.on_basic_get,
+    commands.Basic.Recover: Channel.on_basic_recover,
+    commands.Basic.RecoverAsync: Channel.on_basic_recover_async,
+    commands.Channel.Flow: Channel.on_channel_flow,
+    commands.Channel.FlowOk: Channel.on_ignored,
+    commands.Exchange.Declare: Channel.on_exchange_declare,
+    commands.Exchange.Delete: Channel.on_exchange_delete,
+    commands.Exchange.Bind: Channel.on_exchange_bind,
+    commands.Exchange.Unbind: Channel.on_exchange_unbind,
+    commands.Queue.Declare: Channel.on_queue_declare,
+    commands.Queue.Bind: Channel.on_queue_bind,
+    commands.Queue.Unbind: Channel.on_queue_unbind,
+    commands.Queue.Purge: Channel.on_queue_purge,
+    commands.Queue.Delete: Channel.on_queue_delete,
+    commands.Confirm.Select: Channel.on_confirm_select,
+    commands.Tx.Select: Channel.on_tx_select,
+    commands.Tx.Commit: Channel.on_tx_commit,
+    commands.Tx.Rollback: Channel.on_tx_rollback,
+}

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pamqp import commands
 
-from broker.channel import Channel
+from broker.channel import HANDLERS, Channel
 from protocol.connection import Content, ProtocolConnection, Sentinel
 from protocol.constants import (
     ACCESS_REFUSED,
@@ -97,6 +97,8 @@ class Connection:
         self._flush_scheduled = False
         self._reading_paused = False
         self._continue_scheduled = False
+        self.publisher = False  # has published: an alarm blocks it
+        self.blocked = False  # not read while a resource alarm is on
         self._received = True
         self._sent = False
         self._silent_ticks = 0
@@ -161,7 +163,7 @@ class Connection:
         self._continue_scheduled = False
         proto = self.protocol
         budget = EVENTS_PER_TURN
-        while not self.closed:
+        while not self.closed and not self.blocked:
             try:
                 event = proto.next_event()
                 if event is Sentinel.NEED_DATA:
@@ -172,6 +174,10 @@ class Connection:
                 if isinstance(event, tuple):
                     channel_id, method = event
                     if channel_id:
+                        if type(method) is Content and not self.publisher:
+                            self.publisher = True
+                            if self.broker.alarms:
+                                self._block()  # this publish goes through, the next waits
                         self._channel_event(channel_id, method)
                     else:
                         self._connection_method(method)
@@ -204,6 +210,32 @@ class Connection:
                 break
         self.flush()
 
+    # ---- resource alarms (connection.blocked) ----
+
+    def alarms_changed(self) -> None:
+        if self.broker.alarms and self.publisher and not self.blocked:
+            self._block()
+        elif not self.broker.alarms and self.blocked:
+            self._unblock()
+
+    def _block(self) -> None:
+        """Stop reading a publishing connection while an alarm is on (RabbitMQ's blocking)."""
+        self.blocked = True
+        if self.capabilities.get("connection.blocked") is True and not self.closing:
+            reason = "low on memory" if "memory" in self.broker.alarms else "low on disk"
+            self.send_method(0, commands.Connection.Blocked(reason=reason))
+        if not self._reading_paused and not self.transport.is_closing():
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def _unblock(self) -> None:
+        self.blocked = False
+        if self.capabilities.get("connection.blocked") is True and not self.closing:
+            self.send_method(0, commands.Connection.Unblocked())
+        if not self._continue_scheduled:
+            self._continue_scheduled = True
+            self.broker.timers.call_soon(self._process)  # what was read before the block
+
     def _channel_event(self, channel_id: int, method: Any) -> None:
         channel = self.channels.get(channel_id)
         if channel is None:
@@ -223,11 +255,11 @@ class Connection:
             self.protocol.channel_closed(channel_id)
             self.send_method(channel_id, commands.Channel.CloseOk())
             return
-        handler = channel.handlers.get(type(method))
+        handler = HANDLERS.get(type(method))
         try:
             if handler is None:  # connection methods, or methods only a server sends
                 raise ConnectionError_(COMMAND_INVALID, "unimplemented method")
-            handler(method)
+            handler(channel, method)
         except ChannelError as exc:
             self.channel_error(channel, exc.at(*_ids(method)))
         except ConnectionError_ as exc:
@@ -406,6 +438,17 @@ class Connection:
         vhost = self.broker.vhosts.get(method.virtual_host)
         if vhost is None:
             raise ConnectionError_(NOT_ALLOWED, f"vhost {method.virtual_host} not found", 10, 40)
+        limit = vhost.limits.get("max-connections")
+        if limit is not None and limit >= 0:
+            open_here = sum(1 for c in self.broker.connections if c.opened and c.vhost is vhost)
+            if open_here >= limit:
+                raise ConnectionError_(
+                    NOT_ALLOWED,
+                    f"access to vhost '{vhost.name}' refused for user '{self.user}': "
+                    f"connection limit ({limit}) is reached",
+                    10,
+                    40,
+                )
         if not self.broker.access.can_access_vhost(self.user, vhost.name):
             raise ConnectionError_(
                 NOT_ALLOWED,
@@ -441,7 +484,7 @@ class Connection:
     def _heartbeat_tick(self) -> None:
         if self.closed:
             return
-        if self._received:
+        if self._received or self.blocked:  # a blocked client is not read, so not heard
             self._silent_ticks = 0
             self._received = False
         else:

@@ -34,8 +34,7 @@ def dead_letter_copy(
             death = deaths.pop(i)
             count = death.get("count", 0)
             death["count"] = (count if isinstance(count, int) else 0) + 1
-            death["time"] = now
-            deaths.insert(0, death)
+            deaths.insert(0, death)  # the rest, the time of the first such death too, is kept
             break
     else:
         death = {
@@ -49,12 +48,14 @@ def dead_letter_copy(
         if expiration is not None:
             death["original-expiration"] = decode_field("expiration", expiration)
         deaths.insert(0, death)
+    entries.pop("x-delivery-count", None)  # counted deliveries from the queue it is leaving
     entries["x-death"] = encode_value(deaths)
     for key, value in (("reason", reason), ("queue", queue), ("exchange", msg.exchange)):
         entries.setdefault(f"x-first-death-{key}", encode_value(value))
         entries[f"x-last-death-{key}"] = encode_value(value)
     fields["headers"] = join_entries(entries)
     copy = Message(exchange, routing_key, join_properties(fields), msg.body)
+    copy.trace_id = msg.trace_id  # the trace follows the message into the dead-letter queue
     return copy, deaths
 
 

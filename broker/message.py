@@ -45,6 +45,7 @@ class Message:
         "store_id",
         "store_segment",
         "tag",
+        "trace_id",
     )
 
     def __init__(self, exchange: str, routing_key: str, properties: bytes, body: bytes) -> None:
@@ -67,6 +68,7 @@ class Message:
         self.channel: Channel | None = None
         self.consumer: Consumer | None = None
         self.queue: Queue | None = None  # the queue holding this copy
+        self.trace_id = 0  # broker-assigned id when the vhost traces (broker/tracing.py)
 
     @property
     def ex_rk(self) -> bytes:
@@ -92,4 +94,5 @@ class Message:
         other = Message(self.exchange, self.routing_key, self.properties, self.body)
         other._ex_rk = self._ex_rk
         other._headers = self._headers
+        other.trace_id = self.trace_id  # one message, many queues: one id
         return other

@@ -141,6 +141,16 @@ class Queue:
 
     def apply_settings(self) -> None:
         """Effective limits from the arguments and the policy (RabbitMQ's precedence)."""
+        old_expires = getattr(self, "expires", None)
+        self._apply_settings()
+        if self.expires != old_expires:
+            self._unused_timer.cancel()  # another x-expires: count it from the last use
+            if self.expires is not None and not self.consumers:
+                self._unused_timer.arm(self._last_used + self.expires / 1000)
+        if self._limited and self.overflow == "drop-head":
+            self._drop_head_over_limit()  # a lower limit trims the queue at once, as in RabbitMQ
+
+    def _apply_settings(self) -> None:
         args = self.arguments
         definition = self.policy.definition if self.policy is not None else {}
 
@@ -165,7 +175,13 @@ class Queue:
         dlrk = argument_first("x-dead-letter-routing-key", "dead-letter-routing-key")
         self.dead_letter_routing_key: str | None = dlrk if isinstance(dlrk, str) else None
         self._limited = self.max_length is not None or self.max_length_bytes is not None
-        limit = smallest("x-delivery-limit", "delivery-limit")
+        limits: list[int] = [
+            v
+            for v in (args.get("x-delivery-limit"), definition.get("delivery-limit"))
+            if isinstance(v, int) and not isinstance(v, bool)
+        ]
+        # RabbitMQ 4 (resolve_delivery_limit): the smaller, but -1 (none) loses to any limit
+        limit = (max(limits) if min(limits) < 0 else min(limits)) if limits else None
         if limit is None and self.queue_type == "quorum":
             limit = 20  # RabbitMQ 4.0+ default for quorum queues
         self.delivery_limit: int | None = None if limit is None or limit < 0 else limit
@@ -195,6 +211,8 @@ class Queue:
         if self._limited and self.overflow != "drop-head" and self._full_for(len(msg.body)):
             if self.overflow == "reject-publish-dlx":
                 self._dead_letter(msg, "maxlen")
+            elif (tracer := self.vhost.tracer) is not None:
+                tracer.dropped(self, msg, "overflow")
             return False
         self._next_seq += 1
         msg.seq = self._next_seq
@@ -213,16 +231,18 @@ class Queue:
         self.ready.append(msg)
         self.ready_count += 1
         self.ready_bytes += len(msg.body)
+        if self.consumers:
+            self.dispatch()  # a consumer that can take it gets it before any limit applies
         if self._limited:
             self._drop_head_over_limit()
-        if self.consumers:
-            self.dispatch()
-        if ttl is not None and msg.state == READY:
+        if ttl is not None:
+            # delivered at once or not, the deadline counts from now: a requeue keeps it
             msg.expires_at = self._now() + ttl / 1000
-            if ttl == 0:
-                self._expire(msg)  # nobody could take it at once: RabbitMQ's stand-in for immediate
-            else:
-                self._track_expiry(msg)
+            if msg.state == READY:
+                if ttl == 0:
+                    self._expire(msg)  # nobody could take it at once: RabbitMQ's immediate
+                else:
+                    self._track_expiry(msg)
         return True
 
     def _full_for(self, size: int) -> bool:
@@ -234,7 +254,7 @@ class Queue:
     def _drop_head_over_limit(self) -> None:
         max_len, max_bytes = self.max_length, self.max_length_bytes
         while self.ready_count and (
-            (max_len is not None and self.ready_count > max_len)
+            (max_len is not None and self.ready_count + self.delayed_count > max_len)
             or (max_bytes is not None and self.ready_bytes > max_bytes)
         ):
             msg = self._pop_ready(check_expiry=False)
@@ -263,6 +283,8 @@ class Queue:
             back.append(msg)
         if not back:
             return
+        if (tracer := self.vhost.tracer) is not None:
+            tracer.requeued(self, back)
         back.sort(key=_seq)
         if self.max_priority:
             self.ready.reinsert(back)
@@ -371,9 +393,13 @@ class Queue:
     def settled(self, msg: Message) -> None:
         """Acked (or delivered with no-ack): the message is done."""
         if msg.state == UNACKED:
+            if (tracer := self.vhost.tracer) is not None:
+                tracer.acked(self, msg)
             self._gone(msg)
             self.unacked_count -= 1
             self.stats.acked += 1
+            if msg.expires_at is not None:
+                self._compact_expiry()
 
     def rejected(self, msg: Message) -> None:
         """basic.reject or basic.nack without requeue: dead-letter it (or drop it)."""
@@ -419,8 +445,12 @@ class Queue:
             self.delayed_count += 1
             self.stats.retried += 1
             delay = self.retry.delay_ms(msg.retries) / 1000
+            if (tracer := self.vhost.tracer) is not None:
+                tracer.retry_scheduled(self, msg, round(delay * 1000))
             ready_at = now + delay
             heapq.heappush(self._delayed, (ready_at, msg.seq, msg))
+            if msg.expires_at is not None:
+                self._track_expiry(msg)  # it may expire while it waits
             if msg.store_id:
                 self.message_store.state(msg, time.time() + delay)  # type: ignore[union-attr]
         if self._delayed:
@@ -474,6 +504,8 @@ class Queue:
     def purge(self) -> int:
         """Drop the ready messages and those waiting for a retry; unacked ones stay."""
         count = self.ready_count + self.delayed_count
+        if count and (tracer := self.vhost.tracer) is not None:
+            tracer.purged(self)
         for msg in self.ready:
             self._gone(msg)
         for _, _, msg in self._delayed:
@@ -557,18 +589,34 @@ class Queue:
 
     def _track_expiry(self, msg: Message) -> None:
         assert msg.expires_at is not None
+        self._compact_expiry()
         heapq.heappush(self._expiry, (msg.expires_at, msg.seq, msg))
         self._expiry_timer.arm(self._expiry[0][0])
+
+    def _compact_expiry(self) -> None:
+        """Delivered messages linger in the expiry heap until their deadline: drop them
+        once they are most of it (amortised O(1) a message)."""
+        heap = self._expiry
+        if len(heap) > 2 * (self.ready_count + self.delayed_count) + 64:
+            self._expiry = [e for e in heap if e[2].state in (READY, DELAYED)]
+            heapq.heapify(self._expiry)
 
     def _expire_due(self) -> None:
         now = self._now()
         heap = self._expiry
         while heap and heap[0][0] <= now:
             _, _, msg = heapq.heappop(heap)
-            if msg.state == READY and msg.expires_at is not None and msg.expires_at <= now:
+            if msg.expires_at is None or msg.expires_at > now:
+                continue
+            if msg.state == READY:
                 self._expire(msg)
+            elif msg.state == DELAYED:  # its entry in the delay heap is skipped when due
+                self._gone(msg)
+                self.delayed_count -= 1
+                self.stats.expired += 1
+                self._dead_letter(msg, "expired")
         # messages that were delivered meanwhile stay in the heap until their time; drop them
-        while heap and heap[0][2].state != READY:
+        while heap and heap[0][2].state not in (READY, DELAYED):
             heapq.heappop(heap)
         if heap:
             self._expiry_timer.arm(heap[0][0])
@@ -597,6 +645,8 @@ class Queue:
             self.ready.clear()
 
     def _dead_letter(self, msg: Message, reason: str) -> None:
+        if (tracer := self.vhost.tracer) is not None:
+            tracer.dead_lettered(self, msg, reason)
         if self.dead_letter_exchange is not None:
             self.stats.dead_lettered[reason] = self.stats.dead_lettered.get(reason, 0) + 1
             self.vhost.dead_letter(self, msg, reason)
@@ -672,6 +722,8 @@ class Queue:
             self.vhost.log.info(
                 "queue expired", queue=self.name, vhost=self.vhost.name, expires_ms=self.expires
             )
+            if (tracer := self.vhost.tracer) is not None:
+                tracer.queue_expired(self)
             self.vhost.delete_queue(self)
         else:
             self._unused_timer.arm(due)

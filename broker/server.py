@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 from typing import Any
 
 from broker.broker import Broker
@@ -50,19 +51,42 @@ class AMQPServerProtocol(asyncio.Protocol):
             self.connection.resume_writing()
 
 
+def tls_context(settings: Settings) -> ssl.SSLContext:
+    """The server side of ``ssl_options.*``, as RabbitMQ reads them.
+
+    verify_none asks for no client certificate; verify_peer asks for one and
+    checks it against cacertfile, and fail_if_no_peer_cert refuses a client
+    that has none. Protocol versions and ciphers are Python's defaults (TLS 1.2+).
+    """
+    if not settings.ssl_certfile or not settings.ssl_keyfile:
+        raise ValueError("a TLS listener needs ssl_options.certfile and ssl_options.keyfile")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(settings.ssl_certfile, settings.ssl_keyfile)
+    if settings.ssl_cacertfile:
+        context.load_verify_locations(settings.ssl_cacertfile)
+    if settings.ssl_verify == "verify_peer":
+        required = settings.ssl_fail_if_no_peer_cert
+        context.verify_mode = ssl.CERT_REQUIRED if required else ssl.CERT_OPTIONAL
+    else:
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
 class Server:
-    """A broker with its TCP listeners on the running loop."""
+    """A broker with its TCP and TLS listeners on the running loop."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.broker = Broker(settings, Timers(asyncio.get_running_loop()))
         self.servers: list[asyncio.AbstractServer] = []
+        self.tls_servers: list[asyncio.AbstractServer] = []  # kept apart: .addresses is AMQP
         self.management = Management(self.broker)
         self.http_sites: list[Any] = []  # broker.management.app.HttpSite
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.broker.open_store()  # recover before the first client can see anything
+        self.broker.monitor.start()
         if self.settings.load_definitions:
             from broker.management.definitions import load_definitions
 
@@ -76,6 +100,20 @@ class Server:
                 backlog=1024,
             )
             self.servers.append(server)
+        if self.settings.ssl_listeners:
+            context = tls_context(self.settings)
+            for listener in self.settings.ssl_listeners:
+                server = await loop.create_server(
+                    lambda: AMQPServerProtocol(self.broker),
+                    host=listener.host,
+                    port=listener.port,
+                    reuse_address=True,
+                    backlog=1024,
+                    ssl=context,
+                    # a peer that stalls the TLS handshake is dropped like a slow AMQP one
+                    ssl_handshake_timeout=self.settings.handshake_timeout / 1000,
+                )
+                self.tls_servers.append(server)
         await self._start_http()
 
     async def _start_http(self) -> None:
@@ -113,16 +151,15 @@ class Server:
 
     @property
     def addresses(self) -> list[tuple[str, int]]:
-        out: list[tuple[str, int]] = []
-        for server in self.servers:
-            for sock in getattr(server, "sockets", ()):
-                name: Any = sock.getsockname()
-                out.append((name[0], name[1]))
-        return out
+        return _addresses(self.servers)
+
+    @property
+    def tls_addresses(self) -> list[tuple[str, int]]:
+        return _addresses(self.tls_servers)
 
     async def stop(self) -> None:
         """Stop listening, close every client with 320 CONNECTION_FORCED, and wait briefly."""
-        for server in self.servers:
+        for server in self.servers + self.tls_servers:
             server.close()
         await self.management.rates.stop()
         for site in self.http_sites:
@@ -130,10 +167,21 @@ class Server:
         self.http_sites.clear()
         for connection in list(self.broker.connections):
             connection.force_close()
-        for server in self.servers:
+        for server in self.servers + self.tls_servers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 0.5)
         for connection in list(self.broker.connections):
             connection.connection_lost()
             connection.transport.close()
+        self.broker.monitor.stop()
+        self.broker.tracing.close()  # after the connections: their channels' events are in
         self.broker.close_store()
+
+
+def _addresses(servers: list[asyncio.AbstractServer]) -> list[tuple[str, int]]:
+    out: list[tuple[str, int]] = []
+    for server in servers:
+        for sock in getattr(server, "sockets", ()):
+            name: Any = sock.getsockname()
+            out.append((name[0], name[1]))
+    return out

@@ -75,7 +75,8 @@ class _Engine:
         old = self.server
         # the same addresses again, so that clients reconnect to the URL they have
         listeners = tuple(Listener(f"l{i}", h, p) for i, (h, p) in enumerate(old.addresses))
-        changes: dict[str, object] = {"listeners": listeners}
+        tls = tuple(Listener(f"s{i}", h, p) for i, (h, p) in enumerate(old.tls_addresses))
+        changes: dict[str, object] = {"listeners": listeners, "ssl_listeners": tls}
         for endpoint in ("management_port", "prometheus_port"):
             port = getattr(old, endpoint, None)
             if port:
@@ -129,6 +130,24 @@ class RunningBroker:
         auth = f"{quote(self.user, safe='')}:{quote(self.password, safe='')}"
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"amqp://{auth}@{host}:{self.port}/{path}"
+
+    @property
+    def tls_port(self) -> int | None:
+        """The first TLS listener's port (``ssl_listeners=...``), else None."""
+        addresses = self.server.tls_addresses
+        return addresses[0][1] if addresses else None
+
+    @property
+    def amqps_url(self) -> str | None:
+        """``amqps://user:pass@localhost:port/vhost`` for the TLS listener, else None.
+
+        ``localhost``, not an address: the name a test certificate is made out to.
+        """
+        port = self.tls_port
+        if port is None:
+            return None
+        auth, path = self.url.removeprefix("amqp://").split("@", 1)
+        return f"amqps://{auth}@localhost:{port}/{path.split('/', 1)[1]}"
 
     @property
     def management_url(self) -> str | None:

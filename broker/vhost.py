@@ -25,6 +25,7 @@ from protocol.errors import ChannelError, ConnectionError_, erlang_binary
 
 if TYPE_CHECKING:
     from broker.timers import Timers
+    from broker.tracing import Tracer
 
 STANDARD_EXCHANGES = (
     ("amq.direct", "direct"),
@@ -59,8 +60,10 @@ class VirtualHost:
         self.timers = timers
         self.default_consumer_timeout = default_consumer_timeout  # ms, None: off
         self.policies: dict[str, Policy] = {}
+        self.limits: dict[str, int] = {}  # max-connections, max-queues (negative: no limit)
         self.persistence: Any = None  # broker.persistence.Persistence, with a data directory
         self.log: Any = structlog.get_logger("warren")
+        self.tracer: Tracer | None = None  # set while this vhost traces (broker/tracing.py)
         self.queues: dict[str, Queue] = {}
         self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self)}
         for ex_name, kind in STANDARD_EXCHANGES:
@@ -265,6 +268,13 @@ class VirtualHost:
             check_equivalent_arguments(existing.arguments, arguments, name, self.name)
             existing.touch()
             return existing
+        max_queues = self.limits.get("max-queues")
+        if max_queues is not None and 0 <= max_queues <= len(self.queues):
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"cannot declare queue '{name}': queue limit in vhost '{self.name}' "
+                f"({max_queues}) is reached",
+            )
         validate_queue_arguments(
             arguments,
             name,
@@ -292,6 +302,8 @@ class VirtualHost:
         if queue.deleted:
             return 0
         count = queue.ready_count
+        if (tracer := self.tracer) is not None:
+            tracer.queue_deleted(queue)
         self.queues.pop(queue.name, None)
         if self.persistence is not None:
             self.persistence.queue_deleted(self.name, queue)
@@ -402,6 +414,8 @@ class VirtualHost:
         exchange = self.exchange(exchange_name)
         msg = Message(exchange_name, routing_key, properties, body)
         queues = self.route(exchange, msg)
+        if (tracer := self.tracer) is not None:
+            tracer.published(None, msg, queues, False, 0)
         accepted = False
         for i, queue in enumerate(queues):
             accepted = queue.publish(msg if i == 0 else msg.copy(), None) or accepted
@@ -424,10 +438,11 @@ class VirtualHost:
             routing_key if routing_key is not None else msg.routing_key,
         )
         targets = self.route(exchange, copy)
-        if reason != "rejected" and not any(d.get("reason") == "rejected" for d in deaths):
+        if reason != "rejected":
             # a cycle with no rejection in it would spin forever: drop those targets
-            seen_queues = {d.get("queue") for d in deaths[1:]} | {queue.name}
-            targets = [q for q in targets if q.name not in seen_queues]
+            targets = [q for q in targets if not _is_cycle(q.name, deaths)]
+        if (tracer := self.tracer) is not None:
+            tracer.dead_letter_routed(copy, targets)
         for i, target in enumerate(targets):
             target.publish(copy if i == 0 else copy.copy(), None)
 
@@ -436,3 +451,16 @@ def _describe(value: Any) -> str:
     if value is None:
         return "none"
     return f"the value '{value}' of type 'longstr'"
+
+
+def _is_cycle(queue: str, deaths: list[dict[str, Any]]) -> bool:
+    """RabbitMQ's test: back to ``queue`` with no rejection since the message last left it.
+
+    ``deaths`` is newest first, the death happening now at its head.
+    """
+    for death in deaths:
+        if death.get("reason") == "rejected":
+            return False
+        if death.get("queue") == queue:
+            return True
+    return False

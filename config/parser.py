@@ -219,6 +219,16 @@ def _path(text: str) -> str:
     return text
 
 
+def _vhost_list(text: str) -> tuple[str, ...] | None:
+    """``all`` (None: every vhost, also those created later) or a comma-separated list."""
+    if text == "all":
+        return None
+    names = tuple(name.strip() for name in text.split(","))
+    if not all(names):
+        raise _Invalid("expected 'all' or a comma-separated list of vhost names, e.g. /,orders")
+    return names
+
+
 def _regex(text: str) -> str:
     try:
         re.compile(text)
@@ -275,6 +285,12 @@ class _Key:
 
 _KEYS: Mapping[str, _Key] = {
     "listeners.tcp": _Key(_none),
+    "listeners.ssl": _Key(_none),
+    "ssl_options.cacertfile": _Key(_path, "ssl_cacertfile"),
+    "ssl_options.certfile": _Key(_path, "ssl_certfile"),
+    "ssl_options.keyfile": _Key(_path, "ssl_keyfile"),
+    "ssl_options.verify": _Key(_choice("verify_none", "verify_peer"), "ssl_verify"),
+    "ssl_options.fail_if_no_peer_cert": _Key(_boolean, "ssl_fail_if_no_peer_cert"),
     "default_user": _Key(_text, "default_user"),
     "default_pass": _Key(_text, "default_pass"),
     "default_vhost": _Key(_text, "default_vhost"),
@@ -330,11 +346,22 @@ _KEYS: Mapping[str, _Key] = {
     "load_definitions": _Key(_path, "load_definitions"),
     "data_dir": _Key(_path, "data_dir"),
     "message_store.segment_size": _Key(_information_unit, "segment_size"),
+    "trace.enabled": _Key(_boolean, "trace_enabled"),
+    "trace.dir": _Key(_path, "trace_dir"),
+    "trace.vhosts": _Key(_vhost_list, "trace_vhosts"),
+    "trace.rotate_size": _Key(_information_unit, "trace_rotate_size"),
+    "trace.rotate_interval": _Key(
+        _int_between(1, None, "expected a positive integer (seconds)"), "trace_rotate_interval"
+    ),
+    "trace.buffer": _Key(
+        _int_between(1, None, "expected a positive integer (events)"), "trace_buffer"
+    ),
 }
 
 # keys of the form "<family>.<name>", one entry per name
 _FAMILIES: Mapping[str, Converter] = {
     "listeners.tcp": _listener_address,
+    "listeners.ssl": _listener_address,
     "default_user_tags": _boolean,
     "loopback_users": _boolean,
 }
@@ -343,8 +370,7 @@ _FAMILIES: Mapping[str, Converter] = {
 # The longest matching prefix in _IGNORED or _CHECKED decides, so that e.g.
 # log.file.level is ignored while a misspelt log.console.levle is an error.
 _IGNORED: tuple[str, ...] = (
-    # networking, TLS, Erlang distribution
-    "listeners.ssl",
+    # networking, TLS options other than those read above, Erlang distribution
     "num_acceptors",
     "tcp_listen_options",
     "socket_writer",
@@ -462,6 +488,7 @@ _CHECKED: tuple[str, ...] = ("log.console",)
 _KNOWN_NAMES: tuple[str, ...] = (
     *_KEYS,
     "listeners.tcp.default",
+    "listeners.ssl.default",
     "default_user_tags.administrator",
     "loopback_users.guest",
 )
@@ -597,7 +624,7 @@ def _convert(line: _Line) -> _Setting | None:
     family = ".".join(words[:-1])
     convert = spec.convert if spec is not None else _FAMILIES.get(family)
     if convert is None:
-        if _is_ignored(key):
+        if _is_ignored(key) and not _misspelt_tls_key(key):
             return None
         close = difflib.get_close_matches(key, _KNOWN_NAMES, n=1, cutoff=0.75)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -611,6 +638,15 @@ def _convert(line: _Line) -> _Setting | None:
     return _Setting(line, value, family, words[-1].replace("\\.", "."))
 
 
+def _misspelt_tls_key(key: str) -> bool:
+    """``ssl_options.fail_if_no_peer_crt`` would otherwise be ignored with a mere warning,
+    and the broker would start without the client-certificate check it was asked for."""
+    if not key.startswith("ssl_options."):
+        return False
+    read = [k for k in _KEYS if k.startswith("ssl_options.")]
+    return bool(difflib.get_close_matches(key, read, n=1, cutoff=0.85))
+
+
 # --------------------------------------------------------------------------
 # step 3: translations that combine several keys into fields
 
@@ -618,13 +654,20 @@ Translation = Callable[[_Conf], dict[str, object]]
 
 
 def _listeners(conf: _Conf) -> dict[str, object]:
-    if conf.value("listeners.tcp"):  # listeners.tcp = none
-        return {"listeners": ()}
-    members = conf.members("listeners.tcp")
-    if not members:  # RabbitMQ's default stays only if no listener is named
-        return {}
+    changes: dict[str, object] = {}
+    seen: dict[tuple[str, int], _Setting] = {}  # TCP and TLS listeners may not share an address
+    for family, fieldname in (("listeners.tcp", "listeners"), ("listeners.ssl", "ssl_listeners")):
+        if conf.value(family):  # listeners.tcp = none
+            changes[fieldname] = ()
+        elif members := conf.members(family):  # RabbitMQ's default stays if none is named
+            changes[fieldname] = _named_listeners(members, seen)
+    return changes
+
+
+def _named_listeners(
+    members: list[_Setting], seen: dict[tuple[str, int], _Setting]
+) -> tuple[Listener, ...]:
     listeners: list[Listener] = []
-    seen: dict[tuple[str, int], _Setting] = {}
     for setting in members:
         assert setting.name is not None
         host, port = typing.cast(tuple[str, int], setting.value)
@@ -636,7 +679,27 @@ def _listeners(conf: _Conf) -> dict[str, object]:
             )
         seen[host, port] = setting
         listeners.append(Listener(setting.name, host, port))
-    return {"listeners": tuple(listeners)}
+    return tuple(listeners)
+
+
+def _tls(conf: _Conf) -> dict[str, object]:
+    """A TLS listener needs a certificate; checked here, so a bad file stops the broker now."""
+    listener = next(iter(conf.members("listeners.ssl")), None)
+    verify = conf.settings.get("ssl_options.verify")
+    fail = conf.settings.get("ssl_options.fail_if_no_peer_cert")
+    if listener is not None and not conf.value("listeners.ssl"):
+        for key in ("ssl_options.certfile", "ssl_options.keyfile"):
+            if conf.value(key) is None:
+                raise listener.line.error(f"a TLS listener needs {key} (a PEM file)")
+    if verify is not None and verify.value == "verify_peer":
+        if conf.value("ssl_options.cacertfile") is None:
+            raise verify.line.error(
+                "verify_peer needs ssl_options.cacertfile (the CAs client certificates must "
+                "chain to)"
+            )
+    elif fail is not None and fail.value is True:
+        raise fail.line.error("true needs ssl_options.verify = verify_peer")
+    return {}
 
 
 def _default_permissions(conf: _Conf) -> dict[str, object]:
@@ -681,6 +744,7 @@ def _memory_watermark(conf: _Conf) -> dict[str, object]:
 
 _TRANSLATIONS: tuple[Translation, ...] = (
     _listeners,
+    _tls,
     _default_permissions,
     _flags("default_user_tags", None, "default_user_tags"),
     _flags("loopback_users", "loopback_users", "loopback_users"),

@@ -21,6 +21,13 @@ class Listener:
 class Settings:
     # listeners.tcp.default / listeners.tcp.<name>; RabbitMQ binds all interfaces on 5672
     listeners: tuple[Listener, ...] = (Listener("default", "0.0.0.0", 5672),)
+    # listeners.ssl.<name> (AMQPS, RabbitMQ's port 5671) and ssl_options.*; no TLS by default
+    ssl_listeners: tuple[Listener, ...] = ()
+    ssl_cacertfile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_verify: str = "verify_none"  # or "verify_peer": ask for a client certificate
+    ssl_fail_if_no_peer_cert: bool = False  # with verify_peer: refuse clients without one
     default_user: str = "guest"
     default_pass: str = field(default="guest", repr=False)
     default_vhost: str = "/"
@@ -47,6 +54,13 @@ class Settings:
     load_definitions: str | None = None
     data_dir: str | None = "./data"  # None: nothing is kept on disk
     segment_size: int = 16 * 1024 * 1024  # message_store.segment_size (Warren's own)
+    # message-lifecycle tracing (Warren's own trace.* keys; broker/tracing.py)
+    trace_enabled: bool = False
+    trace_dir: str = "./trace"
+    trace_vhosts: tuple[str, ...] | None = None  # None: every vhost (trace.vhosts = all)
+    trace_rotate_size: int = 64 * 1024 * 1024  # bytes
+    trace_rotate_interval: int = 3600  # seconds
+    trace_buffer: int = 262144  # events held for the writer; past this they are dropped
     # keys of a real rabbitmq.conf that Warren accepts but does not use
     ignored_keys: tuple[str, ...] = field(default=(), compare=False)
     # the files these settings were read from, in the order they were applied

@@ -86,6 +86,19 @@ def split_properties(raw: bytes) -> dict[str, bytes]:
     return fields
 
 
+def check_properties(raw: bytes) -> None:
+    """Raise PropertiesError unless the broker can later read and edit every property.
+
+    The broker reads properties lazily (routing on headers, priorities, dead
+    lettering), long after the publish; a malformed list must be refused here.
+    """
+    if raw == b"\x00\x00":
+        return
+    headers = split_properties(raw).get("headers")
+    if headers is not None:
+        decode_field("headers", headers)  # a broken or too deeply nested table
+
+
 def join_properties(fields: dict[str, bytes]) -> bytes:
     flags = 0
     parts = []

@@ -253,15 +253,21 @@ def encode_table(table: dict[str, FieldValue]) -> bytes:
 
 def table_entries(buf: bytes, offset: int = 0) -> tuple[dict[str, bytes], int]:
     """Split a table into key -> encoded value (type octet included), values left undecoded."""
+    _need(buf, offset, 4)
     (size,) = _u32.unpack_from(buf, offset)
     off = offset + 4
     end = off + size
+    _need(buf, off, size)
     entries: dict[str, bytes] = {}
     while off < end:
         klen = buf[off]
-        key = bytes(buf[off + 1 : off + 1 + klen]).decode("utf-8", "replace")
         start = off + 1 + klen
+        if start > end:
+            raise TableError("field table key truncated")
+        key = bytes(buf[off + 1 : start]).decode("utf-8", "replace")
         _, off = _value(buf, start, 0)
+        if off > end:
+            raise TableError("field table value overruns the table")
         entries[key] = bytes(buf[start:off])
     return entries, end
 

@@ -43,8 +43,10 @@ SCENARIOS=(
     "S2|--prefetch 100|consume_rate"
     "S2-multiack10|--prefetch 100 --multi-ack 10|consume_rate"
     "S3|--prefetch 100 --confirm 100|consume_rate"
+    "S4|--durable --persistent --prefetch 100 --confirm 100|consume_rate"
     "S5|--autoack --size 1024|consume_rate"
     "S7|--consumers 0|publish_rate"
+    "S8|--rate 1000 --prefetch 100|latency_us.p99"
 )
 
 run_one() { # broker scenario run flags...
@@ -84,10 +86,13 @@ def median(broker, name, field):
         except ValueError:
             bad += 1
             continue
-        if not doc.get("ok") or doc.get(field) is None:
+        value = doc
+        for part in field.split("."):  # latency_us.p99 and the like
+            value = value.get(part) if isinstance(value, dict) else None
+        if not doc.get("ok") or value is None:
             bad += 1
-        if doc.get(field) is not None:
-            vals.append(float(doc[field]))
+        if value is not None:
+            vals.append(float(value))
     return (statistics.median(vals) if vals else None), bad
 
 def cell(v, bad):

@@ -1,0 +1,38 @@
+"""The management API's routes, gathered from one module per resource family."""
+
+from __future__ import annotations
+
+from broker.management import (
+    access,
+    bindings,
+    connections,
+    definitions,
+    exchanges,
+    overview,
+    policies,
+    queues,
+    trace,
+)
+from broker.management.app import HttpSite, ManagementApp, Router
+from broker.management.core import Management
+
+
+def build_router() -> Router:
+    router = Router()
+    for module in (
+        overview,
+        access,
+        exchanges,
+        queues,
+        bindings,
+        connections,
+        policies,
+        definitions,
+        trace,
+    ):
+        module.routes(router)
+    return router
+
+
+def management_app(mgmt: Management) -> HttpSite:
+    return HttpSite(ManagementApp(mgmt, build_router()).app)

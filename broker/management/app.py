@@ -1,0 +1,335 @@
+"""The management HTTP API: aiohttp's server on the broker's own loop, RabbitMQ's routes.
+
+Routing is done here rather than by aiohttp's router because RabbitMQ's paths
+carry names with an encoded slash (the default vhost is ``%2F``): the raw path
+is split on ``/`` first and each segment decoded after, which a router matching
+decoded paths cannot do. Order of checks follows RabbitMQ (cowboy_rest): unknown
+path 404, then method 405, then authentication and tags 401, then the handler.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from broker.management import auth
+from broker.management.errors import (
+    ApiError,
+    bad_request,
+    from_operation,
+    method_not_allowed,
+    not_found,
+)
+from protocol.errors import AMQPError
+
+if TYPE_CHECKING:
+    from broker.auth import User
+    from broker.management.core import Management
+    from broker.vhost import VirtualHost
+
+MAX_BODY = 20 * 1024 * 1024  # RabbitMQ's management.http.max_body_size default (definitions)
+
+Handler = Callable[["Ctx"], web.StreamResponse]
+
+
+class Ctx:
+    """One API request: its path parameters, body and authenticated user."""
+
+    def __init__(
+        self,
+        mgmt: Management,
+        request: web.Request,
+        method: str,
+        params: dict[str, str],
+        user: User,
+    ) -> None:
+        self.mgmt = mgmt
+        self.request = request
+        self.method = method
+        self.params = params
+        self.user = user
+        self.body = b""
+
+    def query(self, name: str) -> str | None:
+        return self.request.query.get(name)
+
+    def json(self) -> dict[str, Any]:
+        """The body as RabbitMQ decodes it: empty or null is ``{}``, a non-object is a 400."""
+        body = self.body.strip()
+        if body in (b"", b"null", b"undefined"):
+            return {}
+        try:
+            value = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            raise bad_request("not_json") from None
+        if isinstance(value, dict):
+            return value
+        if isinstance(value, str):
+            raise bad_request(
+                "invalid payload: the request body JSON-decoded to a string. "
+                "Is the input doubly-JSON-encoded?"
+            )
+        if value is None or isinstance(value, bool):
+            return {}
+        raise bad_request("not_json")
+
+    @staticmethod
+    def require(body: dict[str, Any], *keys: str) -> list[Any]:
+        missing = [k for k in keys if body.get(k) is None]
+        if missing:
+            raise bad_request("[" + ",".join(f"{{key_missing,{k}}}" for k in missing) + "]")
+        return [body[k] for k in keys]
+
+    def vhost(self) -> VirtualHost:
+        vhost = self.mgmt.broker.vhosts.get(self.params["vhost"])
+        if vhost is None:
+            raise not_found()
+        return vhost
+
+    def vhost_or_none(self) -> str | None:
+        """The ``{vhost}`` of a list route, 404 if it names no vhost."""
+        name = self.params.get("vhost")
+        if name is not None and name not in self.mgmt.broker.vhosts:
+            raise not_found()
+        return name
+
+
+@dataclass
+class Route:
+    segments: tuple[str, ...]
+    handlers: dict[str, tuple[Handler, auth.Check]] = field(default_factory=dict)
+
+    @property
+    def literals(self) -> int:
+        return sum(1 for s in self.segments if not s.startswith("{"))
+
+    def match(self, parts: list[str]) -> dict[str, str] | None:
+        if len(parts) != len(self.segments):
+            return None
+        params: dict[str, str] = {}
+        for pattern, part in zip(self.segments, parts, strict=True):
+            if pattern.startswith("{"):
+                params[pattern[1:-1]] = part
+            elif pattern != part:
+                return None
+        return params
+
+
+class Router:
+    def __init__(self) -> None:
+        self.routes: dict[tuple[str, ...], Route] = {}
+
+    def add(self, method: str, path: str, handler: Handler, check: auth.Check) -> None:
+        segments = tuple(path.strip("/").split("/"))
+        route = self.routes.setdefault(segments, Route(segments))
+        route.handlers[method] = (handler, check)
+
+    def find(self, parts: list[str]) -> tuple[Route, dict[str, str]] | None:
+        """The matching route with the most literal segments (``/users/without-permissions``)."""
+        best: tuple[Route, dict[str, str]] | None = None
+        for route in self.routes.values():
+            params = route.match(parts)
+            if params is not None and (best is None or route.literals > best[0].literals):
+                best = (route, params)
+        return best
+
+
+# ---- responses ----
+
+
+def json_response(
+    value: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        status=status,
+        body=json.dumps(value, ensure_ascii=False).encode(),
+        content_type="application/json",
+        headers={"Cache-Control": "no-cache", **(headers or {})},
+    )
+
+
+def created(location: str | None = None) -> web.Response:
+    headers = {"Location": location} if location is not None else None
+    return web.Response(status=201, headers=headers)
+
+
+def no_content() -> web.Response:
+    return web.Response(status=204)
+
+
+def error_response(exc: ApiError) -> web.Response:
+    return json_response(exc.body(), exc.status, exc.headers)
+
+
+def _columns(ctx: Ctx) -> list[list[str]] | None:
+    spec = ctx.query("columns")
+    if not spec:
+        return None
+    return [c.split(".") for c in spec.split(",") if c]
+
+
+def extract_columns(item: Any, columns: list[list[str]] | None) -> Any:
+    """RabbitMQ's ``columns=a,b.c``: keep only those keys, descending on dots."""
+    if columns is None:
+        return item
+    if isinstance(item, list):
+        return [extract_columns(i, columns) for i in item]
+    if not isinstance(item, dict):
+        return item
+    out: dict[str, Any] = {}
+    for key, value in item.items():
+        below = [c[1:] for c in columns if c[0] == key]
+        if not below:
+            continue
+        out[key] = value if any(not c for c in below) else extract_columns(value, below)
+    return out
+
+
+def reply(ctx: Ctx, value: Any) -> web.Response:
+    return json_response(extract_columns(value, _columns(ctx)))
+
+
+def _lookup(item: Any, path: list[str]) -> Any:
+    for key in path:
+        item = item.get(key) if isinstance(item, dict) else None
+    return item
+
+
+def _sort_key(value: Any) -> tuple[int, Any]:
+    # numbers before strings before the rest, None last: a total order over JSON values
+    if isinstance(value, bool):
+        return (1, str(value))
+    if isinstance(value, int | float):
+        return (0, value)
+    if isinstance(value, str):
+        return (1, value)
+    if value is None:
+        return (3, "")
+    return (2, json.dumps(value, sort_keys=True))
+
+
+def reply_list(
+    ctx: Ctx, items: Iterable[dict[str, Any]], sort: tuple[str, ...] = ("vhost", "name")
+) -> web.Response:
+    """A sorted list, with RabbitMQ's ``sort``, ``sort_reverse``, ``columns`` and pagination."""
+    rows = list(items)
+    by = ctx.query("sort")
+    paths = [by.split(".")] if by else [key.split(".") for key in sort]
+    rows.sort(key=lambda row: tuple(_sort_key(_lookup(row, p)) for p in paths))
+    if ctx.query("sort_reverse") == "true":
+        rows.reverse()
+    page = ctx.query("page")
+    if page is None:
+        return reply(ctx, rows)
+    return reply(ctx, _paginate(ctx, rows, page))
+
+
+def _paginate(ctx: Ctx, rows: list[dict[str, Any]], page_text: str) -> dict[str, Any]:
+    try:
+        page = int(page_text)
+        size = int(ctx.query("page_size") or 100)
+    except ValueError:
+        raise bad_request("Pagination parameters are invalid") from None
+    if page < 1 or not 1 <= size <= 500:
+        raise bad_request("Pagination parameters are invalid")
+    total = len(rows)
+    name = ctx.query("name")
+    if name:
+        if ctx.query("use_regex") == "true":
+            try:
+                pattern = re.compile(name)
+            except re.error:
+                raise bad_request("Pagination parameters are invalid") from None
+            rows = [r for r in rows if pattern.search(str(r.get("name", "")))]
+        else:
+            rows = [r for r in rows if name in str(r.get("name", ""))]
+    page_count = max(1, -(-len(rows) // size))
+    items = rows[(page - 1) * size : page * size]
+    return {
+        "filtered_count": len(rows),
+        "item_count": len(items),
+        "items": items,
+        "page": page,
+        "page_count": page_count,
+        "page_size": size,
+        "total_count": total,
+    }
+
+
+# ---- the server ----
+
+
+def _split(raw_path: str) -> list[str] | None:
+    if raw_path != "/api" and not raw_path.startswith("/api/"):
+        return None
+    parts = raw_path[len("/api/") :].split("/") if raw_path != "/api" else []
+    if parts and parts[-1] == "" and len(parts) > 1:
+        parts.pop()  # a trailing slash
+    return parts
+
+
+class ManagementApp:
+    def __init__(self, mgmt: Management, router: Router) -> None:
+        self.mgmt = mgmt
+        self.router = router
+        self.app = web.Application(client_max_size=MAX_BODY)
+        self.app.router.add_route("*", "/{tail:.*}", self.handle)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self._handle(request)
+        except ApiError as exc:
+            return error_response(exc)
+        except web.HTTPRequestEntityTooLarge:
+            return error_response(ApiError(413, "bad_request", "request body too large"))
+        except Exception as exc:  # a bug must answer 500, never a stack trace
+            self.mgmt.broker.log.exception("management API error", path=request.path)
+            return error_response(ApiError(500, "internal_server_error", repr(exc)))
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        parts = _split(request.rel_url.raw_path)
+        found = self.router.find([unquote(p) for p in parts]) if parts is not None else None
+        if found is None or parts is None:
+            raise not_found()
+        route, params = found
+        method = "GET" if request.method == "HEAD" else request.method
+        allowed = sorted(route.handlers)
+        if method == "OPTIONS":
+            return web.Response(status=200, headers={"Allow": ", ".join([*allowed, "OPTIONS"])})
+        if method not in route.handlers:
+            raise method_not_allowed(allowed)
+        user = auth.authenticate(self.mgmt, request.headers.get("Authorization"), request.remote)
+        ctx = Ctx(self.mgmt, request, method, params, user)
+        handler, check = route.handlers[method]
+        check(ctx)
+        if request.can_read_body:
+            ctx.body = await request.read()
+        try:
+            return handler(ctx)
+        except AMQPError as exc:
+            raise from_operation(exc) from None
+
+
+class HttpSite:
+    """One aiohttp server on the running loop; port 0 picks a free port."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> int:
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, host, port, reuse_address=True)
+        await site.start()
+        addresses: Any = self.runner.addresses
+        self.port = int(addresses[0][1])
+        return self.port
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()

@@ -1,0 +1,220 @@
+"""/api/overview, /api/whoami, /api/cluster-name, health checks and the aliveness test."""
+
+from __future__ import annotations
+
+import platform
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from broker.management import auth
+from broker.management.app import Ctx, Router, json_response, reply
+from broker.management.errors import from_channel, not_found
+from broker.management.formats import message_stats, with_details
+from broker.management.operations import API_OWNER, allow
+from broker.message import Message
+from protocol.errors import AMQPError
+
+if TYPE_CHECKING:
+    from broker.management.core import Management
+
+# RabbitMQ's own answer for the version its API speaks; Warren follows 3.10's management API
+API_VERSION = "3.10.8"
+EXCHANGE_TYPES = (
+    ("direct", "AMQP direct exchange, as per the AMQP specification"),
+    ("fanout", "AMQP fanout exchange, as per the AMQP specification"),
+    ("headers", "AMQP headers exchange, as per the AMQP specification"),
+    ("topic", "AMQP topic exchange, as per the AMQP specification"),
+)
+ALIVENESS_QUEUE = "aliveness-test"
+
+
+def _global_counts(mgmt: Management) -> dict[str, int]:
+    stats = mgmt.broker.stats
+    return {
+        "publish": stats.received,
+        "deliver_get": stats.delivered,
+        "ack": stats.acked,
+        "confirm": stats.confirmed,
+        "redeliver": stats.redelivered,
+        "return_unroutable": stats.unroutable_returned,
+        "drop_unroutable": stats.unroutable_dropped,
+    }
+
+
+def overview(ctx: Ctx) -> web.StreamResponse:
+    mgmt = ctx.mgmt
+    broker = mgmt.broker
+    user = ctx.user
+    vhosts = [broker.vhosts[v] for v in auth.visible_vhosts(mgmt, user)]
+    queues = [q for v in vhosts for q in v.queues.values()]
+    connections = [c for c in mgmt.connections() if auth.is_monitor(user) or c.user == user.name]
+    channels = [ch for c in connections for ch in c.channels.values() if not ch.closed]
+    ready = sum(q.ready_count for q in queues)
+    unacked = sum(q.unacked_count for q in queues)
+    global_rates = mgmt.rates.rates("global")
+    if auth.is_monitor(user):
+        stats = message_stats(_global_counts(mgmt), global_rates)
+        length_rates = global_rates
+    else:  # other users see the sum over their own vhosts' queues
+        counts = {"publish": 0, "deliver_get": 0, "ack": 0, "redeliver": 0}
+        for q in queues:
+            counts["publish"] += q.stats.published
+            counts["deliver_get"] += q.stats.delivered
+            counts["ack"] += q.stats.acked
+            counts["redeliver"] += q.stats.redelivered
+        stats = message_stats(counts, {})
+        length_rates = {}
+    totals: dict[str, Any] = {}
+    with_details(totals, "messages", ready + unacked, length_rates)
+    with_details(totals, "messages_ready", ready, length_rates)
+    with_details(totals, "messages_unacknowledged", unacked, length_rates)
+    listeners: list[dict[str, Any]] = [
+        {"node": mgmt.node, "protocol": "amqp", "ip_address": host, "port": port}
+        for host, port in mgmt.listeners
+    ]
+    if mgmt.management_port is not None:
+        listeners.append(
+            {
+                "node": mgmt.node,
+                "protocol": "http",
+                "ip_address": broker.settings.management_ip,
+                "port": mgmt.management_port,
+            }
+        )
+    if mgmt.prometheus_port is not None:
+        listeners.append(
+            {
+                "node": mgmt.node,
+                "protocol": "http/prometheus",
+                "ip_address": broker.settings.management_ip,
+                "port": mgmt.prometheus_port,
+            }
+        )
+    body = {
+        "management_version": API_VERSION,
+        "rabbitmq_version": API_VERSION,
+        "product_name": "Warren",
+        "product_version": mgmt.version,
+        "python_version": platform.python_version(),
+        "rates_mode": "basic",
+        "sample_retention_policies": {"global": [600], "basic": [600], "detailed": [600]},
+        "exchange_types": [
+            {"name": name, "description": text, "enabled": True} for name, text in EXCHANGE_TYPES
+        ],
+        "cluster_name": mgmt.node,
+        "node": mgmt.node,
+        "disable_stats": False,
+        "enable_queue_totals": False,
+        "statistics_db_event_queue": 0,
+        "message_stats": stats,
+        "queue_totals": totals,
+        "object_totals": {
+            "connections": len(connections),
+            "channels": len(channels),
+            "consumers": sum(len(q.consumers) for q in queues),
+            "exchanges": sum(len(v.exchanges) for v in vhosts),
+            "queues": len(queues),
+        },
+        "listeners": listeners,
+        "contexts": [],
+        "uptime": int((mgmt.wall_clock() - broker.started_at) * 1000),
+    }
+    return reply(ctx, body)
+
+
+def whoami(ctx: Ctx) -> web.StreamResponse:
+    return reply(ctx, {"name": ctx.user.name, "tags": list(ctx.user.tags)})
+
+
+def cluster_name(ctx: Ctx) -> web.StreamResponse:
+    return reply(ctx, {"name": ctx.mgmt.node})
+
+
+def current_alarms(mgmt: Management) -> list[dict[str, Any]]:
+    """The engine's resource alarms (memory, disk), as RabbitMQ lists them."""
+    return [{"resource": name, "node": mgmt.node} for name in sorted(mgmt.broker.alarms)]
+
+
+def health_alarms(ctx: Ctx) -> web.StreamResponse:
+    alarms = current_alarms(ctx.mgmt)
+    if not alarms:
+        return reply(ctx, {"status": "ok"})
+    return json_response(
+        {
+            "status": "failed",
+            "reason": "There are alarms in effect in the cluster",
+            "alarms": alarms,
+        },
+        503,
+    )
+
+
+def aliveness(ctx: Ctx) -> web.StreamResponse:
+    """Declare ``aliveness-test``, publish a message to it and get it back, as the user."""
+    vhost = ctx.vhost()
+    mgmt = ctx.mgmt
+    user = ctx.user.name
+    try:
+        allow(mgmt, user, vhost.name, "configure", "queue", ALIVENESS_QUEUE)
+        queue = vhost.declare_queue(
+            ALIVENESS_QUEUE,
+            connection=API_OWNER,
+            passive=False,
+            durable=False,
+            exclusive=False,
+            auto_delete=False,
+            arguments={},
+        )
+        allow(mgmt, user, vhost.name, "write", "exchange", "")
+        queue.publish(Message("", ALIVENESS_QUEUE, b"\x00\x00", b"test_message"), None)
+        allow(mgmt, user, vhost.name, "read", "queue", ALIVENESS_QUEUE)
+        msg = queue.get()
+    except AMQPError as exc:
+        raise from_channel(exc) from None
+    if msg is None:
+        return json_response({"status": "failed", "reason": "aliveness-test queue is empty"}, 503)
+    queue.settled(msg)  # a no-ack get: the queue stays, empty, for the next probe
+    return reply(ctx, {"status": "ok"})
+
+
+def node_json(mgmt: Management) -> dict[str, Any]:
+    """This node as /api/nodes shows it: memory and disk against their alarm thresholds."""
+    monitor = mgmt.broker.monitor  # measured once a second by the engine
+    alarms = mgmt.broker.alarms
+    return {
+        "name": mgmt.node,
+        "type": "disc",
+        "running": True,
+        "being_drained": False,
+        "uptime": int((mgmt.wall_clock() - mgmt.broker.started_at) * 1000),
+        "mem_used": monitor.memory_used,
+        "mem_limit": monitor.memory_limit,
+        "mem_alarm": "memory" in alarms,
+        "disk_free": monitor.disk_free,
+        "disk_free_limit": monitor.disk_limit,
+        "disk_free_alarm": "disk" in alarms,
+        "partitions": [],
+        "applications": [{"name": "warren", "description": "Warren", "version": mgmt.version}],
+    }
+
+
+def list_nodes(ctx: Ctx) -> web.StreamResponse:
+    return reply(ctx, [node_json(ctx.mgmt)])
+
+
+def get_node(ctx: Ctx) -> web.StreamResponse:
+    if ctx.params["node"] != ctx.mgmt.node:
+        raise not_found()
+    return reply(ctx, node_json(ctx.mgmt))
+
+
+def routes(router: Router) -> None:
+    router.add("GET", "nodes", list_nodes, auth.monitor)
+    router.add("GET", "nodes/{node}", get_node, auth.monitor)
+    router.add("GET", "overview", overview, auth.any_user)
+    router.add("GET", "whoami", whoami, auth.any_user)
+    router.add("GET", "cluster-name", cluster_name, auth.any_user)
+    router.add("GET", "health/checks/alarms", health_alarms, auth.any_user)
+    router.add("GET", "health/checks/local-alarms", health_alarms, auth.any_user)
+    router.add("GET", "aliveness-test/{vhost}", aliveness, auth.vhost)

@@ -1,0 +1,153 @@
+"""/api/queues[/{vhost}[/{name}]], /contents (purge) and /get."""
+
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from broker.management import auth, operations
+from broker.management.app import Ctx, Router, created, no_content, reply, reply_list
+from broker.management.errors import bad_request, from_channel, not_found
+from broker.management.formats import properties_json, queue_json
+from protocol.errors import AMQPError
+
+if TYPE_CHECKING:
+    from broker.message import Message
+    from broker.queue import Queue
+    from broker.vhost import VirtualHost
+
+ACK_MODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
+
+
+def _queue(ctx: Ctx) -> tuple[VirtualHost, Queue]:
+    vhost = ctx.vhost()
+    queue = vhost.queues.get(ctx.params["queue"])
+    if queue is None:
+        raise not_found()
+    return vhost, queue
+
+
+def list_queues(ctx: Ctx) -> web.StreamResponse:
+    only = ctx.vhost_or_none()
+    broker = ctx.mgmt.broker
+    out: list[dict[str, Any]] = []
+    for name in auth.listed_vhosts(ctx.mgmt, ctx.user):
+        if only is None or name == only:
+            out.extend(queue_json(ctx.mgmt, q) for q in broker.vhosts[name].queues.values())
+    return reply_list(ctx, out)
+
+
+def get_queue(ctx: Ctx) -> web.StreamResponse:
+    _, queue = _queue(ctx)
+    return reply(ctx, queue_json(ctx.mgmt, queue, full=True))
+
+
+def put_queue(ctx: Ctx) -> web.StreamResponse:
+    vhost = ctx.vhost()
+    new = operations.declare_queue(ctx.mgmt, vhost, ctx.params["queue"], ctx.json(), ctx.user.name)
+    return created() if new else no_content()
+
+
+def delete_queue(ctx: Ctx) -> web.StreamResponse:
+    vhost, queue = _queue(ctx)
+    operations.delete_queue(
+        ctx.mgmt,
+        vhost,
+        queue,
+        ctx.user.name,
+        if_unused=ctx.query("if-unused") == "true",
+        if_empty=ctx.query("if-empty") == "true",
+    )
+    return no_content()
+
+
+def purge(ctx: Ctx) -> web.StreamResponse:
+    vhost, queue = _queue(ctx)
+    operations.allow(ctx.mgmt, ctx.user.name, vhost.name, "read", "queue", queue.name)
+    vhost.check_exclusive(queue, operations.API_OWNER)
+    queue.purge()
+    return no_content()
+
+
+def _int(value: Any, name: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    raise bad_request(["not_int", name])
+
+
+def _message_json(
+    msg: Message, remaining: int, encoding: str, truncate: int | None
+) -> dict[str, Any]:
+    body = msg.body if truncate is None else msg.body[:truncate]
+    payload: str
+    kind = "base64"
+    if encoding == "auto":
+        try:
+            payload, kind = body.decode("utf-8"), "string"
+        except UnicodeDecodeError:
+            payload = base64.b64encode(body).decode()
+    else:
+        payload = base64.b64encode(body).decode()
+    return {
+        "payload_bytes": len(msg.body),
+        "redelivered": msg.redelivered,
+        "exchange": msg.exchange,
+        "routing_key": msg.routing_key,
+        "message_count": remaining,
+        "properties": properties_json(msg.properties),
+        "payload": payload,
+        "payload_encoding": kind,
+    }
+
+
+def get_messages(ctx: Ctx) -> web.StreamResponse:
+    """basic.get up to ``count`` messages, then ack, requeue or reject them as ``ackmode`` says."""
+    vhost, queue = _queue(ctx)
+    body = ctx.json()
+    ackmode, count_value, encoding = Ctx.require(body, "ackmode", "count", "encoding")
+    count = _int(count_value, "count")
+    if ackmode not in ACK_MODES:
+        raise bad_request(["invalid_ackmode", ackmode])
+    if encoding not in ("auto", "base64"):
+        raise bad_request("Unsupported encoding. Please use auto or base64.")
+    truncate = None if body.get("truncate") is None else _int(body["truncate"], "truncate")
+    try:
+        operations.allow(ctx.mgmt, ctx.user.name, vhost.name, "read", "queue", queue.name)
+        vhost.check_exclusive(queue, operations.API_OWNER)
+    except AMQPError as exc:
+        raise from_channel(exc) from None
+    stats = ctx.mgmt.broker.stats
+    taken: list[Message] = []
+    out = []
+    for _ in range(max(count, 0)):
+        msg = queue.get()
+        if msg is None:
+            break
+        stats.delivered += 1
+        if msg.redelivered:
+            stats.redelivered += 1
+        out.append(_message_json(msg, queue.ready_count, encoding, truncate))
+        if ackmode == "ack_requeue_false":
+            queue.settled(msg)  # fetched with no-ack
+        else:
+            taken.append(msg)  # held unacked until all are fetched, so each is a new one
+    if ackmode == "reject_requeue_false":
+        for msg in taken:
+            queue.rejected(msg)
+    elif taken:
+        queue.return_unacked(taken)  # requeued as when RabbitMQ's channel closes
+    return reply(ctx, out)
+
+
+def routes(router: Router) -> None:
+    router.add("GET", "queues", list_queues, auth.vhost)
+    router.add("GET", "queues/{vhost}", list_queues, auth.vhost)
+    router.add("GET", "queues/{vhost}/{queue}", get_queue, auth.vhost)
+    router.add("PUT", "queues/{vhost}/{queue}", put_queue, auth.vhost)
+    router.add("DELETE", "queues/{vhost}/{queue}", delete_queue, auth.vhost)
+    router.add("DELETE", "queues/{vhost}/{queue}/contents", purge, auth.vhost)
+    router.add("POST", "queues/{vhost}/{queue}/get", get_messages, auth.vhost)

@@ -1,0 +1,779 @@
+"""``warrenctl``: rabbitmqctl's verbs and argument order, over Warren's management API.
+
+    warrenctl list_queues -p /orders name messages consumers
+    warrenctl set_policy --apply-to queues --priority 1 ttl "^tmp\\." '{"message-ttl":60000}'
+    warrenctl --formatter json list_users
+
+The broker is found from the local configuration (``management.tcp.port``,
+``default_user``/``default_pass``, ``$RABBITMQ_CONFIG_FILE``) unless ``--url``
+says otherwise (``http://user:pass@host:15672``). It imports only the standard
+library and config/, so it starts fast and runs where the broker is not installed.
+
+Exit status follows rabbitmqctl (sysexits): 0 ok, 64 bad arguments, 65 a value the
+broker rejected, 67 no such user, 69 broker unreachable or object missing,
+77 bad credentials or not allowed, 70 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any, NoReturn
+from urllib.parse import quote, unquote, urlsplit
+
+EX_USAGE, EX_DATAERR, EX_NOUSER, EX_UNAVAILABLE, EX_SOFTWARE, EX_NOPERM = 64, 65, 67, 69, 70, 77
+
+
+class CtlError(Exception):
+    def __init__(self, message: str, code: int = EX_SOFTWARE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class HttpError(CtlError):
+    def __init__(self, status: int, reason: str) -> None:
+        code = {400: EX_DATAERR, 401: EX_NOPERM, 404: EX_UNAVAILABLE}.get(status, EX_SOFTWARE)
+        super().__init__(reason, code)
+        self.status = status
+
+
+# ---- the HTTP client ----
+
+
+class Api:
+    def __init__(self, url: str, user: str, password: str, timeout: float) -> None:
+        parts = urlsplit(url if "://" in url else "http://" + url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise CtlError(f"invalid --url '{url}': expected http://host:port", EX_USAGE)
+        self.user = unquote(parts.username) if parts.username else user
+        self.password = unquote(parts.password) if parts.password else password
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        port = f":{parts.port}" if parts.port else ""
+        self.base = f"{parts.scheme}://{host}{port}{parts.path.rstrip('/')}"
+        self.timeout = timeout
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + "/api/" + path, data=data, method=method)
+        token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
+        req.add_header("Authorization", "Basic " + token)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        for key, value in (headers or {}).items():
+            req.add_header(key, value)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as exc:
+            raise HttpError(exc.code, _reason(exc)) from None
+        except (urllib.error.URLError, OSError) as exc:
+            why = getattr(exc, "reason", exc)
+            raise CtlError(
+                f"unable to reach Warren at {self.base}: {why}", EX_UNAVAILABLE
+            ) from None
+        return json.loads(raw) if raw else None
+
+    def get(self, path: str) -> Any:
+        return self.request("GET", path)
+
+
+def _reason(exc: urllib.error.HTTPError) -> str:
+    try:
+        body = json.loads(exc.read() or b"{}")
+    except ValueError:
+        body = {}
+    reason = body.get("reason") if isinstance(body, dict) else None
+    if reason is None:
+        return f"HTTP {exc.code} {exc.reason}"
+    return reason if isinstance(reason, str) else json.dumps(reason)
+
+
+def q(name: str) -> str:
+    """A path segment: names may hold '/', as the default vhost does."""
+    return quote(name, safe="")
+
+
+# ---- output ----
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return "[" + ", ".join(_cell(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return json.dumps(value, separators=(",", ":")) if value else "[]"
+    return str(value)
+
+
+def _lookup(item: Any, path: str) -> Any:
+    for key in path.split("."):
+        item = item.get(key) if isinstance(item, dict) else None
+    return item
+
+
+class Output:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.json = args.formatter == "json"
+        self.quiet = args.quiet or args.silent or self.json
+        self.headers = not (args.no_table_headers or args.silent)
+
+    def info(self, text: str) -> None:
+        if not self.quiet:
+            print(text)
+
+    def rows(
+        self, items: list[dict[str, Any]], columns: list[str], aliases: dict[str, str]
+    ) -> None:
+        paths = [aliases.get(c, c) for c in columns]
+        if items:
+            for column, path in zip(columns, paths, strict=True):
+                if all(_lookup(i, path) is None for i in items) and not _known(items[0], path):
+                    known = ", ".join(sorted(_columns(items[0], aliases)))
+                    raise CtlError(f"unknown column '{column}'; known: {known}", EX_USAGE)
+        table = [[_lookup(i, p) for p in paths] for i in items]
+        if self.json:
+            print(json.dumps([dict(zip(columns, row, strict=True)) for row in table], indent=1))
+            return
+        if self.headers:
+            print("\t".join(columns))
+        for row in table:
+            print("\t".join(_cell(v) for v in row))
+
+    def document(self, value: Any) -> None:
+        print(json.dumps(value, indent=2, sort_keys=True))
+
+
+def _known(item: dict[str, Any], path: str) -> bool:
+    head, _, rest = path.partition(".")
+    if head not in item:
+        return False
+    return not rest or isinstance(item[head], dict)
+
+
+def _columns(item: dict[str, Any], aliases: dict[str, str]) -> set[str]:
+    return set(item) | {a for a, p in aliases.items() if p.split(".")[0] in item}
+
+
+# ---- commands ----
+
+Command = Callable[[Api, argparse.Namespace, Output], None]
+COMMANDS: dict[str, tuple[Command, str, Callable[[argparse.ArgumentParser], object]]] = {}
+
+
+def command(
+    name: str, help_text: str, arguments: Callable[[argparse.ArgumentParser], object] | None = None
+) -> Callable[[Command], Command]:
+    def register(fn: Command) -> Command:
+        COMMANDS[name] = (fn, help_text, arguments or (lambda p: None))
+        return fn
+
+    return register
+
+
+def _columns_arg(default: list[str]) -> Callable[[argparse.ArgumentParser], object]:
+    def add(p: argparse.ArgumentParser) -> None:
+        p.add_argument("columns", nargs="*", metavar="column", help=f"default: {' '.join(default)}")
+        p.set_defaults(default_columns=default)
+
+    return add
+
+
+def _list(
+    name: str,
+    what: str,
+    path: Callable[[argparse.Namespace], str],
+    default: list[str],
+    aliases: dict[str, str] | None = None,
+    per_vhost: bool = True,
+    prepare: Callable[[dict[str, Any]], None] | None = None,
+) -> None:
+    def run(api: Api, args: argparse.Namespace, out: Output) -> None:
+        if per_vhost:
+            out.info(f"Listing {what} for vhost {args.vhost} ...")
+        else:
+            out.info(f"Listing {what} ...")
+        columns = args.columns or args.default_columns
+        try:
+            items = api.get(path(args))
+        except HttpError as exc:
+            if exc.status == 404 and per_vhost:
+                raise CtlError(
+                    f"Virtual host '{args.vhost}' does not exist", EX_UNAVAILABLE
+                ) from None
+            raise
+        if prepare is not None:
+            for item in items:
+                prepare(item)
+        out.rows(items, columns, aliases or {})
+
+    command(name, f"list {what}", _columns_arg(default))(run)
+
+
+_list(
+    "list_queues",
+    "queues",
+    lambda a: f"queues/{q(a.vhost)}",
+    ["name", "messages"],
+)
+_list("list_exchanges", "exchanges", lambda a: f"exchanges/{q(a.vhost)}", ["name", "type"])
+_list(
+    "list_bindings",
+    "bindings",
+    lambda a: f"bindings/{q(a.vhost)}",
+    [
+        "source_name",
+        "source_kind",
+        "destination_name",
+        "destination_kind",
+        "routing_key",
+        "arguments",
+    ],
+    {
+        "source_name": "source",
+        "destination_name": "destination",
+        "destination_kind": "destination_type",
+    },
+    prepare=lambda b: b.setdefault("source_kind", "exchange"),
+)
+_list(
+    "list_connections",
+    "connections",
+    lambda a: "connections",
+    ["user", "peer_host", "peer_port", "state"],
+    {"pid": "name", "connection_name": "user_provided_name"},
+    per_vhost=False,
+)
+_list(
+    "list_channels",
+    "channels",
+    lambda a: "channels",
+    ["name", "user", "consumer_count", "messages_unacknowledged"],
+    {"pid": "name", "connection": "connection_details.name"},
+    per_vhost=False,
+)
+_list(
+    "list_consumers",
+    "consumers",
+    lambda a: f"consumers/{q(a.vhost)}",
+    [
+        "queue_name",
+        "channel_pid",
+        "consumer_tag",
+        "ack_required",
+        "prefetch_count",
+        "active",
+        "arguments",
+    ],
+    {"queue_name": "queue.name", "channel_pid": "channel_details.name"},
+)
+_list(
+    "list_policies",
+    "policies",
+    lambda a: f"policies/{q(a.vhost)}",
+    ["vhost", "name", "pattern", "apply-to", "definition", "priority"],
+)
+_list(
+    "list_permissions",
+    "permissions",
+    lambda a: f"vhosts/{q(a.vhost)}/permissions",
+    ["user", "configure", "write", "read"],
+)
+_list("list_users", "users", lambda a: "users", ["user", "tags"], {"user": "name"}, False)
+_list("list_vhosts", "vhosts", lambda a: "vhosts", ["name"], per_vhost=False)
+
+
+@command(
+    "list_user_permissions",
+    "list a user's permissions in every vhost",
+    lambda p: p.add_argument("username"),
+)
+def list_user_permissions(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f'Listing permissions for user "{args.username}" ...')
+    out.rows(
+        _user_call(api, args.username, lambda: api.get(f"users/{q(args.username)}/permissions")),
+        ["vhost", "configure", "write", "read"],
+        {},
+    )
+
+
+def _user_call(api: Api, name: str, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except HttpError as exc:
+        if exc.status == 404:
+            raise CtlError(f'User "{name}" does not exist', EX_NOUSER) from None
+        raise
+
+
+def _user(api: Api, name: str) -> dict[str, Any]:
+    user: dict[str, Any] = _user_call(api, name, lambda: api.get(f"users/{q(name)}"))
+    return user
+
+
+@command("status", "show the broker's status")
+def status(api: Api, args: argparse.Namespace, out: Output) -> None:
+    overview = api.get("overview")
+    try:
+        health = api.get("health/checks/alarms")
+    except HttpError as exc:
+        if exc.status != 503:
+            raise
+        health = {"status": "failed", "alarms": []}
+    alarms = health.get("alarms", []) if isinstance(health, dict) else []
+    if out.json:
+        out.document({**overview, "alarms": alarms})
+        return
+    totals = overview.get("object_totals", {})
+    messages = overview.get("queue_totals", {})
+    print(f"Status of node {overview.get('node')} ...")
+    print(f"Product: {overview.get('product_name')} {overview.get('product_version')}")
+    print(f"Management API: RabbitMQ {overview.get('management_version')} compatible")
+    print(f"Uptime (seconds): {int(overview.get('uptime', 0)) // 1000}")
+    print("Listeners:")
+    for listener in overview.get("listeners", []):
+        print(f"  {listener['protocol']}: {listener['ip_address']}:{listener['port']}")
+    print(
+        "Totals: "
+        + ", ".join(f"{k} {totals.get(k, 0)}" for k in ("connections", "channels", "consumers"))
+        + ", "
+        + ", ".join(f"{k} {totals.get(k, 0)}" for k in ("queues", "exchanges"))
+    )
+    print(
+        f"Messages: {messages.get('messages', 0)} (ready {messages.get('messages_ready', 0)}, "
+        f"unacknowledged {messages.get('messages_unacknowledged', 0)})"
+    )
+    print("Alarms: " + (", ".join(a.get("resource", "?") for a in alarms) or "(none)"))
+
+
+@command("ping", "check that the broker answers (and that the credentials work)")
+def ping(api: Api, args: argparse.Namespace, out: Output) -> None:
+    overview = api.get("overview")
+    out.info(f"Will ping {overview.get('node')}.")
+    if not out.json:
+        print("Ping succeeded")
+    else:
+        out.document({"result": "ok", "node": overview.get("node")})
+
+
+def _policy_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--priority", type=int, default=0)
+    p.add_argument(
+        "--apply-to",
+        default="all",
+        choices=["queues", "classic_queues", "quorum_queues", "exchanges", "all"],
+    )
+    p.add_argument("name")
+    p.add_argument("pattern")
+    p.add_argument("definition", help="a JSON object")
+
+
+@command("set_policy", "set a policy", _policy_args)
+def set_policy(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(
+        f'Setting policy "{args.name}" for pattern "{args.pattern}" to "{args.definition}" '
+        f'with priority "{args.priority}" for vhost "{args.vhost}" ...'
+    )
+    try:
+        definition = json.loads(args.definition)
+    except ValueError as exc:
+        raise CtlError(f"policy definition is not JSON: {exc}", EX_USAGE) from None
+    body = {
+        "pattern": args.pattern,
+        "definition": definition,
+        "priority": args.priority,
+        "apply-to": args.apply_to,
+    }
+    _vhost_call(
+        args.vhost, lambda: api.request("PUT", f"policies/{q(args.vhost)}/{q(args.name)}", body)
+    )
+
+
+def _vhost_call(vhost: str, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except HttpError as exc:
+        if exc.status == 404 and "vhost" in str(exc):
+            raise CtlError(f"Virtual host '{vhost}' does not exist", EX_UNAVAILABLE) from None
+        raise
+
+
+@command("clear_policy", "remove a policy", lambda p: p.add_argument("name"))
+def clear_policy(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f'Clearing policy "{args.name}" on vhost "{args.vhost}" ...')
+    try:
+        api.request("DELETE", f"policies/{q(args.vhost)}/{q(args.name)}")
+    except HttpError as exc:
+        if exc.status == 404:
+            raise CtlError(
+                f'policy "{args.name}" does not exist in vhost "{args.vhost}"', EX_UNAVAILABLE
+            ) from None
+        raise
+
+
+@command("trace_on", "record what happens to every message in a vhost (see warren-report)")
+def trace_on(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f'Starting tracing for vhost "{args.vhost}" ...')
+    _trace_call(api, "PUT", args.vhost)
+
+
+@command("trace_off", "stop recording the message lifecycle of a vhost")
+def trace_off(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f'Stopping tracing for vhost "{args.vhost}" ...')
+    _trace_call(api, "DELETE", args.vhost)
+
+
+def _trace_call(api: Api, method: str, vhost: str) -> None:
+    try:
+        api.request(method, f"trace/{q(vhost)}")
+    except HttpError as exc:
+        if exc.status == 404:
+            raise CtlError(f"Virtual host '{vhost}' does not exist", EX_UNAVAILABLE) from None
+        raise
+
+
+def _two(first: str, second: str) -> Callable[[argparse.ArgumentParser], object]:
+    def add(p: argparse.ArgumentParser) -> None:
+        p.add_argument(first)
+        p.add_argument(second)
+
+    return add
+
+
+@command("add_user", "add a user (no tags, no permissions)", _two("username", "password"))
+def add_user(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f'Adding user "{args.username}" ...')
+    try:
+        api.get(f"users/{q(args.username)}")
+    except HttpError as exc:
+        if exc.status != 404:
+            raise
+    else:
+        raise CtlError(f'User "{args.username}" already exists', EX_SOFTWARE)
+    api.request("PUT", f"users/{q(args.username)}", {"password": args.password, "tags": ""})
+    out.info(
+        "Done. Don't forget to grant the user permissions to some virtual hosts! "
+        "See 'warrenctl set_permissions --help' to learn more."
+    )
+
+
+@command("delete_user", "delete a user", lambda p: p.add_argument("username"))
+def delete_user(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f'Deleting user "{args.username}" ...')
+    _user_call(api, args.username, lambda: api.request("DELETE", f"users/{q(args.username)}"))
+
+
+@command("change_password", "change a user's password", _two("username", "new_password"))
+def change_password(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f'Changing password for user "{args.username}" ...')
+    user = _user(api, args.username)
+    body = {"password": args.new_password, "tags": user.get("tags", [])}
+    api.request("PUT", f"users/{q(args.username)}", body)
+
+
+def _tags_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("username")
+    p.add_argument("tags", nargs="*", metavar="tag")
+
+
+@command("set_user_tags", "replace a user's tags (none clears them)", _tags_args)
+def set_user_tags(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f'Setting tags for user "{args.username}" to [{", ".join(args.tags)}] ...')
+    user = _user(api, args.username)
+    # the API replaces the whole user: keep its password by sending the hash back
+    body = {
+        "password_hash": user.get("password_hash", ""),
+        "hashing_algorithm": user.get("hashing_algorithm"),
+        "tags": args.tags,
+    }
+    api.request("PUT", f"users/{q(args.username)}", body)
+
+
+def _vhost_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("vhost_name", metavar="vhost")
+    p.add_argument("--description", default=None)
+    p.add_argument("--tags", default=None, help="comma-separated")
+    p.add_argument("--default-queue-type", default=None, choices=["classic", "quorum"])
+
+
+@command("add_vhost", "add a virtual host", _vhost_args)
+def add_vhost(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f'Adding vhost "{args.vhost_name}" ...')
+    body: dict[str, Any] = {}
+    if args.description is not None:
+        body["description"] = args.description
+    if args.tags is not None:
+        body["tags"] = args.tags
+    if args.default_queue_type is not None:
+        body["default_queue_type"] = args.default_queue_type
+    api.request("PUT", f"vhosts/{q(args.vhost_name)}", body)
+
+
+@command(
+    "delete_vhost",
+    "delete a virtual host and everything in it",
+    lambda p: p.add_argument("vhost_name", metavar="vhost"),
+)
+def delete_vhost(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f'Deleting vhost "{args.vhost_name}" ...')
+    try:
+        api.request("DELETE", f"vhosts/{q(args.vhost_name)}")
+    except HttpError as exc:
+        if exc.status == 404:
+            raise CtlError(
+                f"Virtual host '{args.vhost_name}' does not exist", EX_UNAVAILABLE
+            ) from None
+        raise
+
+
+def _permission_args(p: argparse.ArgumentParser) -> None:
+    for name in ("username", "conf", "write", "read"):
+        p.add_argument(name)
+
+
+@command("set_permissions", "set a user's permissions in a vhost", _permission_args)
+def set_permissions(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f'Setting permissions for user "{args.username}" in vhost "{args.vhost}" ...')
+    body = {"configure": args.conf, "write": args.write, "read": args.read}
+    try:
+        api.request("PUT", f"permissions/{q(args.vhost)}/{q(args.username)}", body)
+    except HttpError as exc:
+        if str(exc) == "vhost_or_user_not_found":
+            raise CtlError(
+                f"no user '{args.username}' or no vhost '{args.vhost}'", EX_UNAVAILABLE
+            ) from None
+        raise
+
+
+@command(
+    "clear_permissions",
+    "remove a user's permissions in a vhost",
+    lambda p: p.add_argument("username"),
+)
+def clear_permissions(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f'Clearing permissions for user "{args.username}" in vhost "{args.vhost}" ...')
+    try:
+        api.request("DELETE", f"permissions/{q(args.vhost)}/{q(args.username)}")
+    except HttpError as exc:
+        if exc.status == 404:
+            raise CtlError(
+                f"user '{args.username}' has no permissions in vhost '{args.vhost}'", EX_UNAVAILABLE
+            ) from None
+        raise
+
+
+def _queue_missing(args: argparse.Namespace) -> CtlError:
+    return CtlError(f"queue '{args.queue}' in vhost '{args.vhost}' not found", EX_UNAVAILABLE)
+
+
+@command("purge_queue", "remove a queue's ready messages", lambda p: p.add_argument("queue"))
+def purge_queue(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f"Purging queue '{args.queue}' in vhost '{args.vhost}' ...")
+    try:
+        api.request("DELETE", f"queues/{q(args.vhost)}/{q(args.queue)}/contents")
+    except HttpError as exc:
+        if exc.status == 404:
+            raise _queue_missing(args) from None
+        raise
+
+
+def _delete_queue_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("queue")
+    p.add_argument("-e", "--if-empty", action="store_true", help="only if it has no messages")
+    p.add_argument("-u", "--if-unused", action="store_true", help="only if it has no consumers")
+
+
+@command("delete_queue", "delete a queue", _delete_queue_args)
+def delete_queue(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f"Deleting queue '{args.queue}' on vhost '{args.vhost}' ...")
+    path = f"queues/{q(args.vhost)}/{q(args.queue)}"
+    try:
+        ready = api.get(path + "?columns=messages_ready").get("messages_ready", 0)
+        flags = [f for f, on in (("if-empty", args.if_empty), ("if-unused", args.if_unused)) if on]
+        api.request("DELETE", path + ("?" + "&".join(f + "=true" for f in flags) if flags else ""))
+    except HttpError as exc:
+        if exc.status == 404:
+            raise _queue_missing(args) from None
+        raise
+    out.info(f"Queue was successfully deleted with {ready} ready messages")
+
+
+def _close_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("connection", help="its name, as list_connections name shows it")
+    p.add_argument("explanation")
+
+
+@command("close_connection", "close a client connection", _close_args)
+def close_connection(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f"Closing connection {args.connection}, reason: {args.explanation}...")
+    try:
+        api.request(
+            "DELETE", f"connections/{q(args.connection)}", headers={"X-Reason": args.explanation}
+        )
+    except HttpError as exc:
+        if exc.status == 404:
+            raise CtlError(f"no connection named '{args.connection}'", EX_UNAVAILABLE) from None
+        raise
+
+
+@command(
+    "export_definitions",
+    "write users, vhosts, permissions, policies, queues, exchanges and bindings as JSON",
+    lambda p: p.add_argument("path", help="a file, or - for standard output"),
+)
+def export_definitions(api: Api, args: argparse.Namespace, out: Output) -> None:
+    definitions = api.get("definitions")
+    text = json.dumps(definitions, indent=2) + "\n"
+    if args.path == "-":
+        sys.stdout.write(text)
+        return
+    out.info(f'Exporting definitions in JSON to a file at "{args.path}" ...')
+    try:
+        with open(args.path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise CtlError(f"cannot write {args.path}: {exc.strerror}", EX_SOFTWARE) from None
+
+
+@command(
+    "import_definitions",
+    "import a definitions file (RabbitMQ's JSON format)",
+    lambda p: p.add_argument(
+        "path", nargs="?", default="-", help="a file, or - for standard input"
+    ),
+)
+def import_definitions(api: Api, args: argparse.Namespace, out: Output) -> None:
+    where = "standard input" if args.path == "-" else f'a file at "{args.path}"'
+    out.info(f"Importing definitions in JSON from {where} ...")
+    try:
+        if args.path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(args.path, encoding="utf-8") as fh:
+                text = fh.read()
+    except OSError as exc:
+        raise CtlError(f"cannot read {args.path}: {exc.strerror}", EX_USAGE) from None
+    try:
+        definitions = json.loads(text)
+    except ValueError as exc:
+        raise CtlError(f"{args.path} is not valid JSON: {exc}", EX_DATAERR) from None
+    api.request("POST", "definitions", definitions)
+    out.info("Successfully imported definitions.")
+
+
+# ---- the command line ----
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise CtlError(f"(argument validation): {message}", EX_USAGE)
+
+
+def _common(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """Options allowed before and after the verb, as rabbitmqctl's are."""
+    sup = None if defaults else argparse.SUPPRESS
+
+    def d(value: Any) -> Any:
+        return value if defaults else sup
+
+    parser.add_argument(
+        "--url", default=d(None), help="management API, e.g. http://user:pass@host:15672"
+    )
+    parser.add_argument(
+        "--username",
+        dest="api_user",
+        metavar="USER",
+        default=d(None),
+        help="default: the config's default_user",
+    )
+    parser.add_argument(
+        "--password",
+        dest="api_password",
+        metavar="PASSWORD",
+        default=d(None),
+        help="default: its default_pass",
+    )
+    parser.add_argument("--config", default=d(None), help="rabbitmq.conf to read defaults from")
+    parser.add_argument("-p", "--vhost", default=d("/"), help="virtual host (default /)")
+    parser.add_argument("--formatter", choices=["table", "json"], default=d("table"))
+    parser.add_argument("-q", "--quiet", action="store_true", default=d(False))
+    parser.add_argument("-s", "--silent", action="store_true", default=d(False))
+    parser.add_argument("--no-table-headers", action="store_true", default=d(False))
+    parser.add_argument("-t", "--timeout", type=float, default=d(60.0), help="seconds")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="warrenctl",
+        description="Manage Warren through its management API (rabbitmqctl's commands).",
+    )
+    _common(parser, defaults=True)
+    sub = parser.add_subparsers(dest="command", metavar="command", parser_class=_Parser)
+    for name, (_, help_text, arguments) in sorted(COMMANDS.items()):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        _common(p, defaults=False)
+        arguments(p)
+    return parser
+
+
+def _connection(args: argparse.Namespace) -> Api:
+    """--url and credentials, else the local config's management port and default user."""
+    url, user, password = args.url, args.api_user, args.api_password
+    if url is None or user is None or password is None:
+        from config import ConfigError, load_settings
+
+        try:
+            settings = load_settings(args.config)
+        except ConfigError as exc:
+            raise CtlError(f"configuration error: {exc}", EX_USAGE) from None
+        if url is None:
+            if settings.management_port is None:
+                raise CtlError("the management API is disabled in the configuration; use --url")
+            host = settings.management_ip
+            host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+            host = f"[{host}]" if ":" in host else host
+            url = f"http://{host}:{settings.management_port}"
+        user = settings.default_user if user is None else user
+        password = settings.default_pass if password is None else password
+    return Api(url, user, password, args.timeout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return EX_USAGE
+        fn = COMMANDS[args.command][0]
+        fn(_connection(args), args, Output(args))
+    except HttpError as exc:
+        if exc.status == 401:
+            print(f"Error: not authorised: {exc}", file=sys.stderr)
+        else:
+            print(f"Error: {exc}", file=sys.stderr)
+        return exc.code
+    except CtlError as exc:
+        text = str(exc)
+        print(f"Error{'' if text.startswith('(') else ':'} {text}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""``warren-report`` (also ``python -m pipeline``): run the job, write the tables and the report.
+
+    warren-report --trace ./trace --out ./report                 # embedded Spark, local[*]
+    warren-report --trace ./trace --out ./report --queue orders  # + why orders is slow
+    warren-report --trace ./trace --message order-42             # what happened to it
+    warren-report --trace hdfs:///warren/trace --out hdfs:///warren/report \\
+        --master spark://head:7077                               # on a cluster
+    spark-submit pipeline/cli.py --trace ... --out ...           # or through spark-submit
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+DETAIL_FIELDS = (
+    "exchange",
+    "rk",
+    "queues",
+    "size",
+    "mid",
+    "cid",
+    "persistent",
+    "conn",
+    "ch",
+    "seq",
+    "consumer",
+    "tag",
+    "redelivered",
+    "count",
+    "no_ack",
+    "requeue",
+    "why",
+    "attempt",
+    "delay_ms",
+    "reason",
+    "dlx",
+    "dlrk",
+    "tags",
+    "timeout_ms",
+    "action",
+    "dead_letter",
+)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="warren-report",
+        description="Analyse Warren's message-lifecycle traces with Spark.",
+    )
+    p.add_argument("--trace", required=True, help="trace directory (or one file)")
+    p.add_argument("--out", help="where the Parquet tables and report.html go")
+    p.add_argument("--master", help="Spark master (default local[*], or spark-submit's)")
+    p.add_argument(
+        "--message",
+        metavar="ID",
+        help="print the history of one message: the broker's id, a message-id or a correlation-id",
+    )
+    p.add_argument("--queue", help="after the report, print why this queue is slow")
+    p.add_argument("--bucket-seconds", type=int, default=60, help="rate/depth bucket (60)")
+    p.add_argument(
+        "--max-deliveries",
+        type=int,
+        default=3,
+        help="a message delivered more often than this is a problem (3)",
+    )
+    p.add_argument("--driver-memory", default="4g", help="embedded runs only (4g)")
+    p.add_argument("--partitions", type=int, default=32, help="shuffle partitions, embedded (32)")
+    p.add_argument(
+        "--render",
+        action="store_true",
+        help="only redraw report.html from the tables already in --out",
+    )
+    args = p.parse_args(argv)
+    if args.out is None and args.message is None:
+        p.error("give --out DIR for the report, or --message ID for one message's history")
+    return args
+
+
+def _time(ts: int) -> str:
+    moment = datetime.datetime.fromtimestamp(ts / 1e6, tz=datetime.UTC)
+    return moment.strftime("%H:%M:%S.%f")
+
+
+def print_history(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        print("no such message in the trace")
+        return
+    current = None
+    start = 0
+    for row in rows:
+        if row["msg"] != current:
+            current, start = row["msg"], row["ts"]
+            print(f"\nmessage {current} ({row['vhost']})")
+        details = []
+        for key in DETAIL_FIELDS:
+            value = row.get(key)
+            if value is not None and value != [] and not (key == "dead_letter" and not value):
+                details.append(f"{key}={value}")
+        queue = row.get("queue") or ""
+        elapsed = (row["ts"] - start) / 1000
+        print(
+            f"  {_time(row['ts'])} {elapsed:>+11.3f}ms  {row['ev']:<19}{queue:<20}"
+            f"{' '.join(details)}"
+        )
+
+
+def run(
+    spark: SparkSession, trace: str, out: str, bucket_seconds: int = 60, max_deliveries: int = 3
+) -> None:
+    """The job on an existing session: Parquet tables and report.html in ``out``."""
+    from pipeline import job, report
+
+    tables = job.analyse(job.load_events(spark, trace), bucket_seconds, max_deliveries)
+    job.write(tables, out)
+    spark.catalog.clearCache()
+    report.write_report(out, trace)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from pipeline import report
+
+    if args.render:
+        path, tables = report.write_report(args.out, args.trace)
+        print(report.terminal_summary(tables, args.queue))
+        print(f"\nreport: {path}")
+        return 0
+    from pipeline import job
+
+    started = time.monotonic()
+    spark = job.spark_session(args.master, args.driver_memory, args.partitions)
+    try:
+        events = job.load_events(spark, args.trace)
+        if args.message is not None:
+            rows = [r.asDict() for r in job.message_events(events, args.message).collect()]
+            print_history(rows)
+            if args.out is None:
+                return 0
+        run(spark, args.trace, args.out, args.bucket_seconds, args.max_deliveries)
+    finally:
+        spark.stop()
+    elapsed = time.monotonic() - started
+    data = report.read_tables(args.out)
+    path = f"{args.out}/report.html"
+    events_total = data["summary"][0]["events"]
+    print(report.terminal_summary(data, args.queue))
+    print(
+        f"\n{events_total:,} events in {elapsed:.1f} s ({events_total / elapsed:,.0f} events/s)"
+        f"\ntables: {args.out}/<table>/ (Parquet)\nreport: {path}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

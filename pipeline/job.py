@@ -1,0 +1,521 @@
+"""The analysis: trace events in, the report's tables out, all as Spark DataFrames.
+
+One message may sit in several queues (fan-out, dead-lettering); each (vhost, msg,
+queue) is a *copy*, and most of the work is one window over each copy's events in time
+order. From it come the copy's state before and after each event (ready, unacked,
+delayed, gone), which summed per minute give the depths; the delivery each ack settles
+(so processing time and the consumer that took it); and the copy's outcome.
+
+Timestamps are microseconds; latencies in the tables are milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from pipeline.schema import DEAD_LETTER_REASONS, TRACE_SCHEMA
+
+# order of events that share a microsecond (published and routed always do)
+RANK = {
+    "published": 0,
+    "adopted": 0,
+    "routed": 1,
+    "delivered": 2,
+    "nacked": 3,
+    "acked": 3,
+    "requeued": 4,
+    "retry_scheduled": 4,
+    "expired": 5,
+    "dead_lettered": 6,
+    "dropped": 6,
+}
+# events that happen to one copy in one queue (routed is exploded into one arrival per queue)
+COPY_EVENTS = (
+    "delivered",
+    "acked",
+    "nacked",
+    "requeued",
+    "retry_scheduled",
+    "expired",
+    "dead_lettered",
+    "dropped",
+    "adopted",
+)
+PERCENTILE_ACCURACY = 10_000  # percentile_approx: relative error 1/10000 of the range's rank
+GET = "basic.get"  # the consumer name of basic.get deliveries
+
+
+@dataclass
+class Tables:
+    """What the job writes, one Parquet table each (see README "Message tracing")."""
+
+    queue_minute: DataFrame  # per queue and time bucket: counts and depths
+    queue_latency: DataFrame  # per queue and metric: count, mean, p50, p95, p99, max (ms)
+    consumer_latency: DataFrame  # the same per queue, consumer and metric
+    consumers: DataFrame  # per queue and consumer: deliveries, ack rate, timeouts, ...
+    messages: DataFrame  # per message: publish details, path, outcome
+    problems: DataFrame  # messages with something wrong, and what
+    summary: DataFrame  # one row of totals
+
+    def items(self) -> Iterable[tuple[str, DataFrame]]:
+        return (
+            ("queue_minute", self.queue_minute),
+            ("queue_latency", self.queue_latency),
+            ("consumer_latency", self.consumer_latency),
+            ("consumers", self.consumers),
+            ("messages", self.messages),
+            ("problems", self.problems),
+            ("summary", self.summary),
+        )
+
+
+def spark_session(
+    master: str | None = None,
+    driver_memory: str = "4g",
+    partitions: int = 32,
+    conf: dict[str, str] | None = None,
+) -> SparkSession:
+    """A session for the job: ``local[*]`` unless ``master`` or spark-submit says otherwise."""
+    builder = SparkSession.builder.appName("warren-report")
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started this driver
+    if master is not None:
+        builder = builder.master(master)
+    elif not submitted:
+        builder = builder.master("local[*]")
+    if not submitted and (master is None or master.startswith("local")):
+        # an embedded run: the JVM starts here, so its memory can still be chosen
+        builder = builder.config("spark.driver.memory", driver_memory)
+        builder = builder.config("spark.sql.shuffle.partitions", str(partitions))
+        builder = builder.config("spark.ui.enabled", "false")
+        builder = builder.config("spark.ui.showConsoleProgress", "false")
+    builder = builder.config("spark.sql.session.timeZone", "UTC")
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def load_events(spark: SparkSession, trace: str) -> DataFrame:
+    """Every event of the trace files in ``trace`` (a directory or one file)."""
+    reader = spark.read.schema(TRACE_SCHEMA)
+    if os.path.isdir(trace):
+        reader = reader.option("pathGlobFilter", "warren-trace-*")
+    # a line cut short by a live broker parses as nulls: dropped here
+    return reader.json(trace).filter(F.col("ev").isNotNull() & F.col("ts").isNotNull())
+
+
+def _count(condition: Column) -> Column:
+    return F.sum(F.when(condition, 1).otherwise(0))
+
+
+def _ms(column: Column) -> Column:
+    return column / F.lit(1000.0)
+
+
+def _percentiles(value: Column) -> list[Column]:
+    pct = F.percentile_approx(value, [0.5, 0.95, 0.99], PERCENTILE_ACCURACY)
+    return [
+        F.count(value).alias("count"),
+        F.round(_ms(F.avg(value)), 3).alias("mean_ms"),
+        F.round(_ms(pct[0]), 3).alias("p50_ms"),
+        F.round(_ms(pct[1]), 3).alias("p95_ms"),
+        F.round(_ms(pct[2]), 3).alias("p99_ms"),
+        F.round(_ms(F.max(value)), 3).alias("max_ms"),
+    ]
+
+
+def copy_events(events: DataFrame) -> DataFrame:
+    """One row per event of a copy, with the window's view of the copy's history."""
+    ev = F.col("ev")
+    columns = ["vhost", "msg", "ts", "ev", "consumer", "conn", "redelivered", "requeue", "why"]
+    columns += ["reason"]
+    arrivals = events.filter((ev == "routed") & (F.size("queues") > 0)).select(
+        *columns, F.explode("queues").alias("queue")
+    )
+    others = events.filter(ev.isin(*COPY_EVENTS)).select(*columns, "queue")
+    rank = F.create_map(*[F.lit(x) for pair in RANK.items() for x in pair])
+    state = (
+        F.when(ev.isin("routed", "requeued"), "ready")
+        .when(ev == "delivered", "unacked")
+        .when((ev == "nacked") & F.col("requeue"), "unacked")
+        .when(ev == "retry_scheduled", "delayed")
+        .when(ev == "adopted", "none")  # where it was before tracing began is unknown
+        .otherwise("gone")
+    )
+    copy = Window.partitionBy("vhost", "msg", "queue").orderBy("ts", "rank")
+    upto = copy.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    delivered = ev == "delivered"
+    rows = (
+        arrivals.unionByName(others)
+        .withColumn("rank", rank[ev])
+        .withColumn("state", state)
+        .withColumn("prev", F.coalesce(F.lag("state").over(copy), F.lit("none")))
+        .withColumn("arrived_ts", F.last(F.when(ev == "routed", F.col("ts")), True).over(upto))
+        .withColumn("deliver_ts", F.last(F.when(delivered, F.col("ts")), True).over(upto))
+        .withColumn(
+            "by",  # the consumer of the copy's latest delivery
+            F.last(F.when(delivered, F.coalesce("consumer", F.lit(GET))), True).over(upto),
+        )
+        .withColumn("by_conn", F.last(F.when(delivered, F.col("conn")), True).over(upto))
+    )
+    return rows
+
+
+def queue_minute(rows: DataFrame, bucket_seconds: int) -> DataFrame:
+    ev = F.col("ev")
+    bucket_us = bucket_seconds * 1_000_000
+    timed_out = ev.isin("requeued", "retry_scheduled") & (F.col("why") == "consumer_timeout")
+
+    def delta(state: str) -> Column:
+        return F.sum(
+            F.when(F.col("state") == state, 1).otherwise(0)
+            - F.when(F.col("prev") == state, 1).otherwise(0)
+        )
+
+    counts = (
+        rows.withColumn("bucket", (F.col("ts") / bucket_us).cast("long") * bucket_seconds)
+        .groupBy("vhost", "queue", "bucket")
+        .agg(
+            _count(ev == "routed").alias("published"),
+            _count(ev == "delivered").alias("delivered"),
+            _count((ev == "delivered") & F.col("redelivered")).alias("redelivered"),
+            _count(ev == "acked").alias("acked"),
+            _count(ev == "nacked").alias("nacked"),
+            _count(ev == "requeued").alias("requeued"),
+            _count(ev == "retry_scheduled").alias("retried"),
+            _count(timed_out).alias("timed_out"),
+            _count(ev == "expired").alias("expired"),
+            _count(ev == "dead_lettered").alias("dead_lettered"),
+            *[
+                _count((ev == "dead_lettered") & (F.col("reason") == r)).alias(f"dead_lettered_{r}")
+                for r in DEAD_LETTER_REASONS
+            ],
+            _count(ev == "dropped").alias("dropped"),
+            delta("ready").alias("d_ready"),
+            delta("unacked").alias("d_unacked"),
+            delta("delayed").alias("d_delayed"),
+        )
+    )
+    running = (
+        Window.partitionBy("vhost", "queue")
+        .orderBy("bucket")
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    return (
+        counts.withColumn("ready", F.sum("d_ready").over(running))
+        .withColumn("unacked", F.sum("d_unacked").over(running))
+        .withColumn("delayed", F.sum("d_delayed").over(running))
+        .withColumn("minute", F.timestamp_seconds("bucket"))
+        .drop("d_ready", "d_unacked", "d_delayed", "bucket")
+        .orderBy("vhost", "queue", "minute")
+    )
+
+
+def latency_samples(rows: DataFrame) -> DataFrame:
+    """(vhost, queue, consumer, metric, us): one sample per first delivery or ack."""
+    ev = F.col("ev")
+    keys = ["vhost", "queue"]
+    first = rows.filter(
+        (ev == "delivered") & ~F.col("redelivered") & F.col("arrived_ts").isNotNull()
+    ).select(
+        *keys,
+        F.coalesce("consumer", F.lit(GET)).alias("consumer"),
+        F.lit("publish_to_first_delivery").alias("metric"),
+        (F.col("ts") - F.col("arrived_ts")).alias("us"),
+    )
+    acks = rows.filter(ev == "acked")
+    to_ack = acks.filter(F.col("arrived_ts").isNotNull()).select(
+        *keys,
+        F.col("by").alias("consumer"),
+        F.lit("publish_to_ack").alias("metric"),
+        (F.col("ts") - F.col("arrived_ts")).alias("us"),
+    )
+    processing = acks.filter(F.col("deliver_ts").isNotNull()).select(
+        *keys,
+        F.col("by").alias("consumer"),
+        F.lit("deliver_to_ack").alias("metric"),
+        (F.col("ts") - F.col("deliver_ts")).alias("us"),
+    )
+    return first.unionByName(to_ack).unionByName(processing)
+
+
+def consumers(rows: DataFrame, samples: DataFrame) -> DataFrame:
+    ev = F.col("ev")
+    who = F.when(ev == "delivered", F.coalesce("consumer", F.lit(GET))).otherwise(F.col("by"))
+    timed_out = ev.isin("requeued", "retry_scheduled") & (F.col("why") == "consumer_timeout")
+    counts = (
+        rows.filter(ev.isin("delivered", "acked", "nacked", "requeued", "retry_scheduled"))
+        .withColumn("consumer", who)
+        .filter(F.col("consumer").isNotNull())
+        .groupBy("vhost", "queue", "consumer")
+        .agg(
+            F.first("by_conn", True).alias("conn"),
+            _count(ev == "delivered").alias("deliveries"),
+            _count((ev == "delivered") & F.col("redelivered")).alias("redeliveries"),
+            _count(ev == "acked").alias("acks"),
+            _count(ev == "nacked").alias("nacks"),
+            _count(timed_out).alias("timeouts"),
+        )
+    )
+    pct = F.percentile_approx("us", [0.99], PERCENTILE_ACCURACY)
+    processing = (
+        samples.filter(F.col("metric") == "deliver_to_ack")
+        .groupBy("vhost", "queue", "consumer")
+        .agg(
+            F.round(_ms(F.avg("us")), 3).alias("processing_mean_ms"),
+            F.round(_ms(pct[0]), 3).alias("processing_p99_ms"),
+        )
+    )
+    queue = Window.partitionBy("vhost", "queue")
+    return (
+        counts.join(processing, ["vhost", "queue", "consumer"], "left")
+        .withColumn("ack_rate", F.round(F.col("acks") / F.col("deliveries"), 4))
+        .withColumn("share", F.round(F.col("deliveries") / F.sum("deliveries").over(queue), 4))
+        .orderBy("vhost", "queue", F.desc("deliveries"))
+    )
+
+
+def copies(rows: DataFrame) -> DataFrame:
+    """One row per copy: its counts and how it ended."""
+    ev = F.col("ev")
+    last = F.max_by(F.struct("ev", "reason"), F.struct("ts", "rank"))
+    outcome = (
+        F.when(F.col("last.ev") == "acked", "acked")
+        .when(
+            F.col("last.ev").isin("dead_lettered", "dropped"),
+            F.concat_ws(":", "last.ev", "last.reason"),
+        )
+        .when(F.col("last.ev") == "expired", "expired")
+        .when(F.col("last.ev").isin("delivered", "nacked"), "unacked")
+        .when(F.col("last.ev") == "retry_scheduled", "delayed")
+        .otherwise("ready")
+    )
+    return (
+        rows.groupBy("vhost", "msg", "queue")
+        .agg(
+            F.min(F.when(ev == "routed", F.col("ts"))).alias("arrived_ts"),
+            _count(ev == "delivered").alias("deliveries"),
+            _count(ev == "nacked").alias("nacks"),
+            _count(ev == "retry_scheduled").alias("retries"),
+            _count(
+                ev.isin("requeued", "retry_scheduled") & (F.col("why") == "consumer_timeout")
+            ).alias("timeouts"),
+            _count(ev == "expired").alias("expirations"),
+            last.alias("last"),
+        )
+        .withColumn("outcome", outcome)
+        .drop("last")
+    )
+
+
+def messages(events: DataFrame, per_copy: DataFrame) -> DataFrame:
+    ev = F.col("ev")
+    published = (
+        events.filter(ev.isin("published", "adopted"))
+        .groupBy("vhost", "msg")
+        .agg(
+            F.min("ts").alias("published_ts"),
+            F.first("exchange", True).alias("exchange"),
+            F.first("rk", True).alias("routing_key"),
+            F.first("size", True).alias("size"),
+            F.first("mid", True).alias("message_id"),
+            F.first("cid", True).alias("correlation_id"),
+            F.first("conn", True).alias("publisher"),
+            _count(ev == "adopted").alias("adopted"),
+        )
+    )
+    unroutable = events.filter(
+        (ev == "routed") & (F.size("queues") == 0) & ~F.col("dead_letter")
+    ).select(
+        "vhost",
+        "msg",
+        F.when(F.col("mandatory"), "returned").otherwise("unroutable").alias("unrouted"),
+    )
+    label = F.concat(
+        F.col("queue"),
+        F.lit(" ("),
+        F.col("outcome"),
+        F.when(
+            F.col("deliveries") > 0,
+            F.concat(F.lit(", delivered "), F.col("deliveries").cast("string"), F.lit("x")),
+        ).otherwise(F.lit("")),
+        F.when(
+            F.col("retries") > 0,
+            F.concat(F.lit(", retried "), F.col("retries").cast("string"), F.lit("x")),
+        ).otherwise(F.lit("")),
+        F.when(
+            F.col("timeouts") > 0,
+            F.concat(F.lit(", timed out "), F.col("timeouts").cast("string"), F.lit("x")),
+        ).otherwise(F.lit("")),
+        F.lit(")"),
+    )
+    final = F.array_join(
+        F.array_sort(
+            F.array_distinct(
+                F.collect_list(
+                    F.when(~F.col("outcome").startswith("dead_lettered"), F.col("outcome"))
+                )
+            )
+        ),
+        ",",
+    )
+    paths = (
+        per_copy.withColumn("label", label)
+        .groupBy("vhost", "msg")
+        .agg(
+            F.transform(
+                F.array_sort(F.collect_list(F.struct(F.coalesce("arrived_ts", F.lit(0)), "label"))),
+                lambda s: s["label"],
+            ).alias("hops"),
+            F.collect_list("queue").alias("queues"),
+            F.sum("deliveries").alias("deliveries"),
+            F.max("deliveries").alias("max_deliveries"),
+            F.sum("retries").alias("retries"),
+            F.sum("timeouts").alias("timeouts"),
+            final.alias("final"),
+            F.max_by("outcome", F.coalesce("arrived_ts", F.lit(0))).alias("last_outcome"),
+            F.max(F.col("outcome").startswith("dead_lettered")).alias("dead_lettered"),
+            F.max(F.col("expirations") > 0).alias("expired"),
+            F.max(F.col("outcome").isin("unacked", "ready", "delayed")).alias("never_acked"),
+        )
+    )
+    return (
+        published.join(paths, ["vhost", "msg"], "full")
+        .join(unroutable, ["vhost", "msg"], "left")
+        .withColumn("path", F.coalesce(F.array_join("hops", " -> "), F.col("unrouted")))
+        .withColumn(
+            "outcome",
+            F.coalesce(
+                F.col("unrouted"),
+                F.when(F.col("final") != "", F.col("final")),
+                F.col("last_outcome"),
+            ),
+        )
+        .withColumn("published", F.timestamp_micros("published_ts"))
+        .drop("hops", "final", "last_outcome", "unrouted", "published_ts")
+    )
+
+
+def problems(msgs: DataFrame, max_deliveries: int) -> DataFrame:
+    why = F.array_compact(
+        F.array(
+            F.when(
+                F.col("max_deliveries") > max_deliveries,
+                F.concat(F.lit("delivered "), F.col("max_deliveries").cast("string"), F.lit("x")),
+            ),
+            F.when(F.col("dead_lettered"), F.lit("dead_lettered")),
+            F.when(F.col("expired"), F.lit("expired")),
+            F.when(F.col("never_acked"), F.lit("never_acked")),
+            F.when(F.col("outcome").startswith("dropped"), F.col("outcome")),
+            F.when(F.col("outcome").isin("unroutable", "returned"), F.col("outcome")),
+        )
+    )
+    return (
+        msgs.withColumn("problems", why)
+        .filter(F.size("problems") > 0)
+        .select(
+            "vhost",
+            "msg",
+            "message_id",
+            "correlation_id",
+            "published",
+            "problems",
+            "outcome",
+            "deliveries",
+            "path",
+        )
+        .orderBy("published", "msg")
+    )
+
+
+def summary(events: DataFrame, msgs: DataFrame) -> DataFrame:
+    ev = F.col("ev")
+    totals = events.agg(
+        F.count("*").alias("events"),
+        F.timestamp_micros(F.min("ts")).alias("first_event"),
+        F.timestamp_micros(F.max("ts")).alias("last_event"),
+        F.coalesce(F.max("dropped"), F.lit(0)).alias("trace_events_dropped"),
+        _count(ev == "published").alias("published"),
+        F.coalesce(
+            F.sum(F.when((ev == "confirmed") & F.col("ack"), F.col("seq") - F.col("first") + 1)),
+            F.lit(0),
+        ).alias("confirmed"),
+        _count(ev == "delivered").alias("deliveries"),
+        _count(ev == "acked").alias("acks"),
+        _count(ev == "consumer_timed_out").alias("consumer_timeouts"),
+    )
+    outcomes = msgs.agg(
+        F.count("*").alias("messages"),
+        _count(F.col("outcome") == "acked").alias("messages_acked"),
+        _count(F.col("dead_lettered")).alias("messages_dead_lettered"),
+        _count(F.col("expired")).alias("messages_expired"),
+        _count(F.col("never_acked")).alias("messages_never_acked"),
+        _count(F.col("outcome").isin("unroutable", "returned")).alias("messages_unroutable"),
+    )
+    return totals.crossJoin(outcomes)
+
+
+def analyse(events: DataFrame, bucket_seconds: int = 60, max_deliveries: int = 3) -> Tables:
+    """All tables; ``events`` is what :func:`load_events` returns."""
+    # the parsed trace is read three times: keep it on local disk, off the JVM heap
+    events = events.persist(StorageLevel.DISK_ONLY)
+    rows = copy_events(events).persist(StorageLevel.MEMORY_AND_DISK)
+    samples = latency_samples(rows).persist(StorageLevel.MEMORY_AND_DISK)
+    per_copy = copies(rows)
+    msgs = messages(events, per_copy).persist(StorageLevel.MEMORY_AND_DISK)
+    return Tables(
+        queue_minute=queue_minute(rows, bucket_seconds),
+        queue_latency=samples.groupBy("vhost", "queue", "metric")
+        .agg(*_percentiles(F.col("us")))
+        .orderBy("vhost", "queue", "metric"),
+        consumer_latency=samples.groupBy("vhost", "queue", "consumer", "metric")
+        .agg(*_percentiles(F.col("us")))
+        .orderBy("vhost", "queue", "consumer", "metric"),
+        consumers=consumers(rows, samples),
+        messages=msgs,
+        problems=problems(msgs, max_deliveries),
+        summary=summary(events, msgs),
+    )
+
+
+def write(tables: Tables, out: str) -> dict[str, str]:
+    """Each table as Parquet under ``out``; small ones as a single file."""
+    paths = {}
+    for name, frame in tables.items():
+        path = os.path.join(out, name)
+        if name != "messages":
+            frame = frame.coalesce(1)
+        frame.write.mode("overwrite").parquet(path)
+        paths[name] = path
+    return paths
+
+
+def message_events(events: DataFrame, key: str) -> DataFrame:
+    """Every event of the message(s) whose broker id, message-id or correlation-id is ``key``."""
+    match = (F.col("mid") == key) | (F.col("cid") == key)
+    if key.isdigit():
+        match = match | (F.col("msg") == int(key))
+    ids = events.filter(match).select("vhost", "msg").distinct()
+    timed_out = events.filter(F.col("ev") == "consumer_timed_out").select(
+        "*", F.explode("msgs").alias("timed_out_msg")
+    )
+    direct = events.join(ids, ["vhost", "msg"])
+    via_timeout = (
+        timed_out.join(ids.withColumnRenamed("msg", "timed_out_msg"), ["vhost", "timed_out_msg"])
+        .withColumn("msg", F.col("timed_out_msg"))
+        .drop("timed_out_msg")
+    )
+    rank = F.create_map(*[F.lit(x) for pair in RANK.items() for x in pair])
+    return (
+        direct.unionByName(via_timeout)
+        .withColumn("rank", F.coalesce(rank[F.col("ev")], F.lit(9)))
+        .orderBy("msg", "ts", "rank")
+        .drop("rank")
+    )

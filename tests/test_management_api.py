@@ -1,0 +1,878 @@
+"""The management HTTP API over real sockets: paths, methods, status codes and JSON fields
+as RabbitMQ 3.10's management plugin answers them (checked against a live RabbitMQ)."""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pika
+import pytest
+from aiohttp import web
+from pamqp import commands
+
+from broker.management import auth
+from broker.management.app import Ctx, HttpSite, ManagementApp, Router
+from broker.testing import RunningBroker, run_broker
+from tests.amqp_raw import RawClient
+from tests.http_api import HttpApi, q
+
+GUEST_HASH_FROM_RABBITMQ = "bLDJCFT+RRW/IWLG0pNfWcaTbisQwjt5u24TLKjMA6r/NM6/"  # "guest"
+
+
+@pytest.fixture(scope="module")
+def warren() -> Iterator[RunningBroker]:
+    with run_broker(management_port=0, prometheus_port=0) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def api(warren: RunningBroker) -> HttpApi:
+    port = warren.server.management_port
+    assert port
+    return HttpApi(port)
+
+
+def sample(warren: RunningBroker) -> None:
+    warren.call(warren.server.management.rates.sample)
+
+
+# ---- protocol-level behaviour: auth, errors ----
+
+
+def test_overview_and_whoami(api: HttpApi, warren: RunningBroker) -> None:
+    overview = api.ok("GET", "/api/overview")
+    assert overview["product_name"] == "Warren"
+    assert overview["management_version"] == overview["rabbitmq_version"] == "3.10.8"
+    assert {t["name"] for t in overview["exchange_types"]} == {
+        "direct",
+        "fanout",
+        "topic",
+        "headers",
+    }
+    assert set(overview["object_totals"]) == {
+        "connections",
+        "channels",
+        "consumers",
+        "exchanges",
+        "queues",
+    }
+    assert {"messages", "messages_ready", "messages_unacknowledged"} <= set(
+        overview["queue_totals"]
+    )
+    assert "publish_details" in overview["message_stats"]
+    amqp = [x for x in overview["listeners"] if x["protocol"] == "amqp"]
+    assert amqp[0]["port"] == warren.port
+    assert api.ok("GET", "/api/whoami") == {"name": "guest", "tags": ["administrator"]}
+
+
+def test_no_credentials_is_401_with_basic_realm(api: HttpApi) -> None:
+    reply = api.request("GET", "/api/overview", auth=False)
+    assert reply.status == 401
+    assert reply.headers["WWW-Authenticate"] == 'Basic realm="RabbitMQ Management"'
+
+
+def test_wrong_password_is_401_login_failed(api: HttpApi) -> None:
+    reply = api.as_user("guest", "wrong").get("/api/overview")
+    assert (reply.status, reply.body) == (
+        401,
+        {"error": "not_authorized", "reason": "Login failed"},
+    )
+
+
+def test_unknown_path_is_404_json(api: HttpApi) -> None:
+    reply = api.get("/api/nothing-here")
+    assert (reply.status, reply.body) == (404, {"error": "Object Not Found", "reason": "Not Found"})
+    assert api.get("/elsewhere").status == 404
+
+
+def test_wrong_method_is_405_with_allow(api: HttpApi) -> None:
+    reply = api.post("/api/overview")
+    assert reply.status == 405
+    assert reply.headers["Allow"] == "GET"
+    assert reply.body["error"] == "method_not_allowed"
+    assert api.request("PUT", "/api/queues/%2F").status == 405
+
+
+def test_bad_json_is_400_not_json(api: HttpApi) -> None:
+    reply = api.request("PUT", "/api/queues/%2F/badjson", raw=b"{bad")
+    assert (reply.status, reply.body) == (400, {"error": "bad_request", "reason": "not_json"})
+    reply = api.request("PUT", "/api/queues/%2F/badjson", raw=b'"{}"')
+    assert reply.status == 400
+    assert "doubly-JSON-encoded" in reply.body["reason"]
+
+
+def test_bad_value_is_400(api: HttpApi) -> None:
+    reply = api.put("/api/queues/%2F/badvalue", {"durable": "yes"})
+    assert (reply.status, reply.body["reason"]) == (400, ["not_boolean", "yes"])
+    reply = api.put("/api/queues/%2F/badvalue", {"arguments": {"x-message-ttl": "x"}})
+    assert reply.status == 400
+    assert "x-message-ttl" in reply.body["reason"]
+
+
+async def test_a_bug_answers_500_json_not_a_trace() -> None:
+    def broken(ctx: Ctx) -> web.StreamResponse:
+        raise RuntimeError("boom")
+
+    async with run_broker() as running:
+        router = Router()
+        router.add("GET", "broken", broken, auth.any_user)
+        site = HttpSite(ManagementApp(running.server.management, router).app)
+        port = await site.start("127.0.0.1", 0)
+        try:
+            token = base64.b64encode(b"guest:guest").decode()
+            session = aiohttp.ClientSession(headers={"Authorization": "Basic " + token})
+            async with session, session.get(f"http://127.0.0.1:{port}/api/broken") as resp:
+                assert resp.status == 500
+                body = await resp.json()
+        finally:
+            await site.stop()
+    assert body == {"error": "internal_server_error", "reason": "RuntimeError('boom')"}
+
+
+def test_options_answers_allow_without_auth(api: HttpApi) -> None:
+    reply = api.request("OPTIONS", "/api/queues/%2F/x", auth=False)
+    assert reply.status == 200
+    assert set(reply.headers["Allow"].split(", ")) == {"DELETE", "GET", "PUT", "OPTIONS"}
+
+
+# ---- queues ----
+
+
+def test_queue_lifecycle(api: HttpApi, name: str) -> None:
+    path = f"/api/queues/%2F/{q(name)}"
+    assert api.put(path, {"durable": True, "arguments": {"x-message-ttl": 60000}}).status == 201
+    assert api.put(path, {"durable": True, "arguments": {"x-message-ttl": 60000}}).status == 204
+    reply = api.put(path, {"durable": False})
+    assert reply.status == 400
+    assert reply.body["reason"] == (
+        f"inequivalent arg 'durable' for queue '{name}' in vhost '/': "
+        "received 'false' but current is 'true'"
+    )
+    queue = api.ok("GET", path)
+    for key, value in {
+        "name": name,
+        "vhost": "/",
+        "durable": True,
+        "auto_delete": False,
+        "exclusive": False,
+        "arguments": {"x-message-ttl": 60000},
+        "type": "classic",
+        "state": "running",
+        "messages": 0,
+        "messages_ready": 0,
+        "messages_unacknowledged": 0,
+        "consumers": 0,
+        "policy": None,
+        "effective_policy_definition": {},
+        "consumer_details": [],
+        "messages_delayed": 0,
+        "messages_expired": 0,
+        "messages_dead_lettered": {},
+        "consumer_timeouts": 0,
+    }.items():
+        assert queue[key] == value, key
+    assert queue["messages_details"] == {"rate": 0.0}
+    assert name in [x["name"] for x in api.ok("GET", "/api/queues/%2F")]
+    assert name in [x["name"] for x in api.ok("GET", "/api/queues")]
+    assert api.delete(path).status == 204
+    assert api.get(path).status == 404
+    assert api.delete(path).status == 404
+
+
+def test_queue_in_missing_vhost_is_404(api: HttpApi) -> None:
+    assert api.get("/api/queues/no-such-vhost").status == 404
+    assert api.get("/api/queues/no-such-vhost/q").status == 404
+    assert api.put("/api/queues/no-such-vhost/q").status == 404
+
+
+def test_reserved_queue_name_is_access_refused(api: HttpApi) -> None:
+    reply = api.put("/api/queues/%2F/amq.mine")
+    assert (reply.status, reply.body) == (
+        401,
+        {"error": "not_authorised", "reason": "Access refused."},
+    )
+
+
+def test_delete_queue_if_empty_and_if_unused(api: HttpApi, name: str) -> None:
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    api.ok(
+        "POST",
+        "/api/exchanges/%2F/amq.default/publish",
+        {"routing_key": name, "properties": {}, "payload": "x", "payload_encoding": "string"},
+    )
+    reply = api.delete(f"/api/queues/%2F/{q(name)}?if-empty=true")
+    assert (reply.status, reply.body["reason"]) == (400, f"queue '{name}' in vhost '/' not empty")
+    assert api.delete(f"/api/queues/%2F/{q(name)}?if-unused=true").status == 204
+
+
+def test_purge_removes_ready_messages(api: HttpApi, name: str) -> None:
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    for i in range(3):
+        api.ok(
+            "POST",
+            "/api/exchanges/%2F/amq.default/publish",
+            {
+                "routing_key": name,
+                "properties": {},
+                "payload": str(i),
+                "payload_encoding": "string",
+            },
+        )
+    assert api.ok("GET", f"/api/queues/%2F/{q(name)}")["messages_ready"] == 3
+    assert api.delete(f"/api/queues/%2F/{q(name)}/contents").status == 204
+    assert api.ok("GET", f"/api/queues/%2F/{q(name)}")["messages_ready"] == 0
+    assert api.delete("/api/queues/%2F/no-such-queue/contents").status == 404
+
+
+def test_exclusive_queue_is_locked_to_the_api(
+    api: HttpApi, warren: RunningBroker, name: str
+) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(warren.url))
+    try:
+        conn.channel().queue_declare(name, exclusive=True)
+        reply = api.delete(f"/api/queues/%2F/{q(name)}/contents")
+        assert reply.status == 400
+        assert reply.body["reason"].startswith(
+            f"cannot obtain exclusive access to locked queue '{name}' in vhost '/'"
+        )
+        queue = api.ok("GET", f"/api/queues/%2F/{q(name)}")
+        assert queue["exclusive"] is True
+        assert queue["owner_pid_details"]["name"].startswith("127.0.0.1:")
+        get = api.post(
+            f"/api/queues/%2F/{q(name)}/get",
+            {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"},
+        )
+        assert get.status == 400
+        assert get.body["reason"].startswith("405 RESOURCE_LOCKED - cannot obtain exclusive")
+    finally:
+        conn.close()
+
+
+# ---- exchanges and publishing ----
+
+
+def test_exchange_lifecycle(api: HttpApi, name: str) -> None:
+    path = f"/api/exchanges/%2F/{q(name)}"
+    assert api.put(path, {"type": "topic", "durable": True}).status == 201
+    assert api.put(path, {"type": "topic", "durable": True}).status == 204
+    exchange = api.ok("GET", path)
+    assert {
+        k: exchange[k] for k in ("name", "vhost", "type", "durable", "auto_delete", "internal")
+    } == {
+        "name": name,
+        "vhost": "/",
+        "type": "topic",
+        "durable": True,
+        "auto_delete": False,
+        "internal": False,
+    }
+    reply = api.put(path, {"type": "fanout", "durable": True})
+    assert reply.body["reason"] == (
+        f"inequivalent arg 'type' for exchange '{name}' in vhost '/': "
+        "received 'fanout' but current is 'topic'"
+    )
+    assert api.delete(path).status == 204
+    assert api.get(path).status == 404
+
+
+def test_exchange_defaults_and_errors(api: HttpApi, name: str) -> None:
+    assert api.put(f"/api/exchanges/%2F/{q(name)}").status == 201
+    assert api.ok("GET", f"/api/exchanges/%2F/{q(name)}")["type"] == "direct"
+    reply = api.put(f"/api/exchanges/%2F/{q(name)}-2", {"type": "nope"})
+    assert (reply.status, reply.body["reason"]) == (400, "unknown exchange type 'nope'")
+    for path in ("/api/exchanges/%2F/amq.foo",):
+        assert api.put(path, {"type": "fanout"}).body["reason"] == "Access refused."
+    assert api.delete("/api/exchanges/%2F/amq.direct").status == 401
+    assert api.delete("/api/exchanges/%2F/amq.default").status == 401
+    default = api.ok("GET", "/api/exchanges/%2F/amq.default")
+    assert (default["name"], default["type"]) == ("", "direct")
+    names = [x["name"] for x in api.ok("GET", "/api/exchanges/%2F")]
+    assert {"", "amq.direct", "amq.fanout", "amq.topic", "amq.headers", "amq.match"} <= set(names)
+
+
+def publish(
+    api: HttpApi, routing_key: str, payload: str, exchange: str = "amq.default", **props: Any
+) -> Any:
+    return api.post(
+        f"/api/exchanges/%2F/{q(exchange)}/publish",
+        {
+            "routing_key": routing_key,
+            "properties": props,
+            "payload": payload,
+            "payload_encoding": "string",
+        },
+    )
+
+
+def test_publish_and_get_with_properties(api: HttpApi, name: str) -> None:
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    reply = publish(
+        api, name, "hello", delivery_mode=2, headers={"h": 1}, content_type="text/plain"
+    )
+    assert (reply.status, reply.body) == (200, {"routed": True})
+    got = api.ok(
+        "POST",
+        f"/api/queues/%2F/{q(name)}/get",
+        {"count": 5, "ackmode": "ack_requeue_true", "encoding": "auto", "truncate": 50000},
+    )
+    assert got == [
+        {
+            "payload_bytes": 5,
+            "redelivered": False,
+            "exchange": "",
+            "routing_key": name,
+            "message_count": 0,
+            "properties": {"content_type": "text/plain", "headers": {"h": 1}, "delivery_mode": 2},
+            "payload": "hello",
+            "payload_encoding": "string",
+        }
+    ]
+    # ack_requeue_true puts it back, redelivered
+    again = api.ok(
+        "POST",
+        f"/api/queues/%2F/{q(name)}/get",
+        {"count": 1, "ackmode": "ack_requeue_false", "encoding": "base64"},
+    )
+    assert again[0]["redelivered"] is True
+    assert base64.b64decode(again[0]["payload"]) == b"hello"
+    assert again[0]["payload_encoding"] == "base64"
+    assert api.ok("GET", f"/api/queues/%2F/{q(name)}")["messages"] == 0
+
+
+def test_get_fetches_distinct_messages_and_truncates(api: HttpApi, name: str) -> None:
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    for body in ("first message", "second"):
+        publish(api, name, body)
+    got = api.ok(
+        "POST",
+        f"/api/queues/%2F/{q(name)}/get",
+        {"count": 5, "ackmode": "reject_requeue_true", "encoding": "auto", "truncate": 5},
+    )
+    assert [(m["payload"], m["payload_bytes"], m["message_count"]) for m in got] == [
+        ("first", 13, 1),
+        ("secon", 6, 0),
+    ]
+    assert api.ok("GET", f"/api/queues/%2F/{q(name)}")["messages_ready"] == 2
+
+
+def test_get_reject_requeue_false_dead_letters(api: HttpApi, name: str) -> None:
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}.dlq")
+    api.ok(
+        "PUT",
+        f"/api/queues/%2F/{q(name)}",
+        {"arguments": {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": f"{name}.dlq"}},
+    )
+    publish(api, name, "bad")
+    api.ok(
+        "POST",
+        f"/api/queues/%2F/{q(name)}/get",
+        {"count": 1, "ackmode": "reject_requeue_false", "encoding": "auto"},
+    )
+    assert api.ok("GET", f"/api/queues/%2F/{q(name)}.dlq")["messages_ready"] == 1
+    assert api.ok("GET", f"/api/queues/%2F/{q(name)}")["messages_dead_lettered"] == {"rejected": 1}
+
+
+def test_get_and_publish_bad_bodies(api: HttpApi, name: str) -> None:
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    reply = api.post(f"/api/queues/%2F/{q(name)}/get", {"count": 1, "ackmode": "ack_requeue_true"})
+    assert (reply.status, reply.body["reason"]) == (400, "[{key_missing,encoding}]")
+    reply = api.post(
+        "/api/exchanges/%2F/amq.default/publish",
+        {"routing_key": name, "properties": {}, "payload": "x"},
+    )
+    assert reply.body["reason"] == "[{key_missing,payload_encoding}]"
+    reply = api.post(
+        "/api/exchanges/%2F/amq.default/publish",
+        {"routing_key": name, "properties": {}, "payload": "x", "payload_encoding": "zz"},
+    )
+    assert reply.body["reason"] == ["unsupported_encoding", "zz"]
+    reply = publish(api, name, "x", delivery_mode="x")
+    assert reply.body["reason"] == ["not_int", "delivery_mode"]
+    reply = publish(api, name, "x", exchange="no-such-exchange")
+    assert (reply.status, reply.body["reason"]) == (
+        400,
+        "404 NOT_FOUND - no exchange 'no-such-exchange' in vhost '/'",
+    )
+    reply = publish(api, name, "x", user_id="mallory")
+    assert reply.body["reason"] == (
+        "406 PRECONDITION_FAILED - user_id property set to 'mallory' but authenticated user "
+        "was 'guest'"
+    )
+
+
+def test_publish_unroutable_and_expiration(api: HttpApi, name: str) -> None:
+    assert publish(api, f"{name}-nobody", "x").body == {"routed": False}
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    publish(api, name, "short-lived", expiration="0")
+    assert api.ok("GET", f"/api/queues/%2F/{q(name)}")["messages"] == 0
+    assert api.ok("GET", f"/api/queues/%2F/{q(name)}")["messages_expired"] == 1
+
+
+def test_publish_rejected_by_full_queue(api: HttpApi, name: str) -> None:
+    api.ok(
+        "PUT",
+        f"/api/queues/%2F/{q(name)}",
+        {"arguments": {"x-max-length": 1, "x-overflow": "reject-publish"}},
+    )
+    assert publish(api, name, "1").status == 200
+    reply = publish(api, name, "2")
+    assert (reply.status, reply.body["reason"]) == (
+        400,
+        "rejected Unable to publish message. Check queue limits.",
+    )
+
+
+# ---- bindings ----
+
+
+def test_binding_lifecycle(api: HttpApi, name: str) -> None:
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    api.ok("PUT", f"/api/exchanges/%2F/{q(name)}.x", {"type": "topic"})
+    between = f"/api/bindings/%2F/e/{q(name)}.x/q/{q(name)}"
+    reply = api.post(between, {"routing_key": "a.b", "arguments": {}})
+    assert reply.status == 201
+    assert reply.headers["Location"] == f"{name}/a.b"
+    listed = api.ok("GET", between)
+    assert listed == [
+        {
+            "source": f"{name}.x",
+            "vhost": "/",
+            "destination": name,
+            "destination_type": "queue",
+            "routing_key": "a.b",
+            "arguments": {},
+            "properties_key": "a.b",
+        }
+    ]
+    default = [b for b in api.ok("GET", "/api/bindings/%2F") if b["destination"] == name]
+    assert [(b["source"], b["routing_key"]) for b in default] == [("", name), (f"{name}.x", "a.b")]
+    assert publish(api, "a.b", "routed", exchange=f"{name}.x").body == {"routed": True}
+    assert api.ok("GET", between + "/a.b")["routing_key"] == "a.b"
+    assert len(api.ok("GET", f"/api/queues/%2F/{q(name)}/bindings")) == 2
+    assert len(api.ok("GET", f"/api/exchanges/%2F/{q(name)}.x/bindings/source")) == 1
+    assert api.delete(between + "/a.b").status == 204
+    assert api.ok("GET", between) == []
+    assert api.delete(between + "/a.b").status == 404
+
+
+def test_binding_with_arguments_and_exchange_destination(api: HttpApi, name: str) -> None:
+    api.ok("PUT", f"/api/exchanges/%2F/{q(name)}.src", {"type": "headers"})
+    api.ok("PUT", f"/api/exchanges/%2F/{q(name)}.dst", {"type": "fanout"})
+    between = f"/api/bindings/%2F/e/{q(name)}.src/e/{q(name)}.dst"
+    location = api.post(between, {"routing_key": "", "arguments": {"x-match": "any", "k": "v"}})
+    assert location.status == 201
+    (binding,) = api.ok("GET", between)
+    assert binding["destination_type"] == "exchange"
+    assert binding["arguments"] == {"x-match": "any", "k": "v"}
+    assert binding["properties_key"].startswith("~")
+    assert location.headers["Location"].endswith(binding["properties_key"])
+    assert len(api.ok("GET", f"/api/exchanges/%2F/{q(name)}.dst/bindings/destination")) == 1
+    assert api.delete(between + "/" + q(binding["properties_key"])).status == 204
+    assert api.ok("GET", between) == []
+
+
+def test_binding_key_in_urls_as_rabbitmqadmin_sends_it(api: HttpApi, name: str) -> None:
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    between = f"/api/bindings/%2F/e/amq.topic/q/{q(name)}"
+    api.ok("POST", between, {"routing_key": "order.#"})
+    (binding,) = api.ok("GET", between)
+    assert binding["properties_key"] == "order.%23"
+    # the listed key quoted once more (rabbitmqadmin), or sent as listed: both name it
+    assert api.get(f"{between}/{q(binding['properties_key'])}").status == 200
+    assert api.delete(f"{between}/{binding['properties_key']}").status == 204
+    assert api.ok("GET", between) == []
+
+
+def test_binding_to_missing_objects(api: HttpApi, name: str) -> None:
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    reply = api.post(f"/api/bindings/%2F/e/{q(name)}-nope/q/{q(name)}", {"routing_key": "k"})
+    assert (reply.status, reply.body["reason"]) == (404, f"no exchange '{name}-nope' in vhost '/'")
+    reply = api.post(f"/api/bindings/%2F/e/amq.direct/q/{q(name)}-nope", {"routing_key": "k"})
+    assert (reply.status, reply.body["reason"]) == (404, f"no queue '{name}-nope' in vhost '/'")
+    reply = api.post(f"/api/bindings/%2F/e/amq.default/q/{q(name)}", {"routing_key": "k"})
+    assert reply.status == 401
+    assert api.get(f"/api/bindings/%2F/e/amq.direct/q/{q(name)}-nope").status == 404
+
+
+# ---- connections, channels, consumers ----
+
+
+def test_connections_channels_consumers(api: HttpApi, warren: RunningBroker, name: str) -> None:
+    params = pika.URLParameters(warren.url)
+    params.client_properties = {"connection_name": name}
+    conn = pika.BlockingConnection(params)
+    try:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=7)
+        ch.queue_declare(name)
+        ch.basic_publish("", name, b"x")
+        ch.basic_consume(
+            name, lambda *a: None, consumer_tag=f"{name}-tag", arguments={"x-priority": 3}
+        )
+        conn.channel().confirm_delivery()
+        conn.process_data_events(0.1)
+        (mine,) = [
+            c for c in api.ok("GET", "/api/connections") if c.get("user_provided_name") == name
+        ]
+        assert mine["name"] == f"127.0.0.1:{mine['peer_port']} -> 127.0.0.1:{warren.port}"
+        for key, value in {
+            "vhost": "/",
+            "user": "guest",
+            "state": "running",
+            "protocol": "AMQP 0-9-1",
+            "channels": 2,
+            "peer_host": "127.0.0.1",
+            "port": warren.port,
+            "ssl": False,
+        }.items():
+            assert mine[key] == value, key
+        assert mine["client_properties"]["product"] == "Pika Python Client Library"
+        assert abs(mine["connected_at"] / 1000 - time.time()) < 60
+        assert api.ok("GET", f"/api/connections/{q(mine['name'])}")["name"] == mine["name"]
+        channels = api.ok("GET", f"/api/connections/{q(mine['name'])}/channels")
+        assert [(c["number"], c["confirm"]) for c in channels] == [(1, False), (2, True)]
+        channel = api.ok("GET", f"/api/channels/{q(mine['name'] + ' (1)')}")
+        for key, value in {
+            "prefetch_count": 7,
+            "consumer_count": 1,
+            "messages_unacknowledged": 1,
+            "transactional": False,
+            "connection_details": {
+                "name": mine["name"],
+                "peer_host": "127.0.0.1",
+                "peer_port": mine["peer_port"],
+            },
+        }.items():
+            assert channel[key] == value, key
+        assert channel["consumer_details"][0]["consumer_tag"] == f"{name}-tag"
+        (consumer,) = [
+            c for c in api.ok("GET", "/api/consumers/%2F") if c["consumer_tag"] == f"{name}-tag"
+        ]
+        for key, value in {
+            "queue": {"name": name, "vhost": "/"},
+            "ack_required": True,
+            "exclusive": False,
+            "prefetch_count": 7,
+            "active": True,
+            "activity_status": "up",
+            "arguments": {"x-priority": 3},
+            "messages_unacknowledged": 1,
+            "consumer_timeout": None,
+            "timed_out": False,
+        }.items():
+            assert consumer[key] == value, key
+        assert consumer["channel_details"]["name"] == mine["name"] + " (1)"
+        assert api.ok("GET", f"/api/queues/%2F/{q(name)}")["consumer_details"][0][
+            "consumer_tag"
+        ] == (f"{name}-tag")
+        # closing it from the API: 320 with the X-Reason header as text
+        reply = api.delete(f"/api/connections/{q(mine['name'])}", headers={"X-Reason": "bye now"})
+        assert reply.status == 204
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+            conn.process_data_events(2)
+        assert (closed.value.reply_code, closed.value.reply_text) == (
+            320,
+            "CONNECTION_FORCED - bye now",
+        )
+    finally:
+        if conn.is_open:
+            conn.close()
+    assert api.get(f"/api/connections/{q(mine['name'])}").status == 404
+
+
+def test_consumer_timeout_state_is_shown(api: HttpApi, warren: RunningBroker, name: str) -> None:
+    with RawClient.connect((warren.host, warren.port)) as client:
+        client.declare_queue(1, name, durable=True, arguments={"x-queue-type": "quorum"})
+        client.publish(1, b"slow", routing_key=name)
+        tag = client.consume(1, name, f"{name}-slow", arguments={"x-consumer-timeout": 100})
+        client.read_delivery(1)
+        client.expect_method(commands.Basic.Cancel, 1, 5)
+        (consumer,) = [c for c in api.ok("GET", "/api/consumers") if c["consumer_tag"] == tag]
+        assert (
+            consumer["consumer_timeout"],
+            consumer["timed_out"],
+            consumer["timed_out_deliveries"],
+        ) == (
+            100,
+            True,
+            1,
+        )
+        queue = api.ok("GET", f"/api/queues/%2F/{q(name)}")
+        assert (queue["type"], queue["consumer_timeouts"], queue["messages_ready"]) == (
+            "quorum",
+            1,
+            1,
+        )
+
+
+def test_delayed_retry_and_expiry_counters(api: HttpApi, warren: RunningBroker, name: str) -> None:
+    api.ok(
+        "PUT",
+        f"/api/queues/%2F/{q(name)}",
+        {"arguments": {"x-delayed-retry-type": "all", "x-delayed-retry-min": 60000}},
+    )
+    publish(api, name, "retry me")
+    api.ok(
+        "POST",
+        f"/api/queues/%2F/{q(name)}/get",
+        {"count": 1, "ackmode": "reject_requeue_true", "encoding": "auto"},
+    )
+    queue = api.ok("GET", f"/api/queues/%2F/{q(name)}")
+    assert (queue["messages_delayed"], queue["messages_retried"], queue["messages_ready"]) == (
+        1,
+        1,
+        0,
+    )
+
+
+# ---- policies ----
+
+
+def test_policy_lifecycle_and_effect(api: HttpApi, name: str) -> None:
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    path = f"/api/policies/%2F/{q(name)}-p"
+    body = {
+        "pattern": f"^{name}$",
+        "definition": {"message-ttl": 1000},
+        "priority": 1,
+        "apply-to": "queues",
+    }
+    assert api.put(path, body).status == 201
+    assert api.put(path, body).status == 204
+    expected = {
+        "vhost": "/",
+        "name": f"{name}-p",
+        "pattern": f"^{name}$",
+        "apply-to": "queues",
+        "definition": {"message-ttl": 1000},
+        "priority": 1,
+    }
+    assert api.ok("GET", path) == expected
+    assert expected in api.ok("GET", "/api/policies/%2F")
+    assert expected in api.ok("GET", "/api/policies")
+    queue = api.ok("GET", f"/api/queues/%2F/{q(name)}")
+    assert (queue["policy"], queue["effective_policy_definition"]) == (
+        f"{name}-p",
+        {"message-ttl": 1000},
+    )
+    assert api.delete(path).status == 204
+    assert api.get(path).status == 404
+    assert api.delete(path).status == 404
+    assert api.ok("GET", f"/api/queues/%2F/{q(name)}")["policy"] is None
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ({"pattern": "^q"}, "[{key_missing,definition}]"),
+        ({"definition": {"message-ttl": 1}}, "[{key_missing,pattern}]"),
+        ({"pattern": "x", "definition": {}}, "Validation failed\n\nno policy provided\n"),
+        (
+            {"pattern": "x", "definition": {"nope": 1}},
+            "Validation failed\n\nunknown policy key 'nope'\n",
+        ),
+        ({"pattern": "x", "definition": {"message-ttl": 1}, "priority": "a"}, None),
+        ({"pattern": "x", "definition": {"message-ttl": 1}, "apply-to": "foo"}, None),
+        ({"pattern": "(", "definition": {"message-ttl": 1}}, None),
+    ],
+)
+def test_policy_validation_is_400(api: HttpApi, body: dict[str, Any], reason: str | None) -> None:
+    reply = api.put("/api/policies/%2F/invalid", body)
+    assert reply.status == 400
+    assert reply.body["error"] == "bad_request"
+    if reason is not None:
+        assert reply.body["reason"] == reason
+    else:
+        assert reply.body["reason"].startswith("Validation failed\n\n")
+
+
+def test_policy_in_missing_vhost(api: HttpApi) -> None:
+    reply = api.put(
+        "/api/policies/no-such-vhost/p", {"pattern": "x", "definition": {"message-ttl": 1}}
+    )
+    assert reply.status == 404
+
+
+# ---- users, vhosts, permissions ----
+
+
+def test_user_lifecycle(api: HttpApi, name: str) -> None:
+    path = f"/api/users/{q(name)}"
+    assert api.put(path, {"password": "pw", "tags": ["management", "foo"]}).status == 201
+    user = api.ok("GET", path)
+    assert user["tags"] == ["management", "foo"]
+    assert user["hashing_algorithm"] == "rabbit_password_hashing_sha256"
+    assert len(base64.b64decode(user["password_hash"])) == 36
+    assert user["limits"] == {}
+    assert api.as_user(name, "pw").ok("GET", "/api/whoami") == {
+        "name": name,
+        "tags": ["management", "foo"],
+    }
+    assert api.put(path, {"password": "pw2", "tags": "management, policymaker"}).status == 204
+    assert api.ok("GET", path)["tags"] == ["management", "policymaker"]
+    assert api.as_user(name, "pw").get("/api/whoami").status == 401
+    assert api.as_user(name, "pw2").get("/api/whoami").status == 200
+    assert name in [u["name"] for u in api.ok("GET", "/api/users")]
+    assert api.delete(path).status == 204
+    assert api.get(path).status == 404
+    assert api.delete(path).status == 404
+
+
+def test_user_from_a_rabbitmq_password_hash(api: HttpApi, name: str) -> None:
+    path = f"/api/users/{q(name)}"
+    body = {
+        "password_hash": GUEST_HASH_FROM_RABBITMQ,
+        "hashing_algorithm": "rabbit_password_hashing_sha256",
+        "tags": "monitoring",
+    }
+    assert api.put(path, body).status == 201
+    assert api.as_user(name, "guest").ok("GET", "/api/whoami")["tags"] == ["monitoring"]
+    assert api.ok("GET", path)["password_hash"] == GUEST_HASH_FROM_RABBITMQ
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ({"password": "x"}, "tags_not_present"),
+        (
+            {"password": "x", "password_hash": "abc", "tags": ""},
+            "both_password_and_password_hash_are_provided",
+        ),
+        ({"password_hash": "!!!", "tags": ""}, ["not_base64", "!!!"]),
+        (
+            {
+                "password_hash": GUEST_HASH_FROM_RABBITMQ,
+                "hashing_algorithm": "rabbit_password_hashing_md5",
+                "tags": "",
+            },
+            ["unsupported_hashing_algorithm", "rabbit_password_hashing_md5"],
+        ),
+    ],
+)
+def test_user_validation_is_400(api: HttpApi, body: dict[str, Any], reason: Any) -> None:
+    reply = api.put("/api/users/invalid-user", body)
+    assert (reply.status, reply.body["reason"]) == (400, reason)
+
+
+def test_vhost_lifecycle(api: HttpApi, warren: RunningBroker, name: str) -> None:
+    path = f"/api/vhosts/{q(name)}"
+    assert api.put(path, {"description": "d", "tags": "a,b"}).status == 201
+    assert api.put(path).status == 204
+    vhost = api.ok("GET", path)
+    assert {k: vhost[k] for k in ("name", "description", "tags", "tracing", "messages")} == {
+        "name": name,
+        "description": "",  # a PUT replaces the metadata, as RabbitMQ's does
+        "tags": [],
+        "tracing": False,
+        "messages": 0,
+    }
+    assert name in [v["name"] for v in api.ok("GET", "/api/vhosts")]
+    # the vhost is usable over AMQP once the user has permissions in it
+    assert (
+        api.put(
+            f"/api/permissions/{q(name)}/guest", {"configure": ".*", "write": ".*", "read": ".*"}
+        ).status
+        == 201
+    )
+    assert api.put(f"/api/queues/{q(name)}/inside").status == 201
+    conn = pika.BlockingConnection(pika.URLParameters(warren.url.rsplit("/", 1)[0] + "/" + q(name)))
+    assert conn.channel().queue_declare("inside", passive=True).method.message_count == 0
+    assert api.delete(path).status == 204
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        conn.process_data_events(2)
+    assert closed.value.reply_code == 320
+    assert api.get(path).status == 404
+    assert api.delete(path).status == 404
+    assert [p for p in api.ok("GET", "/api/permissions") if p["vhost"] == name] == []
+
+
+def test_permissions_lifecycle(api: HttpApi, name: str) -> None:
+    api.ok("PUT", f"/api/users/{q(name)}", {"password": "pw", "tags": ""})
+    path = f"/api/permissions/%2F/{q(name)}"
+    assert api.put(path, {"configure": "^c", "write": "^w", "read": "^r"}).status == 201
+    assert api.put(path, {"configure": "^c", "write": "^w", "read": "^r"}).status == 204
+    expected = {"user": name, "vhost": "/", "configure": "^c", "write": "^w", "read": "^r"}
+    assert api.ok("GET", path) == expected
+    assert expected in api.ok("GET", "/api/permissions")
+    assert api.ok("GET", f"/api/users/{q(name)}/permissions") == [expected]
+    assert expected in api.ok("GET", "/api/vhosts/%2F/permissions")
+    reply = api.put(path, {"configure": ".*", "write": ".*"})
+    assert (reply.status, reply.body["reason"]) == (400, "[{key_missing,read}]")
+    reply = api.put(path, {"configure": "(", "write": ".*", "read": ".*"})
+    assert (reply.status, reply.body["reason"][0]) == (400, "invalid_regexp")
+    reply = api.put(
+        f"/api/permissions/no-such-vhost/{q(name)}",
+        {"configure": ".*", "write": ".*", "read": ".*"},
+    )
+    assert (reply.status, reply.body["reason"]) == (400, "vhost_or_user_not_found")
+    assert api.delete(path).status == 204
+    assert api.get(path).status == 404
+    assert api.delete(path).status == 404
+
+
+# ---- list options, health, rates ----
+
+
+def test_columns_sort_and_pagination(api: HttpApi, name: str) -> None:
+    for suffix in ("b", "a", "c"):
+        api.ok("PUT", f"/api/queues/%2F/{q(name)}.{suffix}")
+    rows = api.ok(
+        "GET", "/api/queues/%2F?columns=name,message_stats.publish&sort=name&sort_reverse=true"
+    )
+    mine = [r for r in rows if r["name"].startswith(name)]
+    assert [r["name"] for r in mine] == [f"{name}.c", f"{name}.b", f"{name}.a"]
+    assert mine[0] == {"name": f"{name}.c", "message_stats": {"publish": 0}}
+    page = api.ok("GET", f"/api/queues/%2F?page=1&page_size=2&name={q(name)}")
+    assert (page["filtered_count"], page["item_count"], page["page_count"]) == (3, 2, 2)
+    assert [r["name"] for r in page["items"]] == [f"{name}.a", f"{name}.b"]
+    assert api.get("/api/queues/%2F?page=0").status == 400
+
+
+def test_health_checks_and_aliveness(api: HttpApi) -> None:
+    assert api.ok("GET", "/api/health/checks/alarms") == {"status": "ok"}
+    assert api.ok("GET", "/api/aliveness-test/%2F") == {"status": "ok"}
+    assert api.ok("GET", "/api/aliveness-test/%2F") == {"status": "ok"}
+    assert api.ok("GET", "/api/queues/%2F/aliveness-test")["messages"] == 0
+    assert api.get("/api/aliveness-test/no-such-vhost").status == 404
+
+
+def test_nodes(api: HttpApi) -> None:
+    (node,) = api.ok("GET", "/api/nodes")
+    assert node["name"].startswith("warren@")
+    assert (node["running"], node["mem_alarm"], node["disk_free_alarm"]) == (True, False, False)
+    assert node["mem_used"] > 0
+    assert api.ok("GET", f"/api/nodes/{q(node['name'])}")["name"] == node["name"]
+    assert api.get("/api/nodes/rabbit@elsewhere").status == 404
+
+
+def test_memory_alarm_fails_the_health_check() -> None:
+    with run_broker(management_port=0, vm_memory_high_watermark_absolute=1) as running:
+        port = running.server.management_port
+        assert port
+        reply = HttpApi(port).get("/api/health/checks/alarms")
+        assert reply.status == 503
+        assert reply.body["status"] == "failed"
+        assert reply.body["reason"] == "There are alarms in effect in the cluster"
+        assert [a["resource"] for a in reply.body["alarms"]] == ["memory"]
+
+
+def test_message_rates_from_the_sampler(api: HttpApi, warren: RunningBroker, name: str) -> None:
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    sample(warren)
+    for i in range(5):
+        publish(api, name, str(i))
+    time.sleep(0.05)
+    sample(warren)
+    queue = api.ok("GET", f"/api/queues/%2F/{q(name)}")
+    assert queue["message_stats"]["publish"] == 5
+    assert queue["message_stats"]["publish_details"]["rate"] > 0
+    assert queue["messages_ready_details"]["rate"] > 0
+    overview = api.ok("GET", "/api/overview")
+    assert overview["message_stats"]["publish_details"]["rate"] > 0
+    sample(warren)
+    queue = api.ok("GET", f"/api/queues/%2F/{q(name)}")
+    assert queue["message_stats"]["publish_details"]["rate"] == 0.0

@@ -1,0 +1,385 @@
+"""warrenctl as a subprocess against a live broker: rabbitmqctl's verbs, output and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pika
+import pytest
+
+from broker.testing import RunningBroker, run_broker
+from tests.http_api import HttpApi
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def warren() -> Iterator[RunningBroker]:
+    with run_broker(management_port=0) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def api(warren: RunningBroker) -> HttpApi:
+    port = warren.server.management_port
+    assert port
+    return HttpApi(port)
+
+
+def ctl(
+    warren: RunningBroker | None,
+    *args: str,
+    stdin: str | None = None,
+    url: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    if url is None:
+        assert warren is not None
+        url = f"http://127.0.0.1:{warren.server.management_port}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("RABBITMQ_CONFIG_FILE", None)
+    return subprocess.run(
+        [sys.executable, "-m", "broker.warrenctl", "--url", url, *args],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=30,
+        env=env,
+    )
+
+
+def ok(warren: RunningBroker, *args: str, stdin: str | None = None) -> str:
+    result = ctl(warren, *args, stdin=stdin)
+    assert result.returncode == 0, (args, result.stdout, result.stderr)
+    return result.stdout
+
+
+def rows(output: str) -> list[list[str]]:
+    """Table output without the informational "Listing ..." line."""
+    return [line.split("\t") for line in output.splitlines() if not line.endswith("...")]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# ---- errors ----
+
+
+def test_unreachable_broker_is_one_line_and_69() -> None:
+    port = free_port()
+    result = ctl(None, "list_queues", url=f"http://127.0.0.1:{port}")
+    assert result.returncode == 69
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"Error: unable to reach Warren at http://127.0.0.1:{port}: ")
+
+
+def test_bad_credentials_are_77(warren: RunningBroker) -> None:
+    url = f"http://guest:wrong@127.0.0.1:{warren.server.management_port}"
+    result = ctl(None, "list_queues", url=url)
+    assert (result.returncode, result.stderr) == (77, "Error: not authorised: Login failed\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["list_foo"], "argument command: invalid choice: 'list_foo'"),
+        (["add_user", "onlyname"], "the following arguments are required: password"),
+        (["set_policy", "p", "^x", "{not json"], "policy definition is not JSON"),
+        (["set_policy", "--apply-to", "nothing", "p", "^x", "{}"], "argument --apply-to"),
+        (["list_queues", "nosuchcolumn"], "unknown column 'nosuchcolumn'"),
+    ],
+)
+def test_bad_arguments_are_64(
+    warren: RunningBroker, api: HttpApi, args: list[str], message: str
+) -> None:
+    api.ok("PUT", "/api/queues/%2F/ctl-columns")
+    result = ctl(warren, *args)
+    assert result.returncode == 64, result.stderr
+    assert result.stderr.count("\n") == 1
+    assert message in result.stderr
+
+
+def test_rejected_value_is_65(warren: RunningBroker) -> None:
+    result = ctl(warren, "set_policy", "bad", "^x", '{"no-such-key": 1}')
+    assert result.returncode == 65
+    assert result.stderr == "Error: Validation failed\n\nunknown policy key 'no-such-key'\n\n"
+
+
+# ---- status ----
+
+
+def test_ping_and_status(warren: RunningBroker) -> None:
+    assert ok(warren, "ping").splitlines()[-1] == "Ping succeeded"
+    status = ok(warren, "status")
+    assert status.startswith("Status of node warren@")
+    assert f"amqp: 127.0.0.1:{warren.port}" in status
+    assert "Alarms: (none)" in status
+    document = json.loads(ok(warren, "--formatter", "json", "status"))
+    assert document["product_name"] == "Warren"
+    assert document["alarms"] == []
+
+
+def test_default_url_comes_from_the_config(warren: RunningBroker, tmp_path: Path) -> None:
+    conf = tmp_path / "rabbitmq.conf"
+    conf.write_text(
+        f"management.tcp.port = {warren.server.management_port}\n"
+        "management.tcp.ip = 127.0.0.1\n"
+        "default_user = guest\ndefault_pass = guest\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-m", "broker.warrenctl", "--config", str(conf), "ping"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Ping succeeded" in result.stdout
+
+
+# ---- users, vhosts, permissions ----
+
+
+def test_user_commands(warren: RunningBroker, api: HttpApi) -> None:
+    out = ok(warren, "add_user", "ctl-bob", "pw1")
+    assert out.startswith('Adding user "ctl-bob" ...\nDone.')
+    result = ctl(warren, "add_user", "ctl-bob", "pw1")
+    assert (result.returncode, result.stderr) == (70, 'Error: User "ctl-bob" already exists\n')
+    ok(warren, "set_user_tags", "ctl-bob", "management", "policymaker")
+    assert api.as_user("ctl-bob", "pw1").ok("GET", "/api/whoami")["tags"] == [
+        "management",
+        "policymaker",
+    ]
+    ok(warren, "change_password", "ctl-bob", "pw2")
+    assert api.as_user("ctl-bob", "pw1").get("/api/whoami").status == 401
+    assert api.as_user("ctl-bob", "pw2").ok("GET", "/api/whoami")["tags"] == [
+        "management",
+        "policymaker",
+    ]
+    listed = rows(ok(warren, "list_users"))
+    assert listed[0] == ["user", "tags"]
+    assert ["ctl-bob", "[management, policymaker]"] in listed
+    assert ["guest", "[administrator]"] in listed
+    users = json.loads(ok(warren, "list_users", "--formatter", "json"))
+    assert {"user": "ctl-bob", "tags": ["management", "policymaker"]} in users
+    ok(warren, "set_user_tags", "ctl-bob")
+    assert api.ok("GET", "/api/users/ctl-bob")["tags"] == []
+    ok(warren, "delete_user", "ctl-bob")
+    result = ctl(warren, "delete_user", "ctl-bob")
+    assert (result.returncode, result.stderr) == (67, 'Error: User "ctl-bob" does not exist\n')
+    assert ctl(warren, "change_password", "ctl-bob", "x").returncode == 67
+
+
+def test_vhost_and_permission_commands(warren: RunningBroker, api: HttpApi) -> None:
+    ok(warren, "add_vhost", "ctl-vh", "--description", "made by warrenctl", "--tags", "a,b")
+    vhost = api.ok("GET", "/api/vhosts/ctl-vh")
+    assert (vhost["description"], vhost["tags"]) == ("made by warrenctl", ["a", "b"])
+    assert ["ctl-vh"] in rows(ok(warren, "list_vhosts"))
+    assert ["ctl-vh", "made by warrenctl"] in rows(ok(warren, "list_vhosts", "name", "description"))
+    ok(warren, "add_user", "ctl-carol", "pw")
+    ok(warren, "set_permissions", "-p", "ctl-vh", "ctl-carol", "^c", "^w", ".*")
+    listed = rows(ok(warren, "list_permissions", "-p", "ctl-vh"))
+    assert listed[0] == ["user", "configure", "write", "read"]
+    assert ["ctl-carol", "^c", "^w", ".*"] in listed
+    assert rows(ok(warren, "-q", "--no-table-headers", "list_user_permissions", "ctl-carol")) == [
+        ["ctl-vh", "^c", "^w", ".*"]
+    ]
+    result = ctl(warren, "set_permissions", "-p", "no-such-vh", "ctl-carol", ".*", ".*", ".*")
+    assert result.returncode == 69
+    ok(warren, "clear_permissions", "-p", "ctl-vh", "ctl-carol")
+    assert api.get("/api/permissions/ctl-vh/ctl-carol").status == 404
+    ok(warren, "delete_vhost", "ctl-vh")
+    result = ctl(warren, "delete_vhost", "ctl-vh")
+    assert (result.returncode, result.stderr) == (
+        69,
+        "Error: Virtual host 'ctl-vh' does not exist\n",
+    )
+    result = ctl(warren, "list_queues", "-p", "ctl-vh")
+    assert result.returncode == 69
+
+
+# ---- queues, policies, bindings ----
+
+
+def test_queue_commands(warren: RunningBroker, api: HttpApi) -> None:
+    api.ok("PUT", "/api/queues/%2F/ctl-q", {"durable": True})
+    for i in range(3):
+        api.ok(
+            "POST",
+            "/api/exchanges/%2F/amq.default/publish",
+            {
+                "routing_key": "ctl-q",
+                "properties": {},
+                "payload": str(i),
+                "payload_encoding": "string",
+            },
+        )
+    out = ok(warren, "list_queues")
+    assert out.splitlines()[0] == "Listing queues for vhost / ..."
+    assert ["ctl-q", "3"] in rows(out)
+    listed = rows(
+        ok(warren, "list_queues", "name", "messages_ready", "durable", "consumers", "type")
+    )
+    assert listed[0] == ["name", "messages_ready", "durable", "consumers", "type"]
+    assert ["ctl-q", "3", "true", "0", "classic"] in listed
+    as_json = json.loads(ok(warren, "--formatter", "json", "list_queues", "name", "messages"))
+    assert {"name": "ctl-q", "messages": 3} in as_json
+    result = ctl(warren, "delete_queue", "ctl-q", "--if-empty")
+    assert result.returncode == 65
+    assert result.stderr == "Error: queue 'ctl-q' in vhost '/' not empty\n"
+    assert ok(warren, "purge_queue", "ctl-q") == "Purging queue 'ctl-q' in vhost '/' ...\n"
+    assert api.ok("GET", "/api/queues/%2F/ctl-q")["messages"] == 0
+    out = ok(warren, "delete_queue", "-e", "ctl-q")
+    assert out.splitlines()[-1] == "Queue was successfully deleted with 0 ready messages"
+    for verb in ("purge_queue", "delete_queue"):
+        result = ctl(warren, verb, "ctl-q")
+        assert (result.returncode, result.stderr) == (
+            69,
+            "Error: queue 'ctl-q' in vhost '/' not found\n",
+        )
+
+
+def test_policy_commands(warren: RunningBroker, api: HttpApi) -> None:
+    out = ok(
+        warren,
+        "set_policy",
+        "--priority",
+        "3",
+        "--apply-to",
+        "queues",
+        "ctl-ttl",
+        "^ctl\\.",
+        '{"message-ttl": 60000}',
+    )
+    assert out == (
+        'Setting policy "ctl-ttl" for pattern "^ctl\\." to "{"message-ttl": 60000}" with '
+        'priority "3" for vhost "/" ...\n'
+    )
+    assert api.ok("GET", "/api/policies/%2F/ctl-ttl") == {
+        "vhost": "/",
+        "name": "ctl-ttl",
+        "pattern": "^ctl\\.",
+        "apply-to": "queues",
+        "definition": {"message-ttl": 60000},
+        "priority": 3,
+    }
+    listed = rows(ok(warren, "list_policies"))
+    assert listed[0] == ["vhost", "name", "pattern", "apply-to", "definition", "priority"]
+    assert ["/", "ctl-ttl", "^ctl\\.", "queues", '{"message-ttl":60000}', "3"] in listed
+    ok(warren, "clear_policy", "ctl-ttl")
+    result = ctl(warren, "clear_policy", "ctl-ttl")
+    assert (result.returncode, result.stderr) == (
+        69,
+        'Error: policy "ctl-ttl" does not exist in vhost "/"\n',
+    )
+    assert (
+        ctl(warren, "set_policy", "-p", "no-such-vh", "p", "x", '{"max-length": 1}').returncode
+        == 69
+    )
+
+
+def test_exchange_binding_connection_channel_consumer_lists(
+    warren: RunningBroker, api: HttpApi
+) -> None:
+    api.ok("PUT", "/api/exchanges/%2F/ctl-x", {"type": "topic"})
+    api.ok("PUT", "/api/queues/%2F/ctl-bq")
+    api.ok("POST", "/api/bindings/%2F/e/ctl-x/q/ctl-bq", {"routing_key": "a.#"})
+    assert ["ctl-x", "topic"] in rows(ok(warren, "list_exchanges"))
+    bindings = rows(ok(warren, "list_bindings"))
+    assert bindings[0] == [
+        "source_name",
+        "source_kind",
+        "destination_name",
+        "destination_kind",
+        "routing_key",
+        "arguments",
+    ]
+    assert ["ctl-x", "exchange", "ctl-bq", "queue", "a.#", "[]"] in bindings
+    assert ["", "exchange", "ctl-bq", "queue", "ctl-bq", "[]"] in bindings
+    conn = pika.BlockingConnection(pika.URLParameters(warren.url))
+    try:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=4)
+        ch.basic_consume("ctl-bq", lambda *a: None, consumer_tag="ctl-tag")
+        conn.process_data_events(0.1)
+        (connection,) = [
+            r
+            for r in rows(ok(warren, "list_connections", "name", "user", "state", "channels"))
+            if r[1] == "guest"
+        ]
+        assert connection[2:] == ["running", "1"]
+        name = connection[0]
+        channels = rows(ok(warren, "list_channels"))
+        assert channels[0] == ["name", "user", "consumer_count", "messages_unacknowledged"]
+        assert [f"{name} (1)", "guest", "1", "0"] in channels
+        consumers = rows(ok(warren, "list_consumers"))
+        assert ["ctl-bq", f"{name} (1)", "ctl-tag", "true", "4", "true", "[]"] in consumers
+        out = ok(warren, "close_connection", name, "maintenance window")
+        assert out == f"Closing connection {name}, reason: maintenance window...\n"
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+            conn.process_data_events(2)
+        assert closed.value.reply_text == "CONNECTION_FORCED - maintenance window"
+        result = ctl(warren, "close_connection", name, "again")
+        assert result.returncode == 69
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+# ---- definitions ----
+
+
+def test_definitions_round_trip_through_the_cli(tmp_path: Path) -> None:
+    with run_broker(management_port=0) as running:
+        port = running.server.management_port
+        assert port
+        api = HttpApi(port)
+        ok(running, "add_vhost", "dv")
+        ok(running, "add_user", "dv-user", "pw")
+        ok(running, "set_user_tags", "dv-user", "monitoring")
+        ok(running, "set_permissions", "-p", "dv", "dv-user", ".*", ".*", ".*")
+        ok(running, "set_permissions", "-p", "dv", "guest", ".*", ".*", ".*")
+        ok(running, "set_policy", "-p", "dv", "lim", "^q", '{"max-length": 3}')
+        api.ok("PUT", "/api/queues/dv/q1", {"durable": True})
+        api.ok("PUT", "/api/exchanges/dv/x1", {"type": "fanout", "durable": True})
+        api.ok("POST", "/api/bindings/dv/e/x1/q/q1", {"routing_key": ""})
+        path = tmp_path / "defs.json"
+        out = ok(running, "export_definitions", str(path))
+        assert out == f'Exporting definitions in JSON to a file at "{path}" ...\n'
+        exported = json.loads(path.read_text())
+        assert json.loads(ok(running, "export_definitions", "-")) == exported
+        ok(running, "delete_vhost", "dv")
+        ok(running, "delete_user", "dv-user")
+        assert api.get("/api/queues/dv/q1").status == 404
+        out = ok(running, "import_definitions", str(path))
+        assert out.splitlines()[-1] == "Successfully imported definitions."
+        assert api.ok("GET", "/api/definitions") == exported
+        assert api.as_user("dv-user", "pw").ok("GET", "/api/whoami")["tags"] == ["monitoring"]
+        # from standard input too, and a broken file is refused before any request
+        ok(running, "delete_vhost", "dv")
+        ok(running, "import_definitions", stdin=path.read_text())
+        assert api.ok("GET", "/api/queues/dv/q1")["durable"] is True
+        broken = tmp_path / "broken.json"
+        broken.write_text("{nope")
+        result = ctl(running, "import_definitions", str(broken))
+        assert result.returncode == 65
+        assert result.stderr.startswith(f"Error: {broken} is not valid JSON")
+
+
+def test_console_script_is_installed() -> None:
+    script = Path(sys.executable).parent / "warrenctl"
+    if not script.exists():
+        pytest.skip("warrenctl is not installed in this environment (pip install -e .)")
+    result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0
+    for verb in ("list_queues", "set_policy", "export_definitions", "close_connection"):
+        assert verb in result.stdout
