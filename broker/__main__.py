@@ -119,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         runner = asyncio.run
     try:
         runner(serve(settings))
+    except ConfigError as exc:  # e.g. a load_definitions file that does not import
+        print(f"warren-server: configuration error: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"warren-server: cannot listen: {exc}", file=sys.stderr)
         return 1

@@ -27,9 +27,12 @@ class BrokerStats:
         "acked",
         "confirmed",
         "consumer_timeouts",
+        "dead_lettered",
         "delivered",
+        "expired",
         "received",
         "redelivered",
+        "retried",
         "routed",
         "unroutable_dropped",
         "unroutable_returned",
@@ -45,8 +48,11 @@ class BrokerStats:
         self.acked = 0
         self.confirmed = 0
         self.consumer_timeouts = 0
+        self.expired = 0
+        self.retried = 0
+        self.dead_lettered: dict[str, int] = {}  # by reason
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
@@ -81,6 +87,7 @@ class Broker:
                 name, self.timers, self.settings.consumer_timeout
             )
             vhost.persistence = self.persistence
+            vhost.stats = self.stats
             self.tracing.attach(vhost)
             if persist and self.persistence is not None:
                 self.persistence.vhost_added(name)

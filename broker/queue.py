@@ -277,6 +277,7 @@ class Queue:
             if msg.expires_at is not None and msg.expires_at <= now:
                 self._gone(msg)
                 self.stats.expired += 1
+                self._count_node("expired")
                 self._dead_letter(msg, "expired")
                 continue
             msg.state = READY
@@ -444,6 +445,7 @@ class Queue:
             msg.state = DELAYED
             self.delayed_count += 1
             self.stats.retried += 1
+            self._count_node("retried")
             delay = self.retry.delay_ms(msg.retries) / 1000
             if (tracer := self.vhost.tracer) is not None:
                 tracer.retry_scheduled(self, msg, round(delay * 1000))
@@ -469,6 +471,7 @@ class Queue:
             if msg.expires_at is not None and msg.expires_at <= now:
                 self._gone(msg)
                 self.stats.expired += 1
+                self._count_node("expired")
                 self._dead_letter(msg, "expired")
                 continue
             self._next_seq += 1
@@ -614,6 +617,7 @@ class Queue:
                 self._gone(msg)
                 self.delayed_count -= 1
                 self.stats.expired += 1
+                self._count_node("expired")
                 self._dead_letter(msg, "expired")
         # messages that were delivered meanwhile stay in the heap until their time; drop them
         while heap and heap[0][2].state not in (READY, DELAYED):
@@ -638,17 +642,26 @@ class Queue:
         self.ready_count -= 1
         self.ready_bytes -= len(msg.body)
         self.stats.expired += 1
+        self._count_node("expired")
         if self.ready and self.ready[0] is msg:
             self.ready.popleft()
         self._dead_letter(msg, "expired")
         if not self.ready_count:
             self.ready.clear()
 
+    def _count_node(self, counter: str) -> None:
+        stats = self.vhost.stats
+        if stats is not None:
+            setattr(stats, counter, getattr(stats, counter) + 1)
+
     def _dead_letter(self, msg: Message, reason: str) -> None:
         if (tracer := self.vhost.tracer) is not None:
             tracer.dead_lettered(self, msg, reason)
         if self.dead_letter_exchange is not None:
             self.stats.dead_lettered[reason] = self.stats.dead_lettered.get(reason, 0) + 1
+            if self.vhost.stats is not None:
+                node = self.vhost.stats.dead_lettered
+                node[reason] = node.get(reason, 0) + 1
             self.vhost.dead_letter(self, msg, reason)
         msg.body = b""  # free the memory now; a GONE deque entry may linger until the head
 

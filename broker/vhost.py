@@ -61,6 +61,7 @@ class VirtualHost:
         self.default_consumer_timeout = default_consumer_timeout  # ms, None: off
         self.policies: dict[str, Policy] = {}
         self.limits: dict[str, int] = {}  # max-connections, max-queues (negative: no limit)
+        self.stats: Any = None  # the broker's BrokerStats, for node-wide lifecycle counters
         self.persistence: Any = None  # broker.persistence.Persistence, with a data directory
         self.log: Any = structlog.get_logger("warren")
         self.tracer: Tracer | None = None  # set while this vhost traces (broker/tracing.py)
