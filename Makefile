@@ -3,16 +3,22 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PORT ?= 5672
-STAMP := $(VENV)/.installed
+STAMP := $(VENV)/.installed-test
+RUN_STAMP := $(VENV)/.installed
 
 .PHONY: run test lint typecheck check bench bench-compare conformance crash-test clean
 
-$(STAMP): pyproject.toml
+# `make run` needs only the broker; `make test` also the test tools and the PySpark job.
+$(RUN_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -e .
+	touch $(RUN_STAMP)
+
+$(STAMP): pyproject.toml $(RUN_STAMP)
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,pipeline]'
 	touch $(STAMP)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/warren-server --port $(PORT)
 
 test: $(STAMP)
