@@ -142,7 +142,10 @@ def test_every_message_expires_on_time_whatever_the_order(
     print(summary)
     # never (noticeably) early: the loop's clock is cached per turn, to the millisecond
     assert lateness[0] > -3.0, summary
-    assert lateness[-1] < 50.0, summary
+    # on time means a timer per deadline: typically under 10 ms late; the bounds leave room
+    # for a shared CI machine but not for expiry that waits for the head or a periodic scan
+    assert statistics.median(lateness) < 25.0, summary
+    assert lateness[-1] < 250.0, summary
     c = counts(warren, qname)
     assert (c["ready"], c["expired"], c["dead_lettered"]) == (0, 300, {"expired": 300})
 
