@@ -6,7 +6,7 @@ PORT ?= 5672
 STAMP := $(VENV)/.installed-test
 RUN_STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck check bench bench-compare conformance crash-test clean
+.PHONY: run test lint typecheck check bench bench-compare conformance crash-test fuzz soak clean
 
 # `make run` needs only the broker; `make test` also the test tools and the PySpark job.
 $(RUN_STAMP): pyproject.toml
@@ -49,6 +49,22 @@ crash-test: $(STAMP)
 # amqp-perf against Warren and a second broker, side by side (see README "Performance")
 bench-compare: $(STAMP)
 	tests/benchmarks/compare.sh
+
+# Coverage-guided fuzzing with atheris (installed here only), FUZZ_SECONDS per target:
+# protocol/ on its own, then a broker connection in memory. Not in CI; crashes go to
+# build/fuzz-crashes/. A longer run of the hypothesis suites instead:
+#   WARREN_FUZZ_EXAMPLES=20000 .venv/bin/pytest tests/test_fuzz_protocol.py tests/test_fuzz_broker.py
+FUZZ_SECONDS ?= 600
+fuzz: $(STAMP)
+	$(BIN)/pip install -q --disable-pip-version-check atheris
+	$(BIN)/python tests/fuzz_atheris.py protocol -max_total_time=$(FUZZ_SECONDS)
+	$(BIN)/python tests/fuzz_atheris.py broker -max_total_time=$(FUZZ_SECONDS)
+
+# 1,000 connections, 5,000 channels, 10,000 queues publishing and consuming for
+# SOAK_MINUTES; fails on an error, a lost confirmed message or broker memory growth
+SOAK_MINUTES ?= 10
+soak: $(STAMP)
+	$(BIN)/python tests/benchmarks/soak.py --minutes $(SOAK_MINUTES)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

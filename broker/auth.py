@@ -65,6 +65,9 @@ class Permission:
         return pattern.pattern != "" and pattern.search(name) is not None
 
 
+_DUMMY_HASH = hash_password("no such user")
+
+
 class AccessControl:
     def __init__(self) -> None:
         self.users: dict[str, User] = {}
@@ -101,9 +104,11 @@ class AccessControl:
 
     def authenticate(self, name: str, password: str) -> User | None:
         user = self.users.get(name)
-        if user is None or not user.check_password(password):
+        if user is None:
+            # the same hash and comparison as for a known user: no timing oracle for names
+            password_matches(_DUMMY_HASH, password)
             return None
-        return user
+        return user if user.check_password(password) else None
 
     def set_permissions(
         self, user: str, vhost: str, configure: str, write: str, read: str, persist: bool = True

@@ -74,7 +74,7 @@ class Broker:
         self.started_at = time.time()
         self.connections: set[Connection] = set()
         self.reply_channels: dict[str, Channel] = {}  # direct reply-to token -> channel
-        self.tracing = Tracing(self.settings)
+        self.tracing = Tracing(self.settings, self.timers)
         self.add_vhost(settings.default_vhost)
         self.access.set_permissions(
             settings.default_user, settings.default_vhost, *settings.default_permissions

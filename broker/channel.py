@@ -83,6 +83,8 @@ def parse_expiration(value: str) -> int:
     return number
 
 
+FLUSH_AT = 1024 * 1024  # bodies buffered for one connection before writing mid-turn
+
 REPLY_TO = "amq.rabbitmq.reply-to"
 REPLY_TO_PREFIX = REPLY_TO + "."
 
@@ -180,6 +182,9 @@ class Channel:
         conn = self.conn
         conn.write(deliver_frame(self.id, consumer.tag_enc, tag, msg.redelivered, msg.ex_rk))
         conn.write_many(content_frames(self.id, msg.properties, msg.body, conn.frame_max))
+        conn.out_bytes += len(msg.body)
+        if conn.out_bytes > FLUSH_AT:
+            conn.flush()  # lets the transport say "stop" (pause_writing) before more piles up
 
     def deliveries_timed_out(
         self, consumer: Consumer | None, msgs: list[Message], timeout: int
@@ -446,6 +451,8 @@ class Channel:
         self._ack(msgs)
 
     def _ack(self, msgs: list[Message]) -> None:
+        if (tracer := self.vhost.tracer) is not None:
+            tracer.acked(self, msgs)
         self.stats.acked += len(msgs)
         touched: list[Queue] = []
         for msg in msgs:
@@ -620,7 +627,7 @@ class Channel:
         self.next_tag = tag = self.next_tag + 1
         self.stats.delivered += 1
         if (tracer := self.vhost.tracer) is not None:
-            tracer.delivered(self, None, msg, tag)
+            tracer.got(self, queue, msg, tag)
         if method.no_ack:
             queue.settled(msg)
         else:
@@ -632,7 +639,11 @@ class Channel:
             if timeout is not None:
                 queue.lock(msg, self, tag, timeout)
         self.conn.write(get_ok_frame(self.id, tag, msg.redelivered, msg.ex_rk, queue.ready_count))
-        self.conn.write_many(content_frames(self.id, msg.properties, msg.body, self.conn.frame_max))
+        conn = self.conn
+        conn.write_many(content_frames(self.id, msg.properties, msg.body, conn.frame_max))
+        conn.out_bytes += len(msg.body)
+        if conn.out_bytes > FLUSH_AT:
+            conn.flush()
 
     def on_basic_recover(self, method: commands.Basic.Recover) -> None:
         self._recover(method.requeue)

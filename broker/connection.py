@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from broker.vhost import VirtualHost
 
 VERSION = "0.1.0"
+LOGIN_REFUSAL_DELAY = 1.0  # seconds before a refused login is answered (RabbitMQ waits too)
 EVENTS_PER_TURN = 256  # client events handled before other connections get a turn
 
 
@@ -90,10 +91,13 @@ class Connection:
         self.opened = False
         self.opened_at = broker.timers.now()
         self._close_reason = ""
+        self._step = ""  # handshake progress: start, start-ok, tune-ok, open
+        self._refusal: TimerHandle | None = None
         self.tuned = False  # tune-ok accepted: from here on errors are reported, not just closed
         self.closing = False
         self.closed = False
         self._out: list[bytes] = []
+        self.out_bytes = 0  # message bodies in _out: past a limit they are written at once
         self._flush_scheduled = False
         self._reading_paused = False
         self._continue_scheduled = False
@@ -132,6 +136,7 @@ class Connection:
 
     def flush(self) -> None:
         self._flush_scheduled = False
+        self.out_bytes = 0
         if self.pending_confirms:
             pending = self.pending_confirms
             self.pending_confirms = set()
@@ -163,7 +168,7 @@ class Connection:
         self._continue_scheduled = False
         proto = self.protocol
         budget = EVENTS_PER_TURN
-        while not self.closed and not self.blocked:
+        while not self.closed and not self.blocked and self.writable:
             try:
                 event = proto.next_event()
                 if event is Sentinel.NEED_DATA:
@@ -196,9 +201,10 @@ class Connection:
                     self.connection_error(ConnectionError_(exc.code, exc.text.split(" - ", 1)[1]))
                     break
                 self.channel_error(channel, exc)
-            except Exception as exc:  # a bug must not take the broker down: close this connection
+            except Exception:  # a bug must not take the broker down: close this connection
                 self.broker.log.exception("internal error", peer=self.peer)
-                self.connection_error(ConnectionError_(INTERNAL_ERROR, f"internal error: {exc!r}"))
+                # the client learns that it was us; the details are for the operator's log
+                self.connection_error(ConnectionError_(INTERNAL_ERROR, "internal error"))
                 break
             budget -= 1
             if not budget:
@@ -250,6 +256,7 @@ class Connection:
                 self.send_method(channel_id, commands.Channel.CloseOk())
             return
         if isinstance(method, commands.Channel.Close):
+            channel.flush_confirms()  # what it is owed goes before close-ok
             channel.close()
             del self.channels[channel_id]
             self.protocol.channel_closed(channel_id)
@@ -295,6 +302,8 @@ class Connection:
     def connection_error(self, exc: AMQPError) -> None:
         if self.closing or self.closed:
             return
+        for channel in self.channels.values():
+            channel.flush_confirms()  # owed confirms go before connection.close
         self.closing = True
         self._close_reason = f"{exc.code} {exc.text}"
         self.broker.log.info("connection error", code=exc.code, text=exc.text, **self._describe())
@@ -321,6 +330,7 @@ class Connection:
     # ---- connection class ----
 
     def _send_start(self) -> None:
+        self._step = "start"
         self.send_method(
             0,
             commands.Connection.Start(
@@ -333,14 +343,20 @@ class Connection:
         )
 
     def _connection_method(self, method: Any) -> None:
-        if isinstance(method, commands.Connection.StartOk):
+        # each handshake step once, in order; anything else is refused as RabbitMQ does
+        if isinstance(method, commands.Connection.StartOk) and self._step == "start":
+            self._step = "start-ok"
             self._on_start_ok(method)
-        elif isinstance(method, commands.Connection.TuneOk):
+        elif isinstance(method, commands.Connection.TuneOk) and self._step == "start-ok":
+            self._step = "tune-ok"
             self._on_tune_ok(method)
-        elif isinstance(method, commands.Connection.Open):
+        elif isinstance(method, commands.Connection.Open) and self._step == "tune-ok":
+            self._step = "open"
             self._on_open(method)
         elif isinstance(method, commands.Connection.Close):
             self._close_reason = f"client closed: {method.reply_code} {method.reply_text}"
+            for channel in self.channels.values():
+                channel.flush_confirms()  # owed confirms go before close-ok
             self.send_method(0, commands.Connection.CloseOk())
             self._release()
             self.flush()
@@ -379,11 +395,12 @@ class Connection:
         if not self.broker.authenticate(name, password.decode(errors="replace")):
             self._refuse_login(
                 f"Login was refused using authentication mechanism {mechanism}. "
-                "For details see the broker logfile."
+                "For details see the broker logfile.",
+                name,
             )
             return
         if name in self.broker.settings.loopback_users and not self._from_loopback():
-            self._refuse_login(f"user '{name}' can only connect via localhost")
+            self._refuse_login(f"user '{name}' can only connect via localhost", name)
             return
         self.user = name
         settings = self.broker.settings
@@ -396,7 +413,17 @@ class Connection:
             ),
         )
 
-    def _refuse_login(self, detail: str) -> None:
+    def _refuse_login(self, detail: str, user: str) -> None:
+        """Log it, ignore the peer, and answer only after a delay that slows guessing down."""
+        self.broker.log.warning(f"login refused for user '{user}'", peer=self.peer, reason=detail)
+        self.protocol.stop()
+        self._refusal = self.broker.timers.call_later(
+            LOGIN_REFUSAL_DELAY, lambda: self._refuse(detail)
+        )
+
+    def _refuse(self, detail: str) -> None:
+        if self.closed:
+            return
         if self.capabilities.get("authentication_failure_close") is True:
             self.tuned = True  # the one error RabbitMQ reports before tuning
             self.connection_error(ConnectionError_(ACCESS_REFUSED, detail))
@@ -501,12 +528,19 @@ class Connection:
     # ---- flow control from the transport ----
 
     def pause_writing(self) -> None:
+        """The client does not read: stop delivering, and stop reading what it asks for."""
         self.writable = False
+        if not self._reading_paused and not self.transport.is_closing():
+            self._reading_paused = True
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self.writable = True
         for channel in list(self.channels.values()):
             channel.dispatch_all()
+        if not self._continue_scheduled and not self.closed:
+            self._continue_scheduled = True
+            self.broker.timers.call_soon(self._process)  # resumes reading once caught up
 
     # ---- shutdown ----
 
@@ -531,6 +565,9 @@ class Connection:
         if self._heartbeat_handle is not None:
             self._heartbeat_handle.cancel()
             self._heartbeat_handle = None
+        if self._refusal is not None:
+            self._refusal.cancel()
+            self._refusal = None
 
     def _close_transport(self) -> None:
         if not self.transport.is_closing():

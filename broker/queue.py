@@ -394,8 +394,6 @@ class Queue:
     def settled(self, msg: Message) -> None:
         """Acked (or delivered with no-ack): the message is done."""
         if msg.state == UNACKED:
-            if (tracer := self.vhost.tracer) is not None:
-                tracer.acked(self, msg)
             self._gone(msg)
             self.unacked_count -= 1
             self.stats.acked += 1

@@ -6,8 +6,9 @@ traces, so with tracing off the message path pays one attribute test. A method p
 tuple of plain values on a bounded deque and returns: nothing is formatted, parsed or
 written on the event loop. The tuples hold only immutable values (names, numbers, the
 property bytes), so the writer thread can read them later while the engine moves on.
-The thread drains the deque every ``FLUSH_INTERVAL``, turns each tuple into one JSON
-line and appends it to a file rotated by size and by age. When the deque is full an
+A thread drains the deque every ``FLUSH_INTERVAL`` and hands the batch to a child process
+(see :class:`TraceWriter`) that turns each tuple into one JSON line and appends it to a
+file rotated by size and by age. When the deque is full an
 event is dropped and counted, and the writer puts the count in the trace
 (``trace_dropped``) so that the report can say what is missing.
 
@@ -49,13 +50,18 @@ trace_dropped       dropped: events lost so far because the buffer was full (vho
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
+import marshal
 import os
+import queue as queue_module
+import subprocess
+import sys
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable
+from array import array
+from collections.abc import Callable, Iterable, Iterator
 from typing import IO, TYPE_CHECKING, Any
 
 from protocol.properties import split_properties
@@ -65,11 +71,14 @@ if TYPE_CHECKING:
     from broker.consumer import Consumer
     from broker.message import Message
     from broker.queue import Queue
+    from broker.timers import Timers
     from broker.vhost import VirtualHost
     from config import Settings
 
 FLUSH_INTERVAL = 0.1  # seconds between drains: bounds the delay before an event is on disk
-DRAIN_CHUNK = 8192  # events formatted per write: the thread yields the GIL between chunks
+DRAIN_CHUNK = 8192  # events the writer process formats per file write
+MAX_NAMES = 50_000  # names and objects with an id; past this the ids start again
+CHILD_NICENESS = 19  # the writer process runs on CPU the broker leaves: busy, it drops
 
 _mono = time.monotonic_ns
 
@@ -91,18 +100,22 @@ _mono = time.monotonic_ns
     QUEUE_EXPIRED,
     QUEUE_DELETED,
     MARK,
-) = range(16)
+    DROPPED,
+    CHANNEL_CLOSED,  # not written: the writer process forgets the channel's deliveries
+    ACKS,  # in the int stream only: tags acked on a channel, written as one "acked" each
+) = range(19)
+Batch = tuple["array[int]", list[Any], "threading.Event | None"]
+# markers in the int stream: a side-list tuple follows; a name's id; all names forgotten
+OBJ, DEFINE, FORGET = 100, 101, 102
 
 
 class Tracer:
     """One traced vhost's view of the shared writer: the methods the engine calls."""
 
-    __slots__ = ("_buf", "_cap", "_ids", "_writer", "cause", "vhost")
+    __slots__ = ("_ids", "_w", "cause", "vhost")
 
     def __init__(self, writer: TraceWriter, vhost: str) -> None:
-        self._writer = writer
-        self._buf = writer.buffer
-        self._cap = writer.capacity
+        self._w = writer
         self._ids = writer.ids
         self.vhost = vhost
         # why the unacked messages being returned right now come back: set by the channel
@@ -111,10 +124,17 @@ class Tracer:
         self.cause = "nack"
 
     def _full(self, events: int = 1) -> bool:
-        if len(self._buf) < self._cap:
+        w = self._w
+        if len(w.ints) < w.cap and len(w.side) < w.side_cap:
             return False
-        self._writer.dropped += events
+        w.dropped += events
         return True
+
+    def _put(self, event: tuple[Any, ...]) -> None:
+        """A rare event, as a tuple on the side list, marked in its place in the stream."""
+        w = self._w
+        w.ints.extend((OBJ, len(w.side)))
+        w.side.append(event)
 
     def _id(self, msg: Message, queue: str) -> int:
         """The message's id; one published before tracing was on is adopted here."""
@@ -123,7 +143,7 @@ class Tracer:
             return tid
         msg.trace_id = tid = next(self._ids)
         if not self._full():
-            self._buf.append(
+            self._put(
                 (ADOPTED, _mono(), self.vhost, tid, queue, msg.exchange, msg.routing_key,
                  len(msg.body))
             )  # fmt: skip
@@ -131,90 +151,127 @@ class Tracer:
 
     # ---- publishing ----
 
+    # published, delivered and acked run once per message at full load: they write plain
+    # ints (names as ids, defined once: TraceWriter.name_of) and check the buffer inline
+
     def published(
         self, channel: Channel | None, msg: Message, queues: list[Queue], mandatory: bool, seq: int
     ) -> None:
-        """Published and routed, in one tuple (the writer writes both lines)."""
+        """Published and routed, in one event (the writer writes both lines)."""
         msg.trace_id = tid = next(self._ids)  # before the queues copy the message
-        if self._full(2):
+        w = self._w
+        ints = w.ints
+        if len(ints) >= w.cap:
+            w.dropped += 2
             return
-        names = queues[0].name if len(queues) == 1 else tuple(q.name for q in queues)
         if channel is None:  # the management API's publish
-            peer, ch = None, 0
+            self._put(
+                (PUBLISHED, _mono(), self.vhost, tid, msg.exchange, msg.routing_key,
+                 len(msg.body), msg.properties, None, 0, seq, tuple([q.name for q in queues]),
+                 mandatory)
+            )  # fmt: skip
+            return
+        names, objs = w.names, w.objs
+        props = msg.properties
+        if props[0] & 0x14 or props[1] & 0x80:  # delivery_mode, correlation_id, message_id
+            extra = len(w.side) + 1
+            w.side.append(props)
         else:
-            peer, ch = channel.conn.peer, channel.id
-        self._buf.append(
-            (PUBLISHED, _mono(), self.vhost, tid, msg.exchange, msg.routing_key, len(msg.body),
-             msg.properties, peer, ch, seq, names, mandatory)
+            extra = 0
+        # ids before the event: a new one is defined in the stream and must not split it
+        chan = objs.get(channel) or w.channel_id(channel)
+        exchange = names.get(msg.exchange) or w.name_id(msg.exchange)
+        key = names.get(msg.routing_key) or w.name_id(msg.routing_key)
+        if len(queues) == 1:
+            target = objs.get(queues[0]) or w.queue_id(queues[0])
+            ints.extend(
+                (PUBLISHED, _mono(), tid, chan, exchange, key, len(msg.body), seq, mandatory,
+                 extra, 1, target)
+            )  # fmt: skip
+            return
+        targets = [objs.get(q) or w.queue_id(q) for q in queues]
+        ints.extend(
+            (PUBLISHED, _mono(), tid, chan, exchange, key, len(msg.body), seq, mandatory, extra,
+             len(targets))
         )  # fmt: skip
+        ints.extend(targets)
+
+    def delivered(self, channel: Channel, consumer: Consumer, msg: Message, tag: int) -> None:
+        w = self._w
+        ints = w.ints
+        if len(ints) >= w.cap:
+            w.dropped += 1
+            return
+        ints.extend(
+            (DELIVERED, _mono(), msg.trace_id or self._id(msg, consumer.queue.name),
+             w.objs.get(consumer) or w.consumer_id(consumer), tag, msg.redelivered,
+             msg.delivery_count)
+        )  # fmt: skip
+
+    def got(self, channel: Channel, queue: Queue, msg: Message, tag: int) -> None:
+        """Delivered by basic.get (no consumer)."""
+        if self._full():
+            return
+        self._put(
+            (DELIVERED, _mono(), self.vhost, msg.trace_id or self._id(msg, queue.name), queue.name,
+             None, tag, msg.redelivered, msg.delivery_count, False, channel.conn.peer, channel.id)
+        )  # fmt: skip
+
+    def acked(self, channel: Channel, msgs: list[Message]) -> None:
+        """The deliveries with these tags on ``channel`` are acked (one basic.ack, or a commit).
+
+        Only the tags: the writer process knows each tag's delivery. No-ack deliveries are
+        acked there as they are delivered.
+        """
+        w = self._w
+        ints = w.ints
+        if len(ints) >= w.cap:
+            w.dropped += len(msgs)
+            return
+        chan = w.objs.get(channel) or w.channel_id(channel)
+        ints.extend((ACKS, _mono(), chan, len(msgs)))
+        ints.extend([m.tag for m in msgs])
 
     def dead_letter_routed(self, copy: Message, targets: list[Queue]) -> None:
         """The dead-lettered copy went through the dead-letter exchange to ``targets``."""
         if self._full():
             return
         names = tuple(q.name for q in targets)
-        self._buf.append(
+        self._put(
             (ROUTED, _mono(), self.vhost, copy.trace_id, copy.exchange, copy.routing_key, names)
         )
 
     def confirmed(self, channel: Channel, first: int, last: int, ack: bool) -> None:
         if self._full():
             return
-        self._buf.append(
-            (CONFIRMED, _mono(), self.vhost, channel.conn.peer, channel.id, first, last, ack)
-        )
+        self._put((CONFIRMED, _mono(), self.vhost, channel.conn.peer, channel.id, first, last, ack))
 
-    # ---- delivery and settling ----
-
-    def delivered(
-        self, channel: Channel, consumer: Consumer | None, msg: Message, tag: int
-    ) -> None:
-        if self._full():
-            return
-        queue = msg.queue
-        qname = queue.name if queue is not None else ""
-        tid = msg.trace_id or self._id(msg, qname)
-        if consumer is None:
-            ctag, no_ack = None, False
-        else:
-            ctag, no_ack = consumer.tag, consumer.no_ack
-        self._buf.append(
-            (DELIVERED, _mono(), self.vhost, tid, qname, ctag, tag, msg.redelivered,
-             msg.delivery_count, no_ack, channel.conn.peer, channel.id)
-        )  # fmt: skip
-
-    def acked(self, queue: Queue, msg: Message) -> None:
-        if self._full():
-            return
-        consumer = msg.consumer
-        self._buf.append(
-            (ACKED, _mono(), self.vhost, msg.trace_id or self._id(msg, queue.name), queue.name,
-             consumer.tag if consumer is not None else None, msg.tag)
-        )  # fmt: skip
+    # ---- settling ----
 
     def nacked(self, queue: Queue, msgs: list[Message], requeue: bool) -> None:
         self.cause = "nack"
         if self._full(len(msgs)):
             return
-        now, append, name = _mono(), self._buf.append, queue.name
+        now, append, name = _mono(), self._put, queue.name
         for msg in msgs:
-            consumer = msg.consumer
+            consumer, channel = msg.consumer, msg.channel
+            peer, ch = (channel.conn.peer, channel.id) if channel is not None else (None, 0)
             append(
                 (NACKED, now, self.vhost, msg.trace_id or self._id(msg, name), name,
-                 consumer.tag if consumer is not None else None, msg.tag, requeue)
+                 consumer.tag if consumer is not None else None, msg.tag, requeue, peer, ch)
             )  # fmt: skip
 
     def requeued(self, queue: Queue, msgs: list[Message]) -> None:
         if self._full(len(msgs)):
             return
-        now, append, name, why = _mono(), self._buf.append, queue.name, self.cause
+        now, append, name, why = _mono(), self._put, queue.name, self.cause
         for msg in msgs:
             append((REQUEUED, now, self.vhost, msg.trace_id or self._id(msg, name), name, why))
 
     def retry_scheduled(self, queue: Queue, msg: Message, delay_ms: int) -> None:
         if self._full():
             return
-        self._buf.append(
+        self._put(
             (RETRY, _mono(), self.vhost, msg.trace_id or self._id(msg, queue.name), queue.name,
              msg.retries, delay_ms, self.cause)
         )  # fmt: skip
@@ -223,7 +280,7 @@ class Tracer:
         """The message left ``queue`` abnormally: to the dead-letter exchange, or dropped."""
         if self._full():
             return
-        self._buf.append(
+        self._put(
             (DEAD, _mono(), self.vhost, msg.trace_id or self._id(msg, queue.name), queue.name,
              reason, queue.dead_letter_exchange, queue.dead_letter_routing_key)
         )  # fmt: skip
@@ -231,7 +288,7 @@ class Tracer:
     def dropped(self, queue: Queue, msg: Message, reason: str) -> None:
         if self._full():
             return
-        self._buf.append(
+        self._put(
             (DEAD, _mono(), self.vhost, msg.trace_id or self._id(msg, queue.name), queue.name,
              reason, None, None)
         )  # fmt: skip
@@ -254,7 +311,7 @@ class Tracer:
         if self._full():
             return
         channel = consumer.channel
-        self._buf.append(
+        self._put(
             (CONSUMER_ADDED, _mono(), self.vhost, consumer.queue.name, consumer.tag,
              consumer.prefetch, consumer.no_ack, channel.conn.peer, channel.id)
         )  # fmt: skip
@@ -270,7 +327,7 @@ class Tracer:
         # the channel's own rule (deliveries_timed_out): cancel if it can, else close
         registered = consumer is not None and channel.consumers.get(consumer.tag) is consumer
         notify = registered and channel.conn.capabilities.get("consumer_cancel_notify") is True
-        self._buf.append(
+        self._put(
             (CONSUMER_TIMED_OUT, _mono(), self.vhost, qname,
              consumer.tag if consumer is not None else None, channel.conn.peer, channel.id,
              tuple(m.tag for m in msgs), tuple(self._id(m, qname) for m in msgs), timeout,
@@ -278,11 +335,10 @@ class Tracer:
         )  # fmt: skip
 
     def consumer_cancelled(self, consumer: Consumer, why: str) -> None:
+        self._w.forget(consumer)
         if self._full():
             return
-        self._buf.append(
-            (CONSUMER_CANCELLED, _mono(), self.vhost, consumer.queue.name, consumer.tag, why)
-        )
+        self._put((CONSUMER_CANCELLED, _mono(), self.vhost, consumer.queue.name, consumer.tag, why))
 
     def channel_closed(self, channel: Channel) -> None:
         """The channel ends: say why, for its consumers and for the messages it returns."""
@@ -296,111 +352,343 @@ class Tracer:
         self.cause = why
         for consumer in channel.consumers.values():
             self.consumer_cancelled(consumer, why)
+        self._w.forget(channel)
+        self._put((CHANNEL_CLOSED, _mono(), self.vhost, channel.conn.peer, channel.id))
 
     def queue_expired(self, queue: Queue) -> None:
         if not self._full():
-            self._buf.append((QUEUE_EXPIRED, _mono(), self.vhost, queue.name))
+            self._put((QUEUE_EXPIRED, _mono(), self.vhost, queue.name))
 
     def queue_deleted(self, queue: Queue) -> None:
         for consumer in queue.consumers:
             self.consumer_cancelled(consumer, "queue_deleted")
+        self._w.forget(queue)
         if not self._full():
-            self._buf.append((QUEUE_DELETED, _mono(), self.vhost, queue.name, queue.ready_count))
+            self._put((QUEUE_DELETED, _mono(), self.vhost, queue.name, queue.ready_count))
 
     def mark(self, event: str) -> None:
         if not self._full():
-            self._buf.append((MARK, _mono(), self.vhost, event))
+            self._put((MARK, _mono(), self.vhost, event))
 
 
-# ---- the writer thread ----
+# ---- the writer: a thread here, a process for the formatting ----
 
 
 class TraceWriter:
-    """Drains the shared buffer into ``warren-trace-*.ndjson`` files in ``directory``."""
+    """Ships the buffered events to a child process that writes ``warren-trace-*.ndjson``.
+
+    Turning an event into a JSON line costs more than the engine's whole handling of the
+    message, and in the broker's process it would take the GIL from the event loop. So
+    the engine's side only records ints: the frequent events (published, delivered, acked)
+    as flat runs of ints in an ``array``, names as small ids defined once (``name_id``,
+    ``queue_id``...), the rare events as tuples on a side list, marked in their place in
+    the int stream. Every ``FLUSH_INTERVAL`` the loop swaps in fresh buffers (so nothing is
+    ever read while it is written) and this thread sends the old ones to
+    ``python -m broker.tracing`` through a pipe: the ints as raw bytes (a copy, no Python
+    per event), the side list ``marshal``-encoded. The child decodes, formats, writes and
+    rotates on another core, at low priority. If it falls behind, the pipe fills, this
+    thread waits (without the GIL), the buffers reach their bounds and events are dropped
+    and counted: the broker never waits. Killed with the broker, it still writes what it
+    has received.
+    """
 
     def __init__(
-        self, directory: str, rotate_bytes: int, rotate_seconds: float, capacity: int
+        self,
+        directory: str,
+        rotate_bytes: int,
+        rotate_seconds: float,
+        capacity: int,
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
-        self.directory = directory
+        self.directory = os.path.abspath(directory)
         self.rotate_bytes = rotate_bytes
         self.rotate_seconds = rotate_seconds
-        self.capacity = capacity
-        self.buffer: deque[tuple[Any, ...]] = deque()
+        self.cap = capacity * 8  # ints: a frequent event is 6 to 12
+        self.side_cap = capacity
+        self.ints = array("q")
+        self.side: list[Any] = []
         # ids grow from the start time in microseconds: unique across restarts
         self.ids = itertools.count(time.time_ns() // 1000)
+        self.names: dict[str, int] = {}  # exchange names and routing keys -> id
+        self.objs: dict[object, int] = {}  # channels, consumers, queues -> id, while they live
+        self._next = itertools.count(1)
         self.dropped = 0  # counted on the loop thread
-        self.written = 0
-        self.files: list[str] = []  # every file this writer opened, oldest first
         self._dropped_noted = 0
-        self._offset_ns = time.time_ns() - time.monotonic_ns()
-        self._file: IO[str] | None = None
-        self._file_bytes = 0
-        self._file_opened = 0.0
-        self._file_seq = 0
-        self._lock = threading.Lock()  # one drain at a time: the thread's or flush()'s
+        self._loop = loop
+        self._batches: queue_module.SimpleQueue[Batch] = queue_module.SimpleQueue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="warren-trace", daemon=True)
+        self._child: subprocess.Popen[bytes] | None = None
+
+    # ---- ids for names, on the loop ----
+
+    def _define(self, definition: tuple[Any, ...]) -> None:
+        self.ints.extend((OBJ, len(self.side)))
+        self.side.append(definition)
+
+    def name_id(self, name: str) -> int:
+        if len(self.names) >= MAX_NAMES:  # routing keys may all differ: start again
+            self.names.clear()
+            self._define((FORGET,))
+        self.names[name] = n = next(self._next)
+        self._define((DEFINE, n, name))
+        return n
+
+    def queue_id(self, queue: Queue) -> int:
+        self.objs[queue] = n = next(self._next)
+        self._define((DEFINE, n, (queue.vhost.name, queue.name)))
+        return n
+
+    def channel_id(self, channel: Channel) -> int:
+        self.objs[channel] = n = next(self._next)
+        self._define((DEFINE, n, (channel.vhost.name, channel.conn.peer, channel.id)))
+        return n
+
+    def consumer_id(self, consumer: Consumer) -> int:
+        self.objs[consumer] = n = next(self._next)
+        channel, queue = consumer.channel, consumer.queue
+        self._define(
+            (DEFINE, n, (queue.vhost.name, queue.name, consumer.tag, consumer.no_ack,
+                         channel.conn.peer, channel.id))
+        )  # fmt: skip
+        return n
+
+    def forget(self, obj: object) -> None:
+        """A channel, consumer or queue ended: drop it (a new object may reuse its address)."""
+        self.objs.pop(obj, None)
+        if len(self.objs) > MAX_NAMES:  # consumers cancelled without a hook: start again
+            self.objs.clear()
+
+    # ---- shipping ----
 
     def start(self) -> None:
         os.makedirs(self.directory, exist_ok=True)
+        offset = time.time_ns() - time.monotonic_ns()
+        self._child = subprocess.Popen(
+            [sys.executable, "-m", "broker.tracing", self.directory, str(self.rotate_bytes),
+             str(self.rotate_seconds), str(offset)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        )  # fmt: skip
         self._thread.start()
 
+    def swap(self, done: threading.Event | None = None) -> None:
+        """On the loop: hand the buffers to the thread, start new ones."""
+        if self.dropped != self._dropped_noted:
+            self._dropped_noted = self.dropped
+            self.ints.extend((OBJ, len(self.side)))
+            self.side.append((DROPPED, _mono(), None, self.dropped))
+        batch = (self.ints, self.side, done)
+        self.ints = array("q")
+        self.side = []
+        self._batches.put(batch)
+
     def _run(self) -> None:
-        while not self._stop.wait(FLUSH_INTERVAL):
-            self.drain()
+        while True:
+            try:
+                ints, side, done = self._batches.get(timeout=FLUSH_INTERVAL)
+            except queue_module.Empty:
+                if self._stop.is_set():
+                    return
+                try:
+                    self._loop.call_soon_threadsafe(self.swap)
+                except RuntimeError:  # the loop is closed
+                    return
+                continue
+            self._send(ints, side, done is not None)
+            if done is not None:
+                done.set()
 
-    def drain(self) -> None:
-        """Write what is buffered; rotate the file when it is too big or too old."""
-        with self._lock:
-            buf, off = self.buffer, self._offset_ns
-            while buf:
-                lines = []
-                for _ in range(min(len(buf), DRAIN_CHUNK)):
-                    event = buf.popleft()
-                    lines.append(_FORMATS[event[0]](event, off))
-                self._write("".join(lines), len(lines))
-            dropped = self.dropped
-            if dropped != self._dropped_noted:
-                self._dropped_noted = dropped
-                now = (time.monotonic_ns() + off) // 1000
-                line = f'{{"ts":{now},"ev":"trace_dropped","vhost":null,"dropped":{dropped}}}\n'
-                self._write(line, 1)
-            if self._file is not None:
-                self._file.flush()
-                if time.monotonic() - self._file_opened >= self.rotate_seconds:
-                    self._close_file()
+    def _send(self, ints: array[int], side: list[Any], sync: bool) -> None:
+        child = self._child
+        if child is None or child.stdin is None:
+            return
+        data = marshal.dumps((ints.tobytes(), side, sync))
+        try:
+            child.stdin.write(len(data).to_bytes(4, "big") + data)
+            child.stdin.flush()
+            if sync and child.stdout is not None:
+                child.stdout.read(1)  # written and flushed
+        except OSError:  # the child is gone: nothing more is written
+            self._child = None
 
-    def _write(self, text: str, events: int) -> None:
-        if self._file is None or self._file_bytes >= self.rotate_bytes:
-            self._close_file()
-            self._open_file()
-        assert self._file is not None
-        self._file.write(text)
-        self._file_bytes += len(text)  # characters: close enough to bytes for rotation
-        self.written += events
-
-    def _open_file(self) -> None:
-        self._file_seq += 1
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        name = f"warren-trace-{stamp}-{os.getpid()}-{self._file_seq:04d}.ndjson"
-        path = os.path.join(self.directory, name)
-        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (kept open across drains)
-        self._file_bytes = 0
-        self._file_opened = time.monotonic()
-        self.files.append(path)
-
-    def _close_file(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+    def flush(self) -> None:
+        """On the loop: everything so far is in the files when this returns."""
+        done = threading.Event()
+        self.swap(done)
+        done.wait(10)
 
     def close(self) -> None:
+        """On the loop: the last events out, the thread and the child ended."""
+        self.flush()
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(5)
-        self.drain()
-        with self._lock:
-            self._close_file()
+        self._thread.join(5)
+        child, self._child = self._child, None
+        if child is not None:
+            if child.stdin is not None:
+                child.stdin.close()
+            try:
+                child.wait(10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+            if child.stdout is not None:
+                child.stdout.close()
+
+    def files(self) -> list[str]:
+        return sorted(
+            os.path.join(self.directory, name)
+            for name in os.listdir(self.directory)
+            if name.startswith("warren-trace-")
+        )
+
+
+class _Files:
+    """The child's side: JSON lines into files rotated by size and age."""
+
+    def __init__(self, directory: str, rotate_bytes: int, rotate_seconds: float) -> None:
+        self.directory = directory
+        self.rotate_bytes = rotate_bytes
+        self.rotate_seconds = rotate_seconds
+        self.file: IO[str] | None = None
+        self.size = 0
+        self.opened = 0.0
+        self.seq = 0
+
+    def write(self, text: str) -> None:
+        if self.file is None or self.size >= self.rotate_bytes:
+            self.close()
+            self.seq += 1
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+            name = f"warren-trace-{stamp}-{os.getppid()}-{self.seq:04d}.ndjson"
+            self.file = open(os.path.join(self.directory, name), "a", encoding="utf-8")  # noqa: SIM115
+            self.size = 0
+            self.opened = time.monotonic()
+        self.file.write(text)
+        self.size += len(text)  # characters: close enough to bytes for rotation
+
+    def tick(self) -> None:
+        if self.file is not None:
+            self.file.flush()
+            if time.monotonic() - self.opened >= self.rotate_seconds:
+                self.close()  # the next event starts a new file
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+class _Decoder:
+    """The writer process's side of the stream: ints and side tuples back into events.
+
+    It keeps each channel's unacked deliveries (tag -> message, queue, consumer) to turn
+    the broker's acks, which carry only tags, into one "acked" event per message.
+    """
+
+    def __init__(self) -> None:
+        self.defs: dict[int, Any] = {}
+        self.unacked: dict[tuple[Any, int], dict[int, tuple[Any, ...]]] = {}
+
+    def _delivered(self, event: tuple[Any, ...]) -> Iterator[tuple[Any, ...]]:
+        # (DELIVERED, t, vhost, tid, queue, ctag, tag, redelivered, count, no_ack, peer, ch)
+        yield event
+        if event[9]:  # no-ack: settled as it is delivered
+            yield (ACKED, event[1], event[2], event[3], event[4], event[5], event[6])
+        else:
+            channel = self.unacked.setdefault((event[10], event[11]), {})
+            channel[event[6]] = (event[2], event[3], event[4], event[5])
+
+    def _settled(self, peer: Any, ch: int, tags: Iterable[int]) -> None:
+        channel = self.unacked.get((peer, ch))
+        if channel is not None:
+            for tag in tags:
+                channel.pop(tag, None)
+
+    def events(self, ints: array[int], side: list[Any]) -> Iterator[tuple[Any, ...]]:
+        defs = self.defs
+        i, n = 0, len(ints)
+        while i < n:
+            kind = ints[i]
+            if kind == OBJ:
+                event = side[ints[i + 1]]
+                i += 2
+                what = event[0]
+                if what == DEFINE:
+                    defs[event[1]] = event[2]
+                elif what == FORGET:
+                    self.defs = defs = {k: v for k, v in defs.items() if not isinstance(v, str)}
+                elif what == DELIVERED:  # basic.get
+                    yield from self._delivered(event)
+                elif what == CHANNEL_CLOSED:
+                    self.unacked.pop((event[3], event[4]), None)
+                else:
+                    if what == NACKED:
+                        self._settled(event[8], event[9], (event[6],))
+                    elif what == CONSUMER_TIMED_OUT:
+                        self._settled(event[5], event[6], event[7])
+                    yield event
+            elif kind == DELIVERED:
+                _, t, tid, consumer, tag, redelivered, count = ints[i : i + 7]
+                i += 7
+                vhost, queue, ctag, no_ack, peer, ch = defs[consumer]
+                yield from self._delivered(
+                    (DELIVERED, t, vhost, tid, queue, ctag, tag, bool(redelivered), count,
+                     no_ack, peer, ch)
+                )  # fmt: skip
+            elif kind == ACKS:
+                _, t, channel_id, count = ints[i : i + 4]
+                tags = ints[i + 4 : i + 4 + count]
+                i += 4 + count
+                _, peer, ch = defs[channel_id]
+                channel = self.unacked.get((peer, ch), {})
+                for tag in tags:
+                    delivery = channel.pop(tag, None)
+                    if delivery is not None:  # else delivered before tracing began
+                        vhost, tid, queue, ctag = delivery
+                        yield (ACKED, t, vhost, tid, queue, ctag, tag)
+            elif kind == PUBLISHED:
+                _, t, tid, channel, ex, rk, size, seq, mandatory, extra, count = ints[i : i + 11]
+                queues = tuple(defs[q][1] for q in ints[i + 11 : i + 11 + count])
+                i += 11 + count
+                vhost, peer, ch = defs[channel]
+                props = side[extra - 1] if extra else b"\x00\x00"
+                yield (PUBLISHED, t, vhost, tid, defs[ex], defs[rk], size, props, peer, ch, seq,
+                       queues, bool(mandatory))  # fmt: skip
+            else:
+                raise ValueError(f"unknown event kind {kind} in the trace stream")
+
+
+def _child_main(argv: list[str]) -> int:
+    """``python -m broker.tracing DIR ROTATE_BYTES ROTATE_SECONDS OFFSET_NS``: the writer."""
+    directory, rotate_bytes, rotate_seconds, offset = argv
+    # below the broker: on a saturated machine the broker keeps the CPU, this process falls
+    # behind, the broker's buffers fill and events are dropped (and counted)
+    os.nice(CHILD_NICENESS)
+    files = _Files(directory, int(rotate_bytes), float(rotate_seconds))
+    decoder = _Decoder()
+    off = int(offset)
+    source, reply = sys.stdin.buffer, sys.stdout.buffer
+    formats = _FORMATS
+    while True:
+        head = source.read(4)
+        if len(head) < 4:
+            break  # the broker closed the pipe (or died): everything received is written
+        raw, side, sync = marshal.loads(source.read(int.from_bytes(head, "big")))
+        ints = array("q")
+        ints.frombytes(raw)
+        lines: list[str] = []
+        for event in decoder.events(ints, side):
+            lines.append(formats[event[0]](event, off))
+            if len(lines) >= DRAIN_CHUNK:
+                files.write("".join(lines))
+                lines = []
+        if lines:
+            files.write("".join(lines))
+        files.tick()
+        if sync:
+            reply.write(b"\x01")
+            reply.flush()
+    files.close()
+    return 0
 
 
 # ---- which vhosts trace ----
@@ -409,8 +697,9 @@ class TraceWriter:
 class Tracing:
     """The broker's tracing switch: which vhosts trace and the writer they share."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, timers: Timers) -> None:
         self.settings = settings
+        self.timers = timers
         self.writer: TraceWriter | None = None
         # the configured set; None: every vhost (trace.vhosts = all)
         self._from_config: frozenset[str] | None = (
@@ -436,6 +725,7 @@ class Tracing:
                 settings.trace_rotate_size,
                 settings.trace_rotate_interval,
                 settings.trace_buffer,
+                self.timers.loop,
             )
             self.writer.start()
         vhost.tracer = Tracer(self.writer, vhost.name)
@@ -456,7 +746,7 @@ class Tracing:
     def flush(self) -> None:
         """Everything traced so far is in the files (tests, shutdown)."""
         if self.writer is not None:
-            self.writer.drain()
+            self.writer.flush()
 
     def close(self) -> None:
         for vhost in list(self.traced.values()):
@@ -470,14 +760,13 @@ class Tracing:
         return {
             "vhosts": sorted(self.traced),
             "dir": os.path.abspath(self.settings.trace_dir),
-            "events_written": writer.written if writer is not None else 0,
             "events_dropped": writer.dropped if writer is not None else 0,
-            "buffered": len(writer.buffer) if writer is not None else 0,
-            "files": list(writer.files) if writer is not None else [],
+            "buffered_ints": len(writer.ints) if writer is not None else 0,
+            "files": writer.files() if writer is not None else [],
         }
 
 
-# ---- formatting (on the writer thread) ----
+# ---- formatting (in the writer process) ----
 
 _strings: dict[str, str] = {}  # names repeat: each is JSON-encoded once
 
@@ -657,6 +946,10 @@ def _mark(e: tuple[Any, ...], off: int) -> str:
     return f"{_head(e, off, e[3])}}}\n"
 
 
+def _dropped(e: tuple[Any, ...], off: int) -> str:
+    return f'{_head(e, off, "trace_dropped")},"dropped":{e[3]}}}\n'
+
+
 _FORMATS: tuple[Callable[[tuple[Any, ...], int], str], ...] = (
     _published,
     _routed,
@@ -674,4 +967,9 @@ _FORMATS: tuple[Callable[[tuple[Any, ...], int], str], ...] = (
     _queue_expired,
     _queue_deleted,
     _mark,
+    _dropped,
 )
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1:]))

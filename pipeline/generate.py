@@ -48,10 +48,11 @@ class Writer:
         self._file: IO[str] | None = None
         self._lines: list[str] = []
         self._n = 0
+        self.files: list[str] = []
 
     def emit(self, event: tuple[Any, ...]) -> None:
         self._lines.append(t._FORMATS[event[0]](event, 0))
-        if len(self._lines) >= 10_000:
+        if len(self._lines) >= min(10_000, self.per_file):
             self._flush()
 
     def _flush(self) -> None:
@@ -60,7 +61,8 @@ class Writer:
         if self._file is None or self._n >= self.per_file:
             if self._file is not None:
                 self._file.close()
-            name = f"warren-trace-synthetic-{self.count // self.per_file:04d}.ndjson"
+            name = f"warren-trace-synthetic-{len(self.files):04d}.ndjson"
+            self.files.append(name)
             self._file = open(os.path.join(self.out, name), "w", encoding="utf-8")  # noqa: SIM115
             self._n = 0
         self._file.write(text)

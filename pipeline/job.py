@@ -131,30 +131,43 @@ def _percentiles(value: Column) -> list[Column]:
     ]
 
 
-def copy_events(events: DataFrame) -> DataFrame:
-    """One row per event of a copy, with the window's view of the copy's history."""
+def copy_events(events: DataFrame, partitions: int | None = None) -> DataFrame:
+    """Every event of every message, with the window's view of its copy's history.
+
+    Rows of one message share a partition: the window over each copy, the per-copy and the
+    per-message aggregations all run there, after this one shuffle. Message-level rows
+    (published, and ``unrouted`` for a publish that reached no queue) have no queue.
+    """
     ev = F.col("ev")
     columns = ["vhost", "msg", "ts", "ev", "consumer", "conn", "redelivered", "requeue", "why"]
-    columns += ["reason"]
+    columns += ["reason", "exchange", "rk", "size", "mid", "cid", "mandatory"]
     arrivals = events.filter((ev == "routed") & (F.size("queues") > 0)).select(
         *columns, F.explode("queues").alias("queue")
     )
-    others = events.filter(ev.isin(*COPY_EVENTS)).select(*columns, "queue")
+    unrouted = events.filter(
+        (ev == "routed") & (F.size("queues") == 0) & ~F.col("dead_letter")
+    ).select(*[F.lit("unrouted").alias(c) if c == "ev" else F.col(c) for c in columns], "queue")
+    others = events.filter(ev.isin("published", *COPY_EVENTS)).select(*columns, "queue")
+    every = arrivals.unionByName(unrouted).unionByName(others)
+    by_message = (
+        every.repartition(partitions, "vhost", "msg")
+        if partitions
+        else every.repartition("vhost", "msg")
+    )
     rank = F.create_map(*[F.lit(x) for pair in RANK.items() for x in pair])
     state = (
         F.when(ev.isin("routed", "requeued"), "ready")
         .when(ev == "delivered", "unacked")
         .when((ev == "nacked") & F.col("requeue"), "unacked")
         .when(ev == "retry_scheduled", "delayed")
-        .when(ev == "adopted", "none")  # where it was before tracing began is unknown
+        .when(ev.isin("adopted", "published", "unrouted"), "none")  # adopted: unknown before
         .otherwise("gone")
     )
     copy = Window.partitionBy("vhost", "msg", "queue").orderBy("ts", "rank")
     upto = copy.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     delivered = ev == "delivered"
     rows = (
-        arrivals.unionByName(others)
-        .withColumn("rank", rank[ev])
+        by_message.withColumn("rank", F.coalesce(rank[ev], F.lit(1)))
         .withColumn("state", state)
         .withColumn("prev", F.coalesce(F.lag("state").over(copy), F.lit("none")))
         .withColumn("arrived_ts", F.last(F.when(ev == "routed", F.col("ts")), True).over(upto))
@@ -180,7 +193,8 @@ def queue_minute(rows: DataFrame, bucket_seconds: int) -> DataFrame:
         )
 
     counts = (
-        rows.withColumn("bucket", (F.col("ts") / bucket_us).cast("long") * bucket_seconds)
+        rows.filter(F.col("queue").isNotNull())
+        .withColumn("bucket", (F.col("ts") / bucket_us).cast("long") * bucket_seconds)
         .groupBy("vhost", "queue", "bucket")
         .agg(
             _count(ev == "routed").alias("published"),
@@ -283,7 +297,8 @@ def consumers(rows: DataFrame, samples: DataFrame) -> DataFrame:
 
 
 def copies(rows: DataFrame) -> DataFrame:
-    """One row per copy: its counts and how it ended."""
+    """One row per copy: its counts and how it ended; and one per message (queue null) with
+    what the publish said. ``rows`` is partitioned by message: no shuffle here."""
     ev = F.col("ev")
     last = F.max_by(F.struct("ev", "reason"), F.struct("ts", "rank"))
     outcome = (
@@ -297,6 +312,11 @@ def copies(rows: DataFrame) -> DataFrame:
         .when(F.col("last.ev") == "retry_scheduled", "delayed")
         .otherwise("ready")
     )
+    origin = ev.isin("published", "adopted")
+
+    def publish(column: str) -> Column:
+        return F.first(F.when(origin, F.col(column)), True)
+
     return (
         rows.groupBy("vhost", "msg", "queue")
         .agg(
@@ -309,35 +329,28 @@ def copies(rows: DataFrame) -> DataFrame:
             ).alias("timeouts"),
             _count(ev == "expired").alias("expirations"),
             last.alias("last"),
+            F.min(F.when(origin, F.col("ts"))).alias("published_ts"),
+            publish("exchange").alias("exchange"),
+            publish("rk").alias("routing_key"),
+            publish("size").alias("size"),
+            publish("mid").alias("message_id"),
+            publish("cid").alias("correlation_id"),
+            F.first(F.when(ev == "published", F.col("conn")), True).alias("publisher"),
+            F.max(ev == "adopted").alias("adopted"),
+            F.max(
+                F.when(
+                    ev == "unrouted", F.when(F.col("mandatory"), "returned").otherwise("unroutable")
+                )
+            ).alias("unrouted"),
         )
         .withColumn("outcome", outcome)
         .drop("last")
     )
 
 
-def messages(events: DataFrame, per_copy: DataFrame) -> DataFrame:
-    ev = F.col("ev")
-    published = (
-        events.filter(ev.isin("published", "adopted"))
-        .groupBy("vhost", "msg")
-        .agg(
-            F.min("ts").alias("published_ts"),
-            F.first("exchange", True).alias("exchange"),
-            F.first("rk", True).alias("routing_key"),
-            F.first("size", True).alias("size"),
-            F.first("mid", True).alias("message_id"),
-            F.first("cid", True).alias("correlation_id"),
-            F.first("conn", True).alias("publisher"),
-            _count(ev == "adopted").alias("adopted"),
-        )
-    )
-    unroutable = events.filter(
-        (ev == "routed") & (F.size("queues") == 0) & ~F.col("dead_letter")
-    ).select(
-        "vhost",
-        "msg",
-        F.when(F.col("mandatory"), "returned").otherwise("unroutable").alias("unrouted"),
-    )
+def messages(per_copy: DataFrame) -> DataFrame:
+    """One row per message: what was published, the path through the queues, the outcome."""
+    queued = F.col("queue").isNotNull()
     label = F.concat(
         F.col("queue"),
         F.lit(" ("),
@@ -360,18 +373,28 @@ def messages(events: DataFrame, per_copy: DataFrame) -> DataFrame:
         F.array_sort(
             F.array_distinct(
                 F.collect_list(
-                    F.when(~F.col("outcome").startswith("dead_lettered"), F.col("outcome"))
+                    F.when(queued & ~F.col("outcome").startswith("dead_lettered"), F.col("outcome"))
                 )
             )
         ),
         ",",
     )
-    paths = (
+    hop_order = F.when(queued, F.coalesce("arrived_ts", F.lit(0))).otherwise(F.lit(-1))
+    return (
         per_copy.withColumn("label", label)
         .groupBy("vhost", "msg")
         .agg(
+            F.min("published_ts").alias("published_ts"),
+            F.first("exchange", True).alias("exchange"),
+            F.first("routing_key", True).alias("routing_key"),
+            F.first("size", True).alias("size"),
+            F.first("message_id", True).alias("message_id"),
+            F.first("correlation_id", True).alias("correlation_id"),
+            F.first("publisher", True).alias("publisher"),
+            F.max("adopted").alias("adopted"),
+            F.max("unrouted").alias("unrouted"),
             F.transform(
-                F.array_sort(F.collect_list(F.struct(F.coalesce("arrived_ts", F.lit(0)), "label"))),
+                F.array_sort(F.collect_list(F.when(queued, F.struct(hop_order, "label")))),
                 lambda s: s["label"],
             ).alias("hops"),
             F.collect_list("queue").alias("queues"),
@@ -380,16 +403,19 @@ def messages(events: DataFrame, per_copy: DataFrame) -> DataFrame:
             F.sum("retries").alias("retries"),
             F.sum("timeouts").alias("timeouts"),
             final.alias("final"),
-            F.max_by("outcome", F.coalesce("arrived_ts", F.lit(0))).alias("last_outcome"),
-            F.max(F.col("outcome").startswith("dead_lettered")).alias("dead_lettered"),
+            F.max_by(F.when(queued, F.col("outcome")), hop_order).alias("last_outcome"),
+            F.max(queued & F.col("outcome").startswith("dead_lettered")).alias("dead_lettered"),
             F.max(F.col("expirations") > 0).alias("expired"),
-            F.max(F.col("outcome").isin("unacked", "ready", "delayed")).alias("never_acked"),
+            F.max(queued & F.col("outcome").isin("unacked", "ready", "delayed")).alias(
+                "never_acked"
+            ),
         )
-    )
-    return (
-        published.join(paths, ["vhost", "msg"], "full")
-        .join(unroutable, ["vhost", "msg"], "left")
-        .withColumn("path", F.coalesce(F.array_join("hops", " -> "), F.col("unrouted")))
+        .withColumn(
+            "path",
+            F.coalesce(
+                F.when(F.size("hops") > 0, F.array_join("hops", " -> ")), F.col("unrouted")
+            ),
+        )
         .withColumn(
             "outcome",
             F.coalesce(
@@ -462,14 +488,18 @@ def summary(events: DataFrame, msgs: DataFrame) -> DataFrame:
     return totals.crossJoin(outcomes)
 
 
-def analyse(events: DataFrame, bucket_seconds: int = 60, max_deliveries: int = 3) -> Tables:
+def analyse(
+    events: DataFrame,
+    bucket_seconds: int = 60,
+    max_deliveries: int = 3,
+    partitions: int | None = None,
+) -> Tables:
     """All tables; ``events`` is what :func:`load_events` returns."""
     # the parsed trace is read three times: keep it on local disk, off the JVM heap
     events = events.persist(StorageLevel.DISK_ONLY)
-    rows = copy_events(events).persist(StorageLevel.MEMORY_AND_DISK)
+    rows = copy_events(events, partitions).persist(StorageLevel.MEMORY_AND_DISK)
     samples = latency_samples(rows).persist(StorageLevel.MEMORY_AND_DISK)
-    per_copy = copies(rows)
-    msgs = messages(events, per_copy).persist(StorageLevel.MEMORY_AND_DISK)
+    msgs = messages(copies(rows)).persist(StorageLevel.MEMORY_AND_DISK)
     return Tables(
         queue_minute=queue_minute(rows, bucket_seconds),
         queue_latency=samples.groupBy("vhost", "queue", "metric")

@@ -175,7 +175,8 @@ def _charts(tables: dict[str, list[Row]], queues: list[Row]) -> dict[str, str]:
         for ax in (rate, depth):
             ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7, loc="upper left")
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7, loc="upper left")
     fig.autofmt_xdate()
     charts["queues"] = _png(fig)
 

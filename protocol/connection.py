@@ -119,6 +119,11 @@ class ProtocolConnection:
         """The broker sent connection.close: only close/close-ok matter from now on."""
         self.closing = True
 
+    def stop(self) -> None:
+        """The broker is done with this peer (a refused login): drop all it sends from now on."""
+        self.failed = True
+        self._buf, self._off, self._more = b"", 0, bytearray()
+
     # ---- bytes in ----
 
     @property

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from protocol.constants import REPLY_NAMES
 
+# Short strings from clients need not be UTF-8: they are decoded and encoded with this
+# error handler, so that a name comes back to the client octet for octet.
+SURROGATES = "surrogateescape"
+
 
 class AMQPError(Exception):
     """A protocol exception; the subclass says whether it closes the channel or the connection."""
@@ -51,8 +55,15 @@ def erlang_binary(data: bytes) -> str:
 
 
 def truncate_reply_text(text: str) -> str:
-    """A reply text is a short string: RabbitMQ cuts longer ones to 252 octets and '...'."""
+    """A reply text as it goes out: a short string, and valid UTF-8.
+
+    RabbitMQ cuts texts longer than 255 octets to 252 and '...'. A name in the
+    text that was not UTF-8 (read with surrogateescape) shows U+FFFD where its
+    bad octets were: a client must be able to decode the reply that tells it so.
+    """
+    if not text.isascii():
+        text = text.encode("utf-8", SURROGATES).decode("utf-8", "replace")
     raw = text.encode()
     if len(raw) <= 255:
         return text
-    return raw[:252].decode(errors="ignore") + "..."
+    return raw[:252].decode("utf-8", "ignore") + "..."

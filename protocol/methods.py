@@ -16,7 +16,7 @@ from typing import Any
 from pamqp import commands, encode
 
 from protocol.constants import FRAME_ERROR, FRAME_METHOD, NOT_IMPLEMENTED
-from protocol.errors import ConnectionError_, erlang_binary
+from protocol.errors import SURROGATES, ConnectionError_, erlang_binary
 from protocol.tables import TableError, decode_table, encode_table
 
 _HH = Struct(">HH")
@@ -196,8 +196,9 @@ def encode_method_payload(method: Any) -> bytes:
             raw = (value or "").encode("utf-8", "surrogateescape")
             out.append(bytes((len(raw),)) + raw)
         elif kind == "longstr":
-            raw = value if isinstance(value, bytes) else str(value or "").encode()
-            out.append(len(raw).to_bytes(4, "big") + raw)
+            if not isinstance(value, bytes):
+                value = str(value or "").encode("utf-8", SURROGATES)
+            out.append(len(value).to_bytes(4, "big") + value)
         elif kind == "table":
             out.append(encode_table(value or {}))
         else:

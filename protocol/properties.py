@@ -12,6 +12,7 @@ from __future__ import annotations
 from struct import Struct
 from typing import Any
 
+from protocol.errors import SURROGATES
 from protocol.tables import (
     FieldValue,
     TableError,
@@ -125,7 +126,7 @@ def decode_field(name: str, raw: bytes) -> FieldValue:
 
 
 def encode_shortstr(value: str) -> bytes:
-    data = value.encode()
+    data = value.encode("utf-8", SURROGATES)
     if len(data) > 255:
         raise ValueError("short string longer than 255 octets")
     return bytes((len(data),)) + data

@@ -15,7 +15,7 @@ from struct import Struct
 from typing import Any
 
 from protocol.constants import SYNTAX_ERROR
-from protocol.errors import ConnectionError_
+from protocol.errors import SURROGATES, ConnectionError_
 
 MAX_DEPTH = 64  # nesting of tables/arrays; deeper input is rejected, not recursed into
 
@@ -217,7 +217,8 @@ def encode_value(value: FieldValue) -> bytes:
             return b"l" + _i64.pack(value)
         raise ValueError(f"integer out of range: {value}")
     if isinstance(value, str):
-        raw = value.encode()
+        # names from clients (x-death's queue, exchange, routing keys) may not be UTF-8
+        raw = value.encode("utf-8", SURROGATES)
         return b"S" + _u32.pack(len(raw)) + raw
     if isinstance(value, bytes | bytearray | memoryview):
         raw = bytes(value)
@@ -242,7 +243,7 @@ def encode_value(value: FieldValue) -> bytes:
 
 
 def encode_key(key: str) -> bytes:
-    raw = key.encode()
+    raw = key.encode("utf-8", SURROGATES)
     return _u8.pack(len(raw)) + raw
 
 

@@ -1,0 +1,174 @@
+"""The message path's own cost with tracing off and on, without sockets or other processes.
+
+    python tests/benchmarks/trace_path.py [--messages 200000] [--rounds 5]
+
+One broker ``Connection`` on a uvloop loop is fed bytes as a socket would feed it:
+publishes (one 16-byte message per frame set), and the acks of a consumer with prefetch
+that acks ``multiple=true`` every 10 deliveries, as bench.py does; its output goes
+nowhere. Each round times ``--messages`` messages through publish, route, enqueue,
+deliver, ack, once with tracing off and once on (the writer thread and process run as in
+production), and prints the microseconds per message of the loop's thread. Load from
+other processes on the machine cancels out of the ratio better than it does out of a
+throughput test, where a publisher and a consumer compete with the broker for the CPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import uvloop
+from pamqp import body as pbody
+from pamqp import commands, frame, header
+
+from broker.broker import Broker
+from broker.connection import Connection
+from broker.logging import configure_logging
+from broker.timers import Timers
+from config import Settings
+
+BATCH = 500  # messages per data_received: what one socket read might carry
+
+
+class NullTransport:
+    def __init__(self) -> None:
+        self.written = 0
+
+    def write(self, data: bytes) -> None:
+        self.written += len(data)
+
+    def close(self) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def _m(value: Any, channel: int = 1) -> bytes:
+    return bytes(frame.marshal(value, channel))
+
+
+def handshake() -> bytes:
+    out = _m(header.ProtocolHeader(), 0)
+    out += _m(commands.Connection.StartOk(client_properties={}, mechanism="PLAIN",
+                                          response="\0guest\0guest", locale="en_US"), 0)  # fmt: skip
+    out += _m(commands.Connection.TuneOk(channel_max=2047, frame_max=131072, heartbeat=0), 0)
+    out += _m(commands.Connection.Open(virtual_host="/"), 0)
+    out += _m(commands.Channel.Open())
+    out += _m(commands.Queue.Declare(queue="q"))
+    out += _m(commands.Basic.Qos(prefetch_count=BATCH * 2))
+    out += _m(commands.Basic.Consume(queue="q", consumer_tag="c"))
+    return out
+
+
+def publishes(n: int) -> bytes:
+    one = (
+        _m(commands.Basic.Publish(exchange="", routing_key="q"))
+        + _m(header.ContentHeader(0, 16, commands.Basic.Properties()))
+        + _m(pbody.ContentBody(b"x" * 16))
+    )
+    return one * n
+
+
+def acks(first: int, n: int) -> bytes:
+    """basic.ack multiple=true every 10 tags, hand-encoded as bench.py does."""
+    frames = []
+    for tag in range(first + 9, first + n, 10):
+        frames.append(struct.pack(">BHIHHQBB", 1, 1, 13, 60, 80, tag, 1, 0xCE))
+    return b"".join(frames)
+
+
+@dataclass
+class Cost:
+    """Microseconds per message."""
+
+    wall: float  # elapsed: what other load on the machine inflates
+    loop: float  # CPU of the loop's thread: the message path itself
+    process: float  # CPU of the whole broker process (the trace thread too)
+    writer: float  # CPU of the trace writer process
+
+
+async def run(messages: int, traced: bool, trace_dir: str) -> Cost:
+    settings = Settings(
+        data_dir=None, trace_enabled=traced, trace_dir=trace_dir, management_port=None
+    )
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    broker = Broker(settings, Timers(asyncio.get_running_loop()))
+    transport = NullTransport()
+    conn = Connection(broker, transport, ("127.0.0.1", 1))
+    conn.data_received(handshake())
+    await asyncio.sleep(0.3)  # the writer process has started
+    batch = publishes(BATCH)
+    tag = 1
+    wall, loop, process = time.perf_counter(), time.thread_time(), time.process_time()
+    for _ in range(messages // BATCH):
+        conn.data_received(batch)
+        await asyncio.sleep(0)  # the loop's turn: output flushed, the next read
+        conn.data_received(acks(tag, BATCH))
+        tag += BATCH
+        await asyncio.sleep(0)
+    wall = time.perf_counter() - wall
+    loop = time.thread_time() - loop
+    process = time.process_time() - process
+    queue = broker.vhosts["/"].queues["q"]
+    assert queue.ready_count == 0 and queue.unacked_count == 0, "messages left over"
+    conn.connection_lost()
+    broker.tracing.close()  # the writer process exits: its CPU time is ours to read
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    writer = (children.ru_utime + children.ru_stime) - (
+        children_before.ru_utime + children_before.ru_stime
+    )
+    scale = 1e6 / messages
+    return Cost(wall * scale, loop * scale, process * scale, writer * scale)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    configure_logging("error", "plaintext", False)
+    trace_dir = tempfile.mkdtemp(prefix="warren-trace-path-")
+    results: dict[bool, list[Cost]] = {False: [], True: []}
+    import os
+
+    for round_ in range(args.rounds):
+        for mode in os.environ["WXMODES"].split(","):
+            os.environ["WX"] = mode
+            traced = mode != "off"
+            cost = uvloop.run(run(args.messages, traced, trace_dir))
+            print(mode, end=" ")
+            results[traced].append(cost)
+            print(
+                f"round {round_ + 1}: tracing {'on ' if traced else 'off'} "
+                f"loop thread {cost.loop:5.2f} us/msg, process {cost.process:5.2f}, "
+                f"writer process {cost.writer:5.2f}, wall {cost.wall:5.2f}",
+                flush=True,
+            )
+    print("\nmedians, microseconds per message:")
+    for name in ("loop", "process", "wall"):
+        off = statistics.median(getattr(c, name) for c in results[False])
+        on = statistics.median(getattr(c, name) for c in results[True])
+        print(f"  {name:<8} off {off:6.2f}   on {on:6.2f}   +{on / off - 1:.0%}")
+    writer = statistics.median(c.writer for c in results[True])
+    print(f"  trace writer process (another core): {writer:.2f}")
+    print(f"(trace files in {trace_dir})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

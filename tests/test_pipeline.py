@@ -1,0 +1,337 @@
+"""The PySpark job (pipeline/) on a real broker's trace and on a generated one.
+
+One SparkSession serves the module (local[2], tuned for start-up: small data, short JVM).
+The first test drives a scenario with real clients against a tracing broker and checks the
+job's numbers against what the scenario did; the second checks the job's aggregates
+against a plain-Python computation (tests/trace_reference.py) over a generated trace.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+
+from broker.testing import RunningBroker, run_broker
+from pipeline import cli, generate, report
+from tests.trace_reference import load, nearest_rank, reference
+
+# JIT and code generation cost more than they save on a few thousand events
+FAST_START = {
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+}
+QUORUM = {"x-queue-type": "quorum"}
+TO_DEAD = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead"}
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    from pipeline.job import spark_session
+
+    session = spark_session("local[2]", "1g", 2, conf=FAST_START)
+    yield session
+    session.stop()
+
+
+def totals(tables: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    return {q["queue"]: q for q in report.queue_rows(tables)}
+
+
+def _props(mid: str) -> pika.BasicProperties:
+    return pika.BasicProperties(message_id=mid)
+
+
+def _wait(condition: Any, conn: pika.BlockingConnection | None = None, timeout: float = 5) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        if conn is not None:
+            conn.process_data_events(0.02)
+        else:
+            time.sleep(0.02)
+
+
+def scenario(broker: RunningBroker) -> dict[str, Any]:
+    """Publishes, acks, nacks, a consumer timeout, TTL expiry, retries, dead-lettering."""
+    seen: dict[str, Any] = {"slow_work_ms": []}
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    ch.queue_declare("dead")
+    ch.queue_declare("orders")
+    ch.queue_declare("emails")
+    ch.queue_declare("payments", durable=True, arguments={**QUORUM, "x-consumer-timeout": 150})
+    ch.queue_declare("ttl", arguments={"x-message-ttl": 50, **TO_DEAD})
+    ch.queue_declare(
+        "retry",
+        durable=True,
+        arguments={
+            **QUORUM,
+            **TO_DEAD,
+            "x-delayed-retry-type": "failed",
+            "x-delayed-retry-min": 30,
+            "x-delivery-limit": 1,
+        },
+    )
+    ch.queue_declare("rejects", arguments=TO_DEAD)
+    ch.confirm_delivery()
+    for i in range(20):
+        ch.basic_publish("", "orders", b"order", _props(f"o-{i}"))
+    for i in range(10):
+        ch.basic_publish("", "emails", b"email", _props(f"e-{i}"))
+    ch.basic_publish("", "payments", b"pay", _props("p-0"))
+    for i in range(3):
+        ch.basic_publish("", "ttl", b"short-lived", _props(f"t-{i}"))
+    for i in range(2):
+        ch.basic_publish("", "retry", b"flaky", _props(f"r-{i}"))
+    ch.basic_publish("", "rejects", b"bad", _props("x-0"))
+    plain = conn.channel()
+    plain.basic_publish("", "nowhere", b"lost", _props("u-0"), mandatory=True)
+
+    # orders: two consumers, one acks at once, one works 40 ms per message
+    work = conn.channel()
+    work.basic_qos(prefetch_count=1)
+    acked = []
+
+    def fast(c: Any, m: Any, p: Any, b: bytes) -> None:
+        c.basic_ack(m.delivery_tag)
+        acked.append(p.message_id)
+
+    def slow(c: Any, m: Any, p: Any, b: bytes) -> None:
+        started = time.monotonic()
+        time.sleep(0.04)
+        c.basic_ack(m.delivery_tag)
+        seen["slow_work_ms"].append((time.monotonic() - started) * 1000)
+        acked.append(p.message_id)
+
+    work.basic_consume("orders", fast, consumer_tag="fast")
+    work.basic_consume("orders", slow, consumer_tag="slow")
+    _wait(lambda: len(acked) == 20, conn)
+
+    # emails: the first delivery of every even message is nacked and requeued
+    nacked: set[str] = set()
+
+    def flaky(c: Any, m: Any, p: Any, b: bytes) -> None:
+        n = int(p.message_id[2:])
+        if n % 2 == 0 and p.message_id not in nacked:
+            nacked.add(p.message_id)
+            c.basic_nack(m.delivery_tag, requeue=True)
+        else:
+            c.basic_ack(m.delivery_tag)
+            acked.append(p.message_id)
+
+    work.basic_consume("emails", flaky, consumer_tag="flaky")
+    _wait(lambda: len(acked) == 30, conn)
+
+    # retry: r-0 is nacked until the delivery limit dead-letters it, r-1 once then acked
+    failures: dict[str, int] = {}
+
+    def retrying(c: Any, m: Any, p: Any, b: bytes) -> None:
+        failures[p.message_id] = failures.get(p.message_id, 0) + 1
+        if p.message_id == "r-1" and failures["r-1"] == 2:
+            c.basic_ack(m.delivery_tag)
+            acked.append(p.message_id)
+        else:
+            c.basic_nack(m.delivery_tag, requeue=True)
+
+    work.basic_consume("retry", retrying, consumer_tag="retrier")
+    _wait(lambda: failures.get("r-0") == 2 and "r-1" in acked, conn)
+
+    # rejects: rejected without requeue
+    method, _, _ = ch.basic_get("rejects")
+    ch.basic_reject(method.delivery_tag, requeue=False)
+
+    # payments: a consumer that never acks times out; another takes the message after
+    sleepy = pika.BlockingConnection(pika.URLParameters(broker.url))
+    sleepy.channel().basic_consume("payments", lambda *a: None, consumer_tag="sleepy")
+    _wait(lambda: broker.queue_counts("payments").ready == 1, sleepy)
+    work.basic_consume("payments", fast, consumer_tag="rescuer")
+    _wait(lambda: "p-0" in acked, conn)
+    sleepy.close()
+
+    # dead: everything dead-lettered (3 expired, 1 over the delivery limit, 1 rejected)
+    _wait(lambda: broker.queue_depth("dead") == 5, conn)
+    work.basic_consume("dead", fast, consumer_tag="dlq")
+    _wait(lambda: len(acked) == 38 - 3 + 3 - 1, conn)  # 34 acks, t-* and r-0 in dead
+    conn.close()
+    return seen
+
+
+def test_the_job_on_a_real_broker(spark: Any, tmp_path: Path) -> None:
+    trace = tmp_path / "trace"
+    with run_broker(trace_enabled=True, trace_dir=str(trace)) as broker:
+        seen = scenario(broker)
+    out = tmp_path / "report"
+    cli.run(spark, str(trace), str(out), bucket_seconds=60, max_deliveries=1)
+    tables = report.read_tables(str(out))
+    q = totals(tables)
+    fields = (
+        "published",
+        "delivered",
+        "redelivered",
+        "acked",
+        "nacked",
+        "requeued",
+        "retried",
+        "timed_out",
+        "expired",
+        "dead_lettered",
+        "dropped",
+        "ready",
+        "unacked",
+    )
+    expected = {
+        "orders": (20, 20, 0, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+        "emails": (10, 15, 5, 10, 5, 5, 0, 0, 0, 0, 0, 0, 0),
+        "payments": (1, 2, 1, 1, 0, 1, 0, 1, 0, 0, 0, 0, 0),
+        "ttl": (3, 0, 0, 0, 0, 0, 0, 0, 3, 3, 0, 0, 0),
+        "retry": (2, 4, 2, 1, 3, 0, 2, 0, 0, 1, 0, 0, 0),
+        "rejects": (1, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0),
+        "dead": (5, 5, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+    }
+    assert {name: tuple(q[name][f] for f in fields) for name in expected} == expected
+    assert q["ttl"]["dead_lettered_expired"] == 3
+    assert q["retry"]["dead_lettered_delivery_limit"] == 1
+    assert q["rejects"]["dead_lettered_rejected"] == 1
+
+    consumers = {(c["queue"], c["consumer"]): c for c in tables["consumers"]}
+    assert consumers[("orders", "fast")]["deliveries"] == 10
+    assert consumers[("orders", "slow")]["deliveries"] == 10
+    assert consumers[("orders", "slow")]["share"] == 0.5
+    assert consumers[("emails", "flaky")]["ack_rate"] == round(10 / 15, 4)
+    assert (
+        consumers[("payments", "sleepy")]["timeouts"],
+        consumers[("payments", "sleepy")]["acks"],
+    ) == (1, 0)
+    assert consumers[("payments", "rescuer")]["acks"] == 1
+
+    # latencies: the broker's view of the slow consumer's work, against the client's
+    latency = {(r["queue"], r["consumer"], r["metric"]): r for r in tables["consumer_latency"]}
+    slow = latency[("orders", "slow", "deliver_to_ack")]
+    client = sorted(seen["slow_work_ms"])
+    assert slow["count"] == 10
+    assert client[4] - 1 <= slow["p50_ms"] <= client[4] + 25
+    assert client[-1] - 1 <= slow["max_ms"] <= client[-1] + 25
+    pay = {r["metric"]: r for r in tables["queue_latency"] if r["queue"] == "payments"}
+    assert 150 <= pay["publish_to_ack"]["max_ms"] < 1500  # held through the 150 ms timeout
+
+    summary = tables["summary"][0]
+    assert (summary["messages"], summary["published"], summary["confirmed"]) == (38, 38, 37)
+    assert summary["messages_unroutable"] == 1 and summary["consumer_timeouts"] == 1
+    assert summary["trace_events_dropped"] == 0
+    problems = {p["message_id"]: p for p in tables["problems"]}
+    assert set(problems) == {
+        "e-0",
+        "e-2",
+        "e-4",
+        "e-6",
+        "e-8",
+        "p-0",
+        "r-0",
+        "r-1",
+        "t-0",
+        "t-1",
+        "t-2",
+        "x-0",
+        "u-0",
+    }
+    assert problems["t-1"]["path"] == "ttl (dead_lettered:expired) -> dead (acked, delivered 1x)"
+    assert problems["t-1"]["problems"] == ["dead_lettered", "expired"]
+    assert problems["r-0"]["path"] == (
+        "retry (dead_lettered:delivery_limit, delivered 2x, retried 1x) -> "
+        "dead (acked, delivered 1x)"
+    )
+    assert problems["p-0"]["path"] == "payments (acked, delivered 2x, timed out 1x)"
+    assert problems["u-0"]["outcome"] == "returned"
+    html = (out / "report.html").read_text()
+    assert "data:image/png;base64," in html and "consumer timed out" not in html
+    assert "1 deliveries timed out" in html  # the payments queue's diagnosis
+
+
+def test_message_history(spark: Any, tmp_path: Path) -> None:
+    trace = tmp_path / "trace"
+    generate.generate(str(trace), 200, seed=3)
+    from pipeline import job
+
+    events = job.load_events(spark, str(trace))
+    rows = [r.asDict() for r in job.message_events(events, "m-7").collect()]
+    assert rows[0]["ev"] == "published" and rows[0]["mid"] == "m-7"
+    assert rows[1]["ev"] == "routed"
+    assert [r["ts"] for r in rows] == sorted(r["ts"] for r in rows)
+    assert {r["msg"] for r in rows} == {rows[0]["msg"]}
+    assert job.message_events(events, str(rows[0]["msg"])).count() == len(rows)
+
+
+def test_the_job_against_plain_python(spark: Any, tmp_path: Path) -> None:
+    trace = tmp_path / "trace"
+    generate.generate(str(trace), 3000, seed=7, per_file=4000)
+    assert len(list(trace.glob("warren-trace-*"))) > 2
+    out = tmp_path / "report"
+    cli.run(spark, str(trace), str(out), bucket_seconds=60, max_deliveries=3)
+    tables = report.read_tables(str(out))
+    ref = reference(load(trace))
+    q = totals(tables)
+    assert set(q) == set(ref["queues"])
+    for name, counts in ref["queues"].items():
+        got = q[name]
+        for field, ref_field in (
+            ("published", "routed"),
+            ("delivered", "delivered"),
+            ("redelivered", "redelivered"),
+            ("acked", "acked"),
+            ("nacked", "nacked"),
+            ("requeued", "requeued"),
+            ("retried", "retry_scheduled"),
+            ("timed_out", "timed_out"),
+            ("expired", "expired"),
+            ("dead_lettered", "dead_lettered"),
+            ("ready", "depth_ready"),
+            ("unacked", "depth_unacked"),
+        ):
+            assert got[field] == counts[ref_field], (name, field)
+        for reason in ("expired", "rejected", "delivery_limit"):
+            assert got[f"dead_lettered_{reason}"] == counts[f"dead_lettered_{reason}"]
+    for c in tables["consumers"]:
+        counts = ref["consumers"][(c["queue"], c["consumer"])]
+        assert (c["deliveries"], c["acks"], c["timeouts"]) == (
+            counts["deliveries"],
+            counts["acks"],
+            counts["timeouts"],
+        )
+        samples = ref["processing"][(c["queue"], c["consumer"])]
+        assert c["processing_mean_ms"] == pytest.approx(
+            sum(samples) / len(samples) / 1000, abs=0.002
+        )
+        assert c["processing_p99_ms"] == pytest.approx(nearest_rank(samples, 0.99), rel=0.01)
+    assert len(tables["consumers"]) == len(ref["consumers"])
+    for row in tables["queue_latency"]:
+        if row["metric"] == "deliver_to_ack":
+            samples = ref["processing_by_queue"][row["queue"]]
+            assert row["count"] == len(samples)
+            assert row["p50_ms"] == pytest.approx(nearest_rank(samples, 0.5), rel=0.01)
+            assert row["p95_ms"] == pytest.approx(nearest_rank(samples, 0.95), rel=0.01)
+            assert row["max_ms"] == max(samples) / 1000
+    summary = tables["summary"][0]
+    assert summary["messages"] == ref["messages"] == 3000
+    assert summary["messages_unroutable"] == ref["unroutable"]
+
+
+def test_render_and_queue_diagnosis(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--render redraws the report from the tables alone, without Spark; --queue explains."""
+    trace = tmp_path / "trace"
+    generate.generate(str(trace), 300, seed=5)
+    out = tmp_path / "report"
+    cli.run(spark, str(trace), str(out))
+    (out / "report.html").unlink()
+    args = ["--trace", str(trace), "--out", str(out), "--render", "--queue", "orders"]
+    assert cli.main(args) == 0
+    printed = capsys.readouterr().out
+    assert "consumer c-orders-slow" in printed and "is slow" in printed
+    assert (out / "report.html").exists()

@@ -1,0 +1,345 @@
+"""Message-lifecycle tracing in the broker: the events a real client's actions produce.
+
+Each test starts a broker with tracing on and its own trace directory, drives it with
+pika (or a raw socket where a client must vanish), flushes the writer and reads the
+NDJSON lines back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+from pamqp import commands
+
+from broker.testing import RunningBroker, run_broker
+from config import ConfigError, parse_config
+from tests.amqp_raw import RawClient, build
+
+ROOT = Path(__file__).resolve().parent.parent
+QUORUM = {"x-queue-type": "quorum"}
+
+
+def read_trace(broker: RunningBroker, directory: Path) -> list[dict[str, Any]]:
+    broker.call(broker.server.broker.tracing.flush)
+    events = []
+    for path in sorted(directory.glob("warren-trace-*.ndjson")):
+        events.extend(json.loads(line) for line in path.read_text().splitlines())
+    return events
+
+
+def of(events: list[dict[str, Any]], ev: str, **match: Any) -> list[dict[str, Any]]:
+    return [e for e in events if e["ev"] == ev and all(e.get(k) == v for k, v in match.items())]
+
+
+def history(events: list[dict[str, Any]], msg: int) -> list[str]:
+    return [f"{e['ev']}:{e.get('queue') or ''}" for e in events if e.get("msg") == msg]
+
+
+@pytest.fixture
+def trace_dir(tmp_path: Path) -> Path:
+    return tmp_path / "trace"
+
+
+@pytest.fixture
+def traced(trace_dir: Path) -> Iterator[RunningBroker]:
+    with run_broker(trace_enabled=True, trace_dir=str(trace_dir)) as broker:
+        yield broker
+
+
+def connect(broker: RunningBroker) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(broker.url))
+
+
+def test_off_unless_configured(trace_dir: Path) -> None:
+    with run_broker(trace_dir=str(trace_dir)) as broker:
+        conn = connect(broker)
+        ch = conn.channel()
+        ch.queue_declare("q")
+        ch.basic_publish("", "q", b"x")
+        assert ch.basic_get("q", auto_ack=True)[2] == b"x"
+        conn.close()
+        assert broker.call(lambda: broker.server.broker.vhosts["/"].tracer) is None
+    assert not trace_dir.exists()
+
+
+def test_one_message_from_publish_to_ack(traced: RunningBroker, trace_dir: Path) -> None:
+    conn = connect(traced)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("orders")
+    before = time.time()
+    props = pika.BasicProperties(message_id="order-1", correlation_id="c-9", delivery_mode=2)
+    ch.basic_publish("", "orders", b"hello", props)
+    got = []
+    ch.basic_consume("orders", lambda c, m, p, b: got.append(m.delivery_tag), consumer_tag="ct1")
+    while not got:
+        conn.process_data_events(0.05)
+    ch.basic_ack(got[0])
+    conn.close()
+    events = read_trace(traced, trace_dir)
+    published = of(events, "published")[0]
+    msg = published["msg"]
+    assert history(events, msg) == ["published:", "routed:", "delivered:orders", "acked:orders"]
+    assert {k: published[k] for k in ("exchange", "rk", "size", "mid", "cid", "persistent")} == {
+        "exchange": "",
+        "rk": "orders",
+        "size": 5,
+        "mid": "order-1",
+        "cid": "c-9",
+        "persistent": True,
+    }
+    assert published["seq"] == 1 and published["ch"] == 1
+    assert published["conn"].startswith("127.0.0.1:")
+    assert of(events, "routed", msg=msg)[0]["queues"] == ["orders"]
+    confirmed = of(events, "confirmed")[0]
+    assert (confirmed["first"], confirmed["seq"], confirmed["ack"]) == (1, 1, True)
+    delivered = of(events, "delivered", msg=msg)[0]
+    assert delivered["consumer"] == "ct1" and delivered["tag"] == 1
+    assert delivered["redelivered"] is False and delivered["conn"] == published["conn"]
+    assert of(events, "acked", msg=msg)[0]["consumer"] == "ct1"
+    assert of(events, "consumer_added", queue="orders")[0]["consumer"] == "ct1"
+    assert of(events, "consumer_cancelled", consumer="ct1")[0]["why"] == "client"  # pika cancels
+    times = [e["ts"] for e in events]
+    assert times == sorted(times)
+    assert before - 1 < published["ts"] / 1e6 < time.time() + 1  # wall clock, microseconds
+
+
+def test_fan_out_and_dead_letter_copies_keep_the_id(traced: RunningBroker, trace_dir: Path) -> None:
+    conn = connect(traced)
+    ch = conn.channel()
+    ch.exchange_declare("fan", "fanout")
+    ch.queue_declare("dlq")
+    ch.queue_declare("a")
+    ch.queue_declare(
+        "b", arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}
+    )
+    ch.queue_bind("a", "fan")
+    ch.queue_bind("b", "fan")
+    ch.basic_publish("fan", "", b"x")
+    method, _, _ = ch.basic_get("b")
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    conn.close()
+    events = read_trace(traced, trace_dir)
+    msg = of(events, "published")[0]["msg"]
+    assert sorted(of(events, "routed", msg=msg)[0]["queues"]) == ["a", "b"]
+    assert of(events, "nacked", msg=msg)[0]["requeue"] is False
+    dead = of(events, "dead_lettered", msg=msg)[0]
+    assert (dead["queue"], dead["reason"], dead["dlx"], dead["dlrk"]) == (
+        "b",
+        "rejected",
+        "",
+        "dlq",
+    )
+    routed = of(events, "routed", msg=msg, dead_letter=True)[0]
+    assert routed["queues"] == ["dlq"] and routed["rk"] == "dlq"
+
+
+def test_why_messages_come_back(traced: RunningBroker, trace_dir: Path) -> None:
+    conn = connect(traced)
+    ch = conn.channel()
+    ch.queue_declare("w")
+    for i in range(3):
+        ch.basic_publish("", "w", str(i).encode())
+    method, _, _ = ch.basic_get("w")
+    ch.basic_nack(method.delivery_tag, requeue=True)  # nack
+    other = conn.channel()
+    other.basic_get("w")
+    other.close()  # channel closed with one unacked
+    conn.close()
+    for polite in (True, False):
+        raw = RawClient.connect((traced.host, traced.port))
+        raw.send_method(1, build(commands.Basic.Get, queue="w", no_ack=False))
+        raw.expect_method(commands.Basic.GetOk)
+        if polite:
+            raw.close()  # connection.close, with the channel still open
+        else:
+            raw.abort()  # the socket just goes
+    deadline = time.time() + 5
+    while time.time() < deadline and traced.queue_counts("w").unacked:
+        time.sleep(0.02)
+    events = read_trace(traced, trace_dir)
+    whys = [e["why"] for e in of(events, "requeued", queue="w")]
+    assert whys == ["nack", "channel_closed", "connection_closed", "connection_lost"]
+    assert [e["redelivered"] for e in of(events, "delivered", queue="w")] == [
+        False,
+        True,
+        True,
+        True,
+    ]
+
+
+def test_consumer_timeout(traced: RunningBroker, trace_dir: Path) -> None:
+    conn = connect(traced)
+    ch = conn.channel()
+    ch.queue_declare("slow", durable=True, arguments={**QUORUM, "x-consumer-timeout": 100})
+    ch.basic_publish("", "slow", b"x")
+    ch.basic_consume("slow", lambda *a: None, consumer_tag="sleepy")
+    deadline = time.time() + 5
+    while time.time() < deadline and not of(read_trace(traced, trace_dir), "requeued"):
+        conn.process_data_events(0.05)
+    conn.close()
+    events = read_trace(traced, trace_dir)
+    msg = of(events, "published")[0]["msg"]
+    timed_out = of(events, "consumer_timed_out")[0]
+    assert (timed_out["consumer"], timed_out["tags"], timed_out["msgs"]) == ("sleepy", [1], [msg])
+    assert (timed_out["timeout_ms"], timed_out["action"]) == (100, "cancel")
+    assert of(events, "requeued", msg=msg)[0]["why"] == "consumer_timeout"
+
+
+def test_expiry_retry_limits_and_deletion(traced: RunningBroker, trace_dir: Path) -> None:
+    conn = connect(traced)
+    ch = conn.channel()
+    ch.queue_declare("ttl", arguments={"x-message-ttl": 30})
+    ch.queue_declare("dead")
+    ch.queue_declare(
+        "ttl-dlx",
+        arguments={
+            "x-message-ttl": 30,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": "dead",
+        },
+    )
+    retry = {**QUORUM, "x-delayed-retry-type": "failed", "x-delayed-retry-min": 40}
+    ch.queue_declare("retry", durable=True, arguments=retry)
+    ch.queue_declare("short", arguments={"x-max-length": 1})
+    ch.queue_declare("gone")
+    ch.queue_declare("unused", arguments={"x-expires": 50})
+    for queue in ("ttl", "ttl-dlx", "retry", "short", "short", "gone"):
+        ch.basic_publish("", queue, b"x")
+    ch.basic_publish("", "nowhere", b"x", mandatory=True)
+    method, _, _ = ch.basic_get("retry")
+    ch.basic_nack(method.delivery_tag, requeue=True)
+    time.sleep(0.2)
+    ch.queue_delete("gone")
+    conn.close()
+    events = read_trace(traced, trace_dir)
+    assert of(events, "expired", queue="ttl") and not of(events, "dead_lettered", queue="ttl")
+    assert of(events, "dead_lettered", queue="ttl-dlx", reason="expired", dlrk="dead")
+    assert of(events, "routed", dead_letter=True)[0]["queues"] == ["dead"]
+    retried = of(events, "retry_scheduled", queue="retry")[0]
+    assert (retried["attempt"], retried["delay_ms"], retried["why"]) == (1, 40, "nack")
+    assert of(events, "dropped", queue="short", reason="maxlen")
+    assert of(events, "dropped", queue="gone", reason="queue_deleted")
+    assert of(events, "queue_deleted", queue="gone")[0]["messages"] == 1
+    assert of(events, "queue_expired", queue="unused")
+    assert of(events, "routed", rk="nowhere")[0]["queues"] == []
+    assert of(events, "routed", rk="nowhere")[0]["mandatory"] is True
+
+
+def test_a_full_buffer_drops_and_counts(trace_dir: Path) -> None:
+    with run_broker(trace_enabled=True, trace_dir=str(trace_dir), trace_buffer=10) as broker:
+        conn = connect(broker)
+        ch = conn.channel()
+        ch.queue_declare("burst")
+        for _ in range(300):  # one socket read: the writer cannot drain in between
+            ch.basic_publish("", "burst", b"x")
+        conn.process_data_events(0.3)
+        assert broker.queue_depth("burst") == 300
+        conn.close()
+        events = read_trace(broker, trace_dir)
+        status = broker.call(broker.server.broker.tracing.status)
+    assert status["events_dropped"] > 0
+    assert max(e["dropped"] for e in of(events, "trace_dropped")) == status["events_dropped"]
+    published = len(of(events, "published")) + len(of(events, "routed"))
+    assert published + status["events_dropped"] >= 600
+
+
+def test_files_rotate_by_size_and_lines_stay_whole(trace_dir: Path) -> None:
+    with run_broker(trace_enabled=True, trace_dir=str(trace_dir), trace_rotate_size=3000) as broker:
+        conn = connect(broker)
+        ch = conn.channel()
+        ch.queue_declare("r")
+        for i in range(40):
+            ch.basic_publish("", "r", b"x")
+            if i % 5 == 0:
+                broker.call(broker.server.broker.tracing.flush)
+        conn.close()
+        events = read_trace(broker, trace_dir)  # every line parses
+    assert len(list(trace_dir.glob("warren-trace-*.ndjson"))) > 2
+    assert len(of(events, "published")) == 40
+
+
+def test_only_the_configured_vhosts(trace_dir: Path) -> None:
+    with run_broker(trace_enabled=True, trace_dir=str(trace_dir), trace_vhosts=("orders",)) as b:
+        orders = b.add_vhost("orders")
+        b.add_vhost("other")
+        for view in (b, orders):
+            conn = connect(view)
+            ch = conn.channel()
+            ch.queue_declare("q")
+            ch.basic_publish("", "q", b"x")
+            conn.close()
+        events = read_trace(b, trace_dir)
+        assert b.call(lambda: sorted(b.server.broker.tracing.traced)) == ["orders"]
+    assert {e["vhost"] for e in of(events, "published")} == {"orders"}
+
+
+def test_on_and_off_at_run_time(trace_dir: Path) -> None:
+    with run_broker(trace_dir=str(trace_dir), management_port=0) as broker:
+        url = f"http://127.0.0.1:{broker.server.management_port}"
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env.pop("RABBITMQ_CONFIG_FILE", None)
+
+        def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "broker.warrenctl", "--url", url, *args],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=30,
+                check=False,
+            )
+
+        def publish(body: bytes) -> None:
+            conn = connect(broker)
+            ch = conn.channel()
+            ch.queue_declare("q")
+            ch.basic_publish("", "q", body)
+            conn.close()
+
+        publish(b"before")
+        on = ctl("trace_on", "-p", "/")
+        assert on.returncode == 0 and 'Starting tracing for vhost "/"' in on.stdout
+        publish(b"during")
+        request = urllib.request.Request(url + "/api/trace")
+        request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
+        with urllib.request.urlopen(request) as resp:
+            status = json.load(resp)
+        assert status["vhosts"] == ["/"] and status["dir"] == str(trace_dir)
+        assert ctl("trace_off").returncode == 0
+        publish(b"after")
+        missing = ctl("trace_on", "-p", "nope")
+        assert missing.returncode == 69 and "does not exist" in missing.stderr
+        events = read_trace(broker, trace_dir)
+    assert [e["ev"] for e in events if e["ev"].startswith("trace_")] == [
+        "trace_started",
+        "trace_stopped",
+    ]
+    assert [e["size"] for e in of(events, "published")] == [len(b"during")]
+
+
+def test_config_keys() -> None:
+    settings = parse_config(
+        "trace.enabled = true\ntrace.dir = /var/log/warren-trace\ntrace.vhosts = /, orders\n"
+        "trace.rotate_size = 1MiB\ntrace.rotate_interval = 600\ntrace.buffer = 1000\n"
+    )
+    assert settings.trace_enabled is True
+    assert settings.trace_dir == "/var/log/warren-trace"
+    assert settings.trace_vhosts == ("/", "orders")
+    assert (settings.trace_rotate_size, settings.trace_rotate_interval) == (1024 * 1024, 600)
+    assert settings.trace_buffer == 1000
+    assert parse_config("trace.vhosts = all").trace_vhosts is None
+    with pytest.raises(ConfigError, match="comma-separated list of vhost names"):
+        parse_config("trace.vhosts = a,,b")
+    with pytest.raises(ConfigError, match="expected 'true' or 'false'"):
+        parse_config("trace.enabled = yes")
