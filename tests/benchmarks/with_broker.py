@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -46,6 +47,8 @@ def warren(
                 break
         else:
             raise SystemExit(f"broker exited before it was ready (status {proc.wait()})")
+        # keep draining its log: a full pipe would block the broker on its next log line
+        threading.Thread(target=proc.stderr.read, daemon=True).start()
         yield proc
     finally:
         proc.send_signal(signal.SIGTERM)
