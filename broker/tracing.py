@@ -2,14 +2,11 @@
 
 The engine calls one :class:`Tracer` method per event, behind
 ``if (tracer := vhost.tracer) is not None``; ``vhost.tracer`` is None unless the vhost
-traces, so with tracing off the message path pays one attribute test. A method puts one
-tuple of plain values on a bounded deque and returns: nothing is formatted, parsed or
-written on the event loop. The tuples hold only immutable values (names, numbers, the
-property bytes), so the writer thread can read them later while the engine moves on.
-A thread drains the deque every ``FLUSH_INTERVAL`` and hands the batch to a child process
-(see :class:`TraceWriter`) that turns each tuple into one JSON line and appends it to a
-file rotated by size and by age. When the deque is full an
-event is dropped and counted, and the writer puts the count in the trace
+traces, so with tracing off the message path pays one attribute test. With it on, a
+method records plain values in memory and returns: nothing is formatted, parsed or
+written on the event loop, and nothing there waits for the disk. A writer process does
+the rest (:class:`TraceWriter`): JSON lines in files rotated by size and by age. What the
+buffers cannot hold is dropped and counted, and the count goes into the trace
 (``trace_dropped``) so that the report can say what is missing.
 
 Every line has ``ts`` (microseconds since the epoch: the monotonic clock read on the
@@ -44,7 +41,7 @@ queue_expired       queue (unused past x-expires; queue_deleted follows)
 queue_deleted       queue, messages (ready ones dropped with it)
 trace_started       (tracing turned on for the vhost)
 trace_stopped       (turned off)
-trace_dropped       dropped: events lost so far because the buffer was full (vhost null)
+trace_dropped       dropped: events lost so far because the buffers were full (vhost null)
 ==================  ==========================================================================
 """
 
@@ -75,7 +72,7 @@ if TYPE_CHECKING:
     from broker.vhost import VirtualHost
     from config import Settings
 
-FLUSH_INTERVAL = 0.1  # seconds between drains: bounds the delay before an event is on disk
+FLUSH_INTERVAL = 0.02  # seconds between hand-overs: small buffers stay in the CPU caches
 DRAIN_CHUNK = 8192  # events the writer process formats per file write
 MAX_NAMES = 50_000  # names and objects with an id; past this the ids start again
 CHILD_NICENESS = 19  # the writer process runs on CPU the broker leaves: busy, it drops
@@ -106,17 +103,19 @@ _mono = time.monotonic_ns
 ) = range(19)
 Batch = tuple["array[int]", list[Any], "threading.Event | None"]
 # markers in the int stream: a side-list tuple follows; a name's id; all names forgotten
-OBJ, DEFINE, FORGET = 100, 101, 102
+OBJ, DEFINE, DEFINE_NAME, FORGET = 100, 101, 102, 103
 
 
 class Tracer:
     """One traced vhost's view of the shared writer: the methods the engine calls."""
 
-    __slots__ = ("_ids", "_w", "cause", "vhost")
+    __slots__ = ("_ids", "_names", "_objs", "_w", "cause", "vhost")
 
     def __init__(self, writer: TraceWriter, vhost: str) -> None:
         self._w = writer
         self._ids = writer.ids
+        self._names = writer.names  # never replaced, only cleared
+        self._objs = writer.objs
         self.vhost = vhost
         # why the unacked messages being returned right now come back: set by the channel
         # event that returns them (nack, close, timeout), read by the queue's requeue hooks
@@ -171,7 +170,7 @@ class Tracer:
                  mandatory)
             )  # fmt: skip
             return
-        names, objs = w.names, w.objs
+        names, objs = self._names, self._objs
         props = msg.properties
         if props[0] & 0x14 or props[1] & 0x80:  # delivery_mode, correlation_id, message_id
             extra = len(w.side) + 1
@@ -180,18 +179,18 @@ class Tracer:
             extra = 0
         # ids before the event: a new one is defined in the stream and must not split it
         chan = objs.get(channel) or w.channel_id(channel)
-        exchange = names.get(msg.exchange) or w.name_id(msg.exchange)
-        key = names.get(msg.routing_key) or w.name_id(msg.routing_key)
+        route = msg.ex_rk  # encoded now rather than at the first delivery: one lookup
+        route_id = names.get(route) or w.route_id(msg)
         if len(queues) == 1:
             target = objs.get(queues[0]) or w.queue_id(queues[0])
             ints.extend(
-                (PUBLISHED, _mono(), tid, chan, exchange, key, len(msg.body), seq, mandatory,
-                 extra, 1, target)
+                (PUBLISHED, _mono(), tid, chan, route_id, len(msg.body), seq, mandatory, extra, 1,
+                 target)
             )  # fmt: skip
             return
         targets = [objs.get(q) or w.queue_id(q) for q in queues]
         ints.extend(
-            (PUBLISHED, _mono(), tid, chan, exchange, key, len(msg.body), seq, mandatory, extra,
+            (PUBLISHED, _mono(), tid, chan, route_id, len(msg.body), seq, mandatory, extra,
              len(targets))
         )  # fmt: skip
         ints.extend(targets)
@@ -204,7 +203,7 @@ class Tracer:
             return
         ints.extend(
             (DELIVERED, _mono(), msg.trace_id or self._id(msg, consumer.queue.name),
-             w.objs.get(consumer) or w.consumer_id(consumer), tag, msg.redelivered,
+             self._objs.get(consumer) or w.consumer_id(consumer), tag, msg.redelivered,
              msg.delivery_count)
         )  # fmt: skip
 
@@ -228,7 +227,7 @@ class Tracer:
         if len(ints) >= w.cap:
             w.dropped += len(msgs)
             return
-        chan = w.objs.get(channel) or w.channel_id(channel)
+        chan = self._objs.get(channel) or w.channel_id(channel)
         ints.extend((ACKS, _mono(), chan, len(msgs)))
         ints.extend([m.tag for m in msgs])
 
@@ -375,21 +374,23 @@ class Tracer:
 
 
 class TraceWriter:
-    """Ships the buffered events to a child process that writes ``warren-trace-*.ndjson``.
+    """Ships the recorded events to a child process that writes ``warren-trace-*.ndjson``.
 
-    Turning an event into a JSON line costs more than the engine's whole handling of the
-    message, and in the broker's process it would take the GIL from the event loop. So
-    the engine's side only records ints: the frequent events (published, delivered, acked)
-    as flat runs of ints in an ``array``, names as small ids defined once (``name_id``,
-    ``queue_id``...), the rare events as tuples on a side list, marked in their place in
-    the int stream. Every ``FLUSH_INTERVAL`` the loop swaps in fresh buffers (so nothing is
-    ever read while it is written) and this thread sends the old ones to
-    ``python -m broker.tracing`` through a pipe: the ints as raw bytes (a copy, no Python
-    per event), the side list ``marshal``-encoded. The child decodes, formats, writes and
-    rotates on another core, at low priority. If it falls behind, the pipe fills, this
-    thread waits (without the GIL), the buffers reach their bounds and events are dropped
-    and counted: the broker never waits. Killed with the broker, it still writes what it
-    has received.
+    Turning an event into a JSON line costs about as much as the engine's whole handling
+    of the message, and in the broker's process it would hold the GIL the event loop
+    needs. So the broker's side only records ints: the frequent events (published,
+    delivered, acked) as flat runs of ints in an ``array``, with channels, consumers,
+    queues and routes as small ids defined once in the stream (``channel_id``...), the
+    rare events as tuples on a side list, marked in their place in the int stream. When
+    the thread here is idle it asks the loop, every ``FLUSH_INTERVAL``, to swap in fresh
+    buffers (the loop is the only writer, so nothing is read while it is written; small
+    buffers stay in the CPU caches), then sends the old ones to ``python -m
+    broker.tracing`` through a pipe: the ints as raw bytes (a copy, no Python per event),
+    the side list ``marshal``-encoded. The child decodes, formats, writes and rotates on
+    another core, at the lowest priority. If it falls behind, the pipe fills, this thread
+    waits (without the GIL) and asks for no swap, the buffers reach their bounds and
+    events are dropped and counted: the broker never waits. Killed with the broker, the
+    child still writes what it has received.
     """
 
     def __init__(
@@ -409,7 +410,7 @@ class TraceWriter:
         self.side: list[Any] = []
         # ids grow from the start time in microseconds: unique across restarts
         self.ids = itertools.count(time.time_ns() // 1000)
-        self.names: dict[str, int] = {}  # exchange names and routing keys -> id
+        self.names: dict[bytes, int] = {}  # (exchange, routing key) as Message.ex_rk -> id
         self.objs: dict[object, int] = {}  # channels, consumers, queues -> id, while they live
         self._next = itertools.count(1)
         self.dropped = 0  # counted on the loop thread
@@ -426,12 +427,13 @@ class TraceWriter:
         self.ints.extend((OBJ, len(self.side)))
         self.side.append(definition)
 
-    def name_id(self, name: str) -> int:
+    def route_id(self, msg: Message) -> int:
+        """An id for the message's exchange and routing key."""
         if len(self.names) >= MAX_NAMES:  # routing keys may all differ: start again
             self.names.clear()
             self._define((FORGET,))
-        self.names[name] = n = next(self._next)
-        self._define((DEFINE, n, name))
+        self.names[msg.ex_rk] = n = next(self._next)
+        self._define((DEFINE_NAME, n, (msg.exchange, msg.routing_key)))
         return n
 
     def queue_id(self, queue: Queue) -> int:
@@ -586,6 +588,7 @@ class _Decoder:
 
     def __init__(self) -> None:
         self.defs: dict[int, Any] = {}
+        self.names: dict[int, tuple[str, str]] = {}
         self.unacked: dict[tuple[Any, int], dict[int, tuple[Any, ...]]] = {}
 
     def _delivered(self, event: tuple[Any, ...]) -> Iterator[tuple[Any, ...]]:
@@ -614,8 +617,10 @@ class _Decoder:
                 what = event[0]
                 if what == DEFINE:
                     defs[event[1]] = event[2]
+                elif what == DEFINE_NAME:
+                    self.names[event[1]] = event[2]
                 elif what == FORGET:
-                    self.defs = defs = {k: v for k, v in defs.items() if not isinstance(v, str)}
+                    self.names.clear()
                 elif what == DELIVERED:  # basic.get
                     yield from self._delivered(event)
                 elif what == CHANNEL_CLOSED:
@@ -639,20 +644,21 @@ class _Decoder:
                 tags = ints[i + 4 : i + 4 + count]
                 i += 4 + count
                 _, peer, ch = defs[channel_id]
-                channel = self.unacked.get((peer, ch), {})
+                open_tags = self.unacked.get((peer, ch), {})
                 for tag in tags:
-                    delivery = channel.pop(tag, None)
+                    delivery = open_tags.pop(tag, None)
                     if delivery is not None:  # else delivered before tracing began
                         vhost, tid, queue, ctag = delivery
                         yield (ACKED, t, vhost, tid, queue, ctag, tag)
             elif kind == PUBLISHED:
-                _, t, tid, channel, ex, rk, size, seq, mandatory, extra, count = ints[i : i + 11]
-                queues = tuple(defs[q][1] for q in ints[i + 11 : i + 11 + count])
-                i += 11 + count
-                vhost, peer, ch = defs[channel]
+                _, t, tid, channel_id, route, size, seq, mandatory, extra, count = ints[i : i + 10]
+                queues = tuple(defs[q][1] for q in ints[i + 10 : i + 10 + count])
+                i += 10 + count
+                vhost, peer, ch = defs[channel_id]
+                exchange, key = self.names[route]
                 props = side[extra - 1] if extra else b"\x00\x00"
-                yield (PUBLISHED, t, vhost, tid, defs[ex], defs[rk], size, props, peer, ch, seq,
-                       queues, bool(mandatory))  # fmt: skip
+                yield (PUBLISHED, t, vhost, tid, exchange, key, size, props, peer, ch, seq, queues,
+                       bool(mandatory))  # fmt: skip
             else:
                 raise ValueError(f"unknown event kind {kind} in the trace stream")
 

@@ -46,7 +46,7 @@ from pamqp import commands
 import broker.connection
 from broker.testing import RunningBroker, run_broker
 from protocol.constants import PROTOCOL_HEADER, REPLY_NAMES
-from protocol.methods import BasicAck, decode_method
+from protocol.methods import decode_method
 
 SEEDS = load_seeds()
 LONG_RUN = int(os.environ.get("WARREN_FUZZ_EXAMPLES", "0"))
@@ -199,7 +199,7 @@ class FuzzTarget:
         reply, port = self.exchange(data)
         if reply.header:
             assert reply.header == PROTOCOL_HEADER and not reply.frames
-        methods = [(ch, m) for ch, m in reply.methods() if not known_trailing_ack(ch, m, reply)]
+        methods = list(reply.methods())
         check_order(methods)
         closes = []
         for channel, method in methods:
@@ -299,13 +299,6 @@ def check_order(methods: list[tuple[int, Any]]) -> None:
             assert channel not in closed, f"{method.name} on channel {channel} after its close"
 
 
-def known_trailing_ack(channel: int, method: Any, reply: Reply) -> bool:
-    """KNOWN BUG (broker/connection.py): confirms owed when a channel or the connection
-    closes are written after channel.close-ok / connection.close(-ok). See
-    test_hostile_input.py::test_confirms_*; remove this filter with the fix."""
-    return isinstance(method, BasicAck)
-
-
 def check_close(method: Any, codes: frozenset[int]) -> None:
     code, text = method.reply_code, method.reply_text
     assert code in codes, f"{type(method).__name__} {code} {text}"
@@ -369,7 +362,7 @@ def run_examples(target: FuzzTarget, strategy: Any, examples: int) -> None:
 def test_seed_sessions_end_cleanly(target: FuzzTarget, name: str) -> None:
     reply, _ = target.exchange(SEEDS[name])
     assert reply.eof and not reply.header
-    methods = [(ch, m) for ch, m in reply.methods() if not known_trailing_ack(ch, m, reply)]
+    methods = list(reply.methods())
     check_order(methods)
     assert not [m for _, m in methods if isinstance(m, commands.Connection.Close)]
     assert isinstance(methods[-1][1], commands.Connection.CloseOk), methods[-3:]
