@@ -376,9 +376,8 @@ def test_definitions_round_trip_through_the_cli(tmp_path: Path) -> None:
 
 
 def test_console_script_is_installed() -> None:
-    script = Path(sys.executable).parent / "warrenctl"
-    if not script.exists():
-        pytest.skip("warrenctl is not installed in this environment (pip install -e .)")
+    script = Path(sys.executable).parent / "warrenctl"  # make test installs the package
+    assert script.exists(), "warrenctl is not installed: run `make test` (pip install -e .)"
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0
     for verb in ("list_queues", "set_policy", "export_definitions", "close_connection"):
