@@ -361,7 +361,7 @@ class Connection:
             self._release()
             self.flush()
             self._close_transport()
-        elif isinstance(method, commands.Connection.CloseOk):
+        elif isinstance(method, commands.Connection.CloseOk) and self.closing:
             self._close_transport()
         elif isinstance(method, commands.Connection.UpdateSecretOk):
             pass

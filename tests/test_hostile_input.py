@@ -352,3 +352,22 @@ def test_a_closed_connection_is_not_kept_alive_by_its_timers(running: RunningBro
     while running.call(alive) > before:
         assert time.monotonic() < deadline, "a closed connection is still referenced"
         time.sleep(0.05)
+
+
+def test_an_unsolicited_close_ok_is_refused_and_nothing_after_it_is_done(
+    running: RunningBroker,
+) -> None:
+    """Found by the broker fuzzer. RabbitMQ: 504 unexpected method in connection state running."""
+    with RawClient.connect(addr(running)) as c:
+        declare = method_payload(build(commands.Queue.Declare, queue="after-close-ok"))
+        c.send(
+            frame_bytes(FRAME_METHOD, 0, method_payload(commands.Connection.CloseOk()))
+            + frame_bytes(FRAME_METHOD, 1, declare)
+        )
+        assert c.expect_close() == (
+            504,
+            "CHANNEL_ERROR - unexpected method in connection state running",
+            10,
+            51,
+        )
+    assert "after-close-ok" not in running.queues()
