@@ -511,7 +511,7 @@ class Connection:
     def _heartbeat_tick(self) -> None:
         if self.closed:
             return
-        if self._received or self.blocked:  # a blocked client is not read, so not heard
+        if self._received or self.blocked or not self.writable:  # unread clients go unheard
             self._silent_ticks = 0
             self._received = False
         else:

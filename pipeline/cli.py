@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -71,7 +72,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="a message delivered more often than this is a problem (3)",
     )
     p.add_argument("--driver-memory", default="4g", help="embedded runs only (4g)")
-    p.add_argument("--partitions", type=int, default=32, help="shuffle partitions, embedded (32)")
+    p.add_argument(
+        "--partitions",
+        type=int,
+        help="shuffle partitions of an embedded run (default: one per 32 MB of trace, 2 to 64)",
+    )
     p.add_argument(
         "--render",
         action="store_true",
@@ -81,6 +86,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.out is None and args.message is None:
         p.error("give --out DIR for the report, or --message ID for one message's history")
     return args
+
+
+def auto_partitions(trace: str) -> int:
+    """Few partitions for a small trace (each task costs start-up), more for a big one."""
+    size = 0
+    if os.path.isdir(trace):
+        for name in os.listdir(trace):
+            if name.startswith("warren-trace-"):
+                size += os.path.getsize(os.path.join(trace, name))
+    elif os.path.isfile(trace):
+        size = os.path.getsize(trace)
+    else:
+        return 32  # not a local path (hdfs://, s3://): the cluster's size is unknown here
+    return max(2, min(64, size // (32 << 20)))
 
 
 def _time(ts: int) -> str:
@@ -135,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline import job
 
     started = time.monotonic()
-    spark = job.spark_session(args.master, args.driver_memory, args.partitions)
+    partitions = args.partitions or auto_partitions(args.trace)
+    spark = job.spark_session(args.master, args.driver_memory, partitions)
     try:
         events = job.load_events(spark, args.trace)
         if args.message is not None:

@@ -78,7 +78,7 @@ class Tables:
 def spark_session(
     master: str | None = None,
     driver_memory: str = "4g",
-    partitions: int = 32,
+    partitions: int = 8,
     conf: dict[str, str] | None = None,
 ) -> SparkSession:
     """A session for the job: ``local[*]`` unless ``master`` or spark-submit says otherwise."""

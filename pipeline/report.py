@@ -240,7 +240,8 @@ body{font:14px/1.45 system-ui,sans-serif;margin:24px 32px;color:#222;max-width:1
 h1{font-size:22px;margin-bottom:2px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
 .sub{color:#666;margin-top:0} table{border-collapse:collapse;font-size:12.5px;margin:8px 0}
 th,td{border:1px solid #ddd;padding:3px 7px;text-align:right;white-space:nowrap}
-th{background:#f4f4f6} td.l,th.l{text-align:left} td.path{text-align:left;white-space:normal}
+th{background:#f4f4f6;white-space:normal;vertical-align:bottom}
+td.l,th.l{text-align:left} td.path{text-align:left;white-space:normal}
 .cards{display:flex;gap:12px;flex-wrap:wrap} .card{border:1px solid #ddd;border-radius:6px;
 padding:8px 14px;min-width:120px} .card b{display:block;font-size:20px}
 .warn{color:#b02a2a} ul.notes{margin:4px 0 10px 0} img{max-width:100%}
