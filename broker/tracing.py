@@ -151,7 +151,8 @@ class Tracer:
     # ---- publishing ----
 
     # published, delivered and acked run once per message at full load: they write plain
-    # ints (names as ids, defined once: TraceWriter.name_of) and check the buffer inline
+    # ints (channels, consumers, queues and routes as ids defined once: TraceWriter.*_id)
+    # and check the buffer inline
 
     def published(
         self, channel: Channel | None, msg: Message, queues: list[Queue], mandatory: bool, seq: int
