@@ -17,7 +17,7 @@ from pamqp import commands
 from broker.management import auth
 from broker.management.app import Ctx, HttpSite, ManagementApp, Router
 from broker.testing import RunningBroker, run_broker
-from tests.amqp_raw import RawClient
+from tests.amqp_raw import RawClient, build, frame_bytes, header_payload, method_payload
 from tests.http_api import HttpApi, q
 
 GUEST_HASH_FROM_RABBITMQ = "bLDJCFT+RRW/IWLG0pNfWcaTbisQwjt5u24TLKjMA6r/NM6/"  # "guest"
@@ -830,6 +830,177 @@ def test_columns_sort_and_pagination(api: HttpApi, name: str) -> None:
     assert (page["filtered_count"], page["item_count"], page["page_count"]) == (3, 2, 2)
     assert [r["name"] for r in page["items"]] == [f"{name}.a", f"{name}.b"]
     assert api.get("/api/queues/%2F?page=0").status == 400
+
+
+def test_pagination_envelope_filter_and_errors_as_rabbitmq(api: HttpApi, name: str) -> None:
+    # shapes and reasons checked against RabbitMQ 3.10's management plugin
+    for suffix in ("Alpha", "beta", "gamma"):
+        api.ok("PUT", f"/api/queues/%2F/{q(name)}.{suffix}")
+    page = api.ok("GET", f"/api/queues/%2F?page=1&name={q(name)}.A&columns=name")
+    assert page == {
+        "filtered_count": 1,  # the name filter ignores case
+        "item_count": 1,
+        "items": [{"name": f"{name}.Alpha"}],
+        "page": 1,
+        "page_count": 1,
+        "page_size": 100,
+        "total_count": page["total_count"],
+    }
+    assert page["total_count"] >= 3
+    regex = api.ok("GET", f"/api/queues?page=1&use_regex=true&name={q(name)}\\.(B|G)")
+    assert [r["name"] for r in regex["items"]] == [f"{name}.beta", f"{name}.gamma"]
+    empty = api.ok("GET", "/api/queues?page=1&name=no-such-queue-anywhere")
+    assert (empty["filtered_count"], empty["page_count"], empty["items"]) == (0, 0, [])
+    past = api.ok("GET", f"/api/queues?page=2&page_size=3&name={q(name)}")  # just past the end
+    assert (past["item_count"], past["page_count"]) == (0, 1)
+    errors = {
+        "page=0": ("invalid_pagination_parameters", "page number 0, page size undefined"),
+        "page=1&page_size=501": ("invalid_pagination_parameters", "page number 1, page size 501"),
+        "page=1&page_size=0": ("invalid_pagination_parameters", "page number 1, page size 0"),
+        "page=x": ("bad_request", "Pagination parameters are invalid"),
+        "page=1&page_size=x": ("bad_request", "Pagination parameters are invalid"),
+        "page=1&use_regex=true&name=(": ("bad_request", "Pagination parameters are invalid"),
+        f"page=3&page_size=1&name={q(name)}.beta": (
+            "page_out_of_range",
+            "Page out of range, page: 3 page size: 1, len: 1",
+        ),
+    }
+    for query, (error, reason) in errors.items():
+        reply = api.get(f"/api/queues?{query}")
+        assert reply.status == 400, query
+        assert reply.body["error"] == error
+        if error == "invalid_pagination_parameters":
+            assert reply.body["reason"] == f"Invalid pagination parameters: {reason}"
+        else:
+            assert reply.body["reason"] == reason
+    assert isinstance(api.ok("GET", "/api/queues?page_size=1"), list)  # no page: the plain list
+
+
+def test_pagination_on_exchanges_connections_and_channels(
+    api: HttpApi, warren: RunningBroker, name: str
+) -> None:
+    for suffix in ("x1", "x2", "x3"):
+        api.ok("PUT", f"/api/exchanges/%2F/{q(name)}.{suffix}", {"type": "fanout"})
+    page = api.ok(
+        "GET", f"/api/exchanges/%2F?page=2&page_size=2&name={q(name)}&sort=name&sort_reverse=true"
+    )
+    assert [x["name"] for x in page["items"]] == [f"{name}.x1"]
+    assert (page["filtered_count"], page["page"], page["page_count"]) == (3, 2, 2)
+    params = pika.URLParameters(warren.url)
+    params.client_properties = {"connection_name": name}
+    conn = pika.BlockingConnection(params)
+    conn.channel()
+    conn.channel()
+    try:
+        conns = api.ok(
+            "GET", "/api/connections?page=1&page_size=500&columns=name,user_provided_name"
+        )
+        mine = [c for c in conns["items"] if c.get("user_provided_name") == name]
+        assert len(mine) == 1
+        chans = api.ok(
+            "GET",
+            f"/api/channels?page=1&page_size=1&sort=number&sort_reverse=true&name={q(mine[0]['name'])}",
+        )
+        assert (chans["filtered_count"], chans["page_count"]) == (2, 2)
+        assert chans["items"][0]["number"] == 2
+    finally:
+        conn.close()
+
+
+def test_ten_thousand_queues_are_paged_sorted_and_filtered_on_the_server() -> None:
+    with (
+        run_broker(management_port=0) as broker,
+        RawClient.connect(("127.0.0.1", broker.port)) as c,
+    ):
+        # declared by a real client, pipelined (nowait), then one synchronous declare
+        burst = b"".join(
+            frame_bytes(
+                1,
+                1,
+                method_payload(build(commands.Queue.Declare, queue=f"load.{n:05d}", nowait=True)),
+            )
+            for n in range(10_000)
+        )
+        c.send(burst)
+        c.send_method(1, build(commands.Queue.Declare, queue="load.deep"))
+        c.expect_method(commands.Queue.DeclareOk, 1)
+        for _ in range(3):
+            c.send_method(1, build(commands.Basic.Publish, routing_key="load.deep"))
+            c.send_frame(2, 1, header_payload(1))
+            c.send_frame(3, 1, b"x")
+        c.send_method(1, build(commands.Queue.Declare, queue="load.deep", passive=True))
+        ok = c.expect_method(commands.Queue.DeclareOk, 1)  # the publishes are in
+        assert ok.message_count == 3
+        api = HttpApi(broker.server.management_port or 0)
+        deepest = api.ok(
+            "GET", "/api/queues/%2F?page=1&page_size=5&sort=messages&sort_reverse=true"
+        )
+        assert deepest["total_count"] == deepest["filtered_count"] == 10_001
+        assert deepest["page_count"] == 2001
+        assert deepest["items"][0]["name"] == "load.deep"
+        assert deepest["items"][0]["messages"] == 3
+        assert [r["name"] for r in deepest["items"][1:]] == [
+            "load.09999",
+            "load.09998",
+            "load.09997",
+            "load.09996",
+        ]
+        last = api.ok("GET", "/api/queues?page=21&page_size=500&columns=name")
+        assert (last["page_count"], last["item_count"]) == (21, 1)
+        assert last["items"] == [{"name": "load.deep"}]
+        found = api.ok("GET", "/api/queues?page=1&page_size=500&name=load.0999&columns=name")
+        assert [r["name"] for r in found["items"]] == [f"load.0999{n}" for n in range(10)]
+        regex = api.ok(
+            "GET", "/api/queues?page=1&use_regex=true&name=^load\\.0000[0-4]$&columns=name"
+        )
+        assert regex["filtered_count"] == 5
+        # a sort key without a shortcut builds every row, and still pages the same way
+        by_rate = api.ok(
+            "GET",
+            "/api/queues?page=1&page_size=2&sort=message_stats.publish_details.rate&columns=name",
+        )
+        assert by_rate["filtered_count"] == 10_001
+        assert len(by_rate["items"]) == 2
+
+
+def test_peek_with_requeue_keeps_the_order(api: HttpApi, name: str) -> None:
+    path = f"/api/queues/%2F/{q(name)}"
+    api.ok("PUT", path)
+    for n in range(4):
+        api.ok(
+            "POST",
+            "/api/exchanges/%2F/amq.default/publish",
+            {
+                "routing_key": name,
+                "properties": {},
+                "payload": f"m{n}",
+                "payload_encoding": "string",
+            },
+        )
+    body = {"count": 2, "ackmode": "ack_requeue_true", "encoding": "auto"}
+    first = api.ok("POST", f"{path}/get", body)
+    assert [m["payload"] for m in first] == ["m0", "m1"]
+    assert [m["redelivered"] for m in first] == [False, False]
+    again = api.ok("POST", f"{path}/get", {**body, "count": 10})
+    assert [m["payload"] for m in again] == ["m0", "m1", "m2", "m3"]
+    assert [m["redelivered"] for m in again] == [True, True, False, False]
+    assert api.ok("GET", path)["messages_ready"] == 4
+
+
+def test_overview_rate_samples_newest_first(api: HttpApi, warren: RunningBroker, name: str) -> None:
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    sample(warren)
+    publish = {"routing_key": name, "properties": {}, "payload": "x", "payload_encoding": "string"}
+    for _ in range(3):
+        api.ok("POST", "/api/exchanges/%2F/amq.default/publish", publish)
+    sample(warren)
+    stats = api.ok("GET", "/api/overview?msg_rates_age=600&msg_rates_incr=5")["message_stats"]
+    samples = stats["publish_details"]["samples"]
+    assert samples[0]["sample"] == stats["publish"]
+    assert samples[0]["sample"] - samples[1]["sample"] == 3
+    assert samples[0]["timestamp"] >= samples[1]["timestamp"]
+    assert "samples" not in api.ok("GET", "/api/overview")["message_stats"]["publish_details"]
+    assert api.get("/api/overview?msg_rates_age=soon").status == 400
 
 
 def test_health_checks_and_aliveness(api: HttpApi) -> None:

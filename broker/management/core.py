@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import platform
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from broker.connection import Connection
 
 SAMPLE_INTERVAL = 5.0  # seconds, RabbitMQ's default collect_statistics_interval
+HISTORY = 121  # global samples kept: 10 minutes at the default interval, for the console's chart
 
 Key = object  # "global", ("vhost", name) or a Queue
 
@@ -63,6 +65,8 @@ class RateSampler:
         self._rates: dict[Key, dict[str, float]] = {}
         self.retired = Retired()
         self.known: set[Queue] = set()  # queues seen at the last sample
+        # (wall-clock ms, global counters) of the last samples, oldest first
+        self.history: deque[tuple[int, tuple[int, ...]]] = deque(maxlen=HISTORY)
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -136,6 +140,7 @@ class RateSampler:
                 }
         self._rates = rates
         self._prev = {key: (now, values) for key, (_, values) in current.items()}
+        self.history.append((int(self.mgmt.wall_clock() * 1000), current["global"][1]))
         live = {key for key in current if isinstance(key, Queue)}
         for queue in self.known - live:
             self.retired.add(queue)

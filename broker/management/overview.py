@@ -9,7 +9,8 @@ from aiohttp import web
 
 from broker.management import auth
 from broker.management.app import Ctx, Router, json_response, reply
-from broker.management.errors import from_channel, not_found
+from broker.management.core import GLOBAL_FIELDS
+from broker.management.errors import bad_request, from_channel, not_found
 from broker.management.formats import message_stats, with_details
 from broker.management.operations import API_OWNER, allow
 from broker.message import Message
@@ -42,6 +43,20 @@ def _global_counts(mgmt: Management) -> dict[str, int]:
     }
 
 
+def _add_samples(mgmt: Management, stats: dict[str, Any], age_text: str) -> None:
+    """RabbitMQ's ``msg_rates_age``: the counters' samples of the last seconds, newest first."""
+    try:
+        age = int(age_text)
+    except ValueError:
+        raise bad_request(f"invalid msg_rates_age: {age_text}") from None
+    since = int(mgmt.wall_clock() * 1000) - age * 1000
+    recent = [(ms, values) for ms, values in reversed(mgmt.rates.history) if ms >= since]
+    for i, name in enumerate(GLOBAL_FIELDS):  # the message counters; lengths are not here
+        details = stats.get(name + "_details")
+        if details is not None:
+            details["samples"] = [{"sample": v[i], "timestamp": ms} for ms, v in recent]
+
+
 def overview(ctx: Ctx) -> web.StreamResponse:
     mgmt = ctx.mgmt
     broker = mgmt.broker
@@ -55,6 +70,9 @@ def overview(ctx: Ctx) -> web.StreamResponse:
     global_rates = mgmt.rates.rates("global")
     if auth.is_monitor(user):
         stats = message_stats(_global_counts(mgmt), global_rates)
+        age = ctx.query("msg_rates_age")
+        if age is not None:
+            _add_samples(mgmt, stats, age)
         length_rates = global_rates
     else:  # other users see the sum over their own vhosts' queues
         counts = {"publish": 0, "deliver_get": 0, "ack": 0, "redeliver": 0}

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from broker.management import auth, operations
-from broker.management.app import Ctx, Router, created, no_content, reply, reply_list
+from broker.management.app import Ctx, Lazy, Router, created, no_content, reply, reply_list
 from broker.management.errors import bad_request, from_channel, not_found
 from broker.management.formats import properties_json, queue_json
 from protocol.errors import AMQPError
@@ -29,14 +30,30 @@ def _queue(ctx: Ctx) -> tuple[VirtualHost, Queue]:
     return vhost, queue
 
 
+# what a page of queues is filtered and sorted by, read without building each queue's JSON
+SORT_FIELDS: dict[str, Callable[[Queue], Any]] = {
+    "name": lambda q: q.name,
+    "vhost": lambda q: q.vhost.name,
+    "type": lambda q: q.queue_type,
+    "policy": lambda q: q.policy.name if q.policy is not None else None,
+    "durable": lambda q: q.durable,
+    "messages": lambda q: q.ready_count + q.unacked_count,
+    "messages_ready": lambda q: q.ready_count,
+    "messages_unacknowledged": lambda q: q.unacked_count,
+    "messages_delayed": lambda q: q.delayed_count,
+    "consumers": lambda q: len(q.consumers),
+    "consumer_timeouts": lambda q: q.stats.consumer_timeouts,
+}
+
+
 def list_queues(ctx: Ctx) -> web.StreamResponse:
     only = ctx.vhost_or_none()
     broker = ctx.mgmt.broker
-    out: list[dict[str, Any]] = []
+    found: list[Queue] = []
     for name in auth.listed_vhosts(ctx.mgmt, ctx.user):
         if only is None or name == only:
-            out.extend(queue_json(ctx.mgmt, q) for q in broker.vhosts[name].queues.values())
-    return reply_list(ctx, out)
+            found.extend(broker.vhosts[name].queues.values())
+    return reply_list(ctx, Lazy(found, lambda q: queue_json(ctx.mgmt, q), SORT_FIELDS))
 
 
 def get_queue(ctx: Ctx) -> web.StreamResponse:
@@ -139,7 +156,7 @@ def get_messages(ctx: Ctx) -> web.StreamResponse:
         for msg in taken:
             queue.rejected(msg)
     elif taken:
-        queue.return_unacked(taken)  # requeued as when RabbitMQ's channel closes
+        queue.return_unacked(taken, "channel_closed")  # requeued as when RabbitMQ's channel closes
     return reply(ctx, out)
 
 
