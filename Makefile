@@ -6,7 +6,8 @@ PORT ?= 5672
 STAMP := $(VENV)/.installed-test
 RUN_STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck check bench bench-compare conformance crash-test fuzz soak clean
+.PHONY: run test lint typecheck check bench bench-compare conformance crash-test fuzz soak clean \
+	console-screenshots
 
 # `make run` needs only the broker; `make test` also the test tools and the PySpark job.
 $(RUN_STAMP): pyproject.toml
@@ -18,10 +19,17 @@ $(STAMP): pyproject.toml $(RUN_STAMP)
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,pipeline]'
 	touch $(STAMP)
 
+# The web console's tests drive Debian's chromium through Playwright (no browser download).
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium
+
 run: $(RUN_STAMP)
 	$(BIN)/warren-server --port $(PORT)
 
-test: $(STAMP)
+test: $(STAMP) $(CHROMIUM)
 	$(BIN)/ruff check broker protocol config tests pipeline
 	$(BIN)/mypy
 	$(BIN)/pytest -q
@@ -65,6 +73,10 @@ fuzz: $(STAMP)
 SOAK_MINUTES ?= 10
 soak: $(STAMP)
 	$(BIN)/python tests/benchmarks/soak.py --minutes $(SOAK_MINUTES)
+
+# the README's console screenshots, taken by the console's end-to-end tests
+console-screenshots: $(STAMP) $(CHROMIUM)
+	WARREN_CONSOLE_SHOTS=docs $(BIN)/pytest -q tests/test_console.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,453 @@
+"""The web console end to end: Debian's chromium, driven by Playwright, against a real broker
+filled by real AMQP clients. Every check waits for what the page shows (expect), never sleeps.
+
+Screenshots go to a temporary directory, or to ``$WARREN_CONSOLE_SHOTS`` (``make
+console-screenshots`` sets it to docs/ for the README).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from broker.testing import RunningBroker, run_broker
+from tests.http_api import HttpApi, q
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+POLL_MS = 400  # the console's refresh period in these tests (?refresh=)
+SHOT_LIMIT = 200_000  # bytes: screenshots the README embeds stay small
+
+
+@pytest.fixture(scope="module")
+def warren() -> Iterator[RunningBroker]:
+    with run_broker(management_port=0) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def api(warren: RunningBroker) -> HttpApi:
+    assert warren.server.management_port
+    return HttpApi(warren.server.management_port)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    target = os.environ.get("WARREN_CONSOLE_SHOTS")
+    path = Path(target) if target else tmp_path_factory.mktemp("console-shots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+PAGE_ERRORS: list[str] = []  # uncaught errors in any page's JavaScript
+
+
+@pytest.fixture(autouse=True)
+def no_script_errors() -> Iterator[None]:
+    PAGE_ERRORS.clear()
+    yield
+    assert PAGE_ERRORS == []
+
+
+def new_page(browser: Browser, **options: Any) -> Page:
+    page = browser.new_page(**options)
+    page.on("pageerror", lambda exc: PAGE_ERRORS.append(str(exc)))
+    page.on("dialog", lambda dialog: dialog.accept())  # confirm() before purge, delete, close
+    return page
+
+
+def base(api: HttpApi) -> str:
+    return api.base
+
+
+def login(browser: Browser, api: HttpApi, user: str = "guest", password: str = "guest") -> Page:
+    page = new_page(browser, viewport={"width": 1280, "height": 800})
+    page.goto(f"{base(api)}/?refresh={POLL_MS}")
+    page.fill("input[name=username]", user)
+    page.fill("input[name=password]", password)
+    page.click("form#login button[type=submit]")
+    expect(page.locator("#who")).to_contain_text(user)
+    return page
+
+
+def screenshot(page: Page, path: Path) -> None:
+    page.screenshot(path=str(path))
+    assert 0 < path.stat().st_size < SHOT_LIMIT
+
+
+def amqp(warren: RunningBroker, name: str = "console-test") -> pika.BlockingConnection:
+    params = pika.URLParameters(warren.url)
+    params.client_properties = {"connection_name": name}
+    return pika.BlockingConnection(params)
+
+
+def stat(page: Page, key: str) -> str:
+    return f"[data-stat={key}] b"
+
+
+# ---- serving ----
+
+
+def test_console_is_served_without_auth_and_the_api_keeps_its_own(api: HttpApi) -> None:
+    with urllib.request.urlopen(base(api) + "/") as resp:
+        assert resp.headers["Content-Type"].startswith("text/html")
+        assert b'src="/console/app.js"' in resp.read()
+    for name, kind in (("app.js", "text/javascript"), ("console.css", "text/css")):
+        with urllib.request.urlopen(f"{base(api)}/console/{name}") as resp:
+            assert resp.headers["Content-Type"].startswith(kind)
+    for path in ("/console/missing.js", "/console/../app.py", "/elsewhere"):
+        reply = api.request("GET", path, auth=False)
+        assert (reply.status, reply.body) == (
+            404,
+            {"error": "Object Not Found", "reason": "Not Found"},
+        )
+    assert api.request("POST", "/", auth=False).status == 405
+    assert api.request("GET", "/api/overview", auth=False).status == 401
+
+
+def test_wrong_password_is_a_message_on_the_login_form(browser: Browser, api: HttpApi) -> None:
+    page = new_page(browser)
+    page.goto(base(api) + "/")
+    page.fill("input[name=username]", "guest")
+    page.fill("input[name=password]", "nope")
+    page.click("form#login button[type=submit]")
+    expect(page.locator("#login [data-role=error]")).to_contain_text("Login failed")
+    page.close()
+
+
+# ---- queues: find, peek, publish, purge ----
+
+
+def test_find_a_filled_queue_peek_publish_and_purge(
+    warren: RunningBroker, browser: Browser, api: HttpApi, shots: Path
+) -> None:
+    conn = amqp(warren)
+    ch = conn.channel()
+    ch.queue_declare("console.orders", durable=True)
+    for n in (1, 2):
+        ch.basic_publish(
+            "",
+            "console.orders",
+            json.dumps({"order": n}).encode(),
+            pika.BasicProperties(content_type="application/json", headers={"x-tenant": "acme"}),
+        )
+    for n in range(30):
+        ch.queue_declare(f"console.idle.{n:02d}")
+
+    page = login(browser, api)
+    page.click("nav >> text=Queues")
+    page.click("th:text('Ready')")  # sorted on the server: the fullest queue comes first
+    expect(page.locator("th:text('Ready')")).to_have_attribute("aria-sort", "descending")
+    expect(page.locator("tbody tr").first).to_have_attribute("data-key", "//console.orders")
+    page.fill("input[type=search]", "console.orders")
+    row = page.locator("tbody tr[data-key='//console.orders']")
+    expect(row).to_contain_text("2")
+    expect(page.locator(".pager")).to_contain_text("1 of")  # filtered on the server
+    screenshot(page, shots / "console-queues.png")
+    row.locator("a").click()
+
+    expect(page.locator(stat(page, "ready"))).to_have_text("2")
+    page.fill("input[name=count]", "2")
+    page.click("button:text('Peek')")
+    messages = page.locator("[data-role=message]")
+    expect(messages).to_have_count(2)
+    expect(messages.nth(0).locator("[data-role=payload]")).to_have_text('{"order": 1}')
+    expect(messages.nth(1).locator("[data-role=payload]")).to_have_text('{"order": 2}')
+    props = messages.nth(0).locator("[data-role=properties]")
+    expect(props).to_contain_text('"x-tenant": "acme"')
+    expect(props).to_contain_text('"content_type": "application/json"')
+    # nothing was lost, and the order is the publisher's
+    after = api.ok("POST", "/api/queues/%2F/console.orders/get", peek_body(5))
+    assert [m["payload"] for m in after] == ['{"order": 1}', '{"order": 2}']
+
+    form = page.locator("form[data-role=publish]")
+    form.locator("textarea[name=payload]").fill("from the console")
+    form.locator("textarea[name=headers]").fill('{"x-source": "ui"}')
+    form.locator("button[type=submit]").click()
+    expect(form.locator(".msg")).to_contain_text("routed")
+    expect(page.locator(stat(page, "ready"))).to_have_text("3")
+    got = api.ok("POST", "/api/queues/%2F/console.orders/get", peek_body(5))
+    assert got[2]["payload"] == "from the console"
+    assert got[2]["properties"]["headers"] == {"x-source": "ui"}
+
+    page.click("button:text('Purge')")
+    expect(page.locator(stat(page, "ready"))).to_have_text("0")
+    assert api.ok("GET", "/api/queues/%2F/console.orders")["messages_ready"] == 0
+    conn.close()
+    page.close()
+
+
+def peek_body(count: int) -> dict[str, object]:
+    return {"count": count, "ackmode": "ack_requeue_true", "encoding": "auto"}
+
+
+def test_an_api_error_shows_next_to_the_action(
+    warren: RunningBroker, browser: Browser, api: HttpApi
+) -> None:
+    api.ok("PUT", "/api/queues/%2F/console.bad-publish", {})
+    page = login(browser, api)
+    page.goto(f"{base(api)}/?refresh={POLL_MS}#/queue/%2F/console.bad-publish")
+    form = page.locator("form[data-role=publish]")
+    form.locator("textarea[name=headers]").fill("not json")
+    form.locator("button[type=submit]").click()
+    expect(form.locator(".msg.error")).to_contain_text("Headers are not JSON")
+    api.ok("DELETE", "/api/queues/%2F/console.bad-publish")
+    # the queue went away under the page: the refresh error is a banner, the page stays
+    expect(page.locator("#banner")).to_contain_text("404")
+    expect(page.locator("h1")).to_contain_text("console.bad-publish")
+    page.close()
+
+
+def test_dead_letter_reason_shows_in_a_peeked_message(
+    warren: RunningBroker, browser: Browser, api: HttpApi
+) -> None:
+    conn = amqp(warren)
+    ch = conn.channel()
+    ch.queue_declare("console.dlq")
+    ch.queue_declare(
+        "console.work",
+        arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "console.dlq"},
+    )
+    ch.basic_publish("", "console.work", b"poison")
+    method, _, _ = ch.basic_get("console.work")
+    assert method is not None
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    api.ok("GET", "/api/queues/%2F/console.dlq")
+    page = login(browser, api)
+    page.goto(f"{base(api)}/?refresh={POLL_MS}#/queue/%2F/console.dlq")
+    expect(page.locator(stat(page, "ready"))).to_have_text("1")
+    page.click("button:text('Peek')")
+    death = page.locator("[data-role=x-death]")
+    expect(death).to_contain_text("rejected from queue console.work")
+    page.goto(f"{base(api)}/?refresh={POLL_MS}#/queue/%2F/console.work")
+    expect(page.locator(stat(page, "dead-lettered"))).to_have_text("rejected: 1")
+    conn.close()
+    page.close()
+
+
+# ---- consumers in the timeout state ----
+
+
+def test_a_consumer_entering_the_timeout_state(
+    warren: RunningBroker, browser: Browser, api: HttpApi, shots: Path
+) -> None:
+    conn = amqp(warren, "slow-worker")
+    ch = conn.channel()
+    ch.queue_declare("console.slow", durable=True, arguments={"x-queue-type": "quorum"})
+    ch.queue_declare("console.burst")
+    ch.basic_qos(prefetch_count=10)
+    for n in range(3):
+        ch.basic_publish("", "console.slow", f"job {n}".encode())
+    ch.basic_consume(
+        "console.slow",
+        lambda *_: None,  # never acks
+        consumer_tag="slow-worker",
+        arguments={"x-consumer-timeout": 300},
+    )
+    page = login(browser, api)
+    page.goto(f"{base(api)}/?refresh={POLL_MS}#/queue/%2F/console.slow")
+    consumer = page.locator("tr[data-tag=slow-worker]")
+    expect(consumer).to_contain_text("300 ms")
+    expect(consumer.locator("[data-role=state]")).to_contain_text("timed out")
+    expect(page.locator(stat(page, "timeouts"))).not_to_have_text("0")
+    page.fill("input[name=count]", "2")
+    page.click("button:text('Peek')")
+    expect(page.locator("[data-role=message]")).to_have_count(2)
+    page.evaluate("window.scrollTo(0, 0)")
+    screenshot(page, shots / "console-queue.png")
+
+    details = api.ok("GET", "/api/queues/%2F/console.slow")["consumer_details"]
+    assert [(c["consumer_tag"], c["timed_out"]) for c in details] == [("slow-worker", True)]
+    # rates: samples around bursts, as the broker's sampler takes them every few seconds
+    rates = warren.server.management.rates
+    warren.call(rates.sample)
+    for burst in (50, 200, 120, 300):
+        for n in range(burst):
+            ch.basic_publish("", "console.burst", f"{n}".encode())
+        ch.queue_declare("console.burst", passive=True)  # the burst is in
+        warren.call(rates.sample)
+    page.goto(f"{base(api)}/?refresh={POLL_MS}#/overview")
+    publish_line = page.locator(".chart path").first
+    four_or_more = re.compile(r"^M[^L]+(L[^L]+){3,}$")  # a point per rate between samples
+    expect(publish_line).to_have_attribute("d", four_or_more)
+    expect(page.locator(".chart .legend")).not_to_contain_text("publish 0.0/s")
+    expect(page.locator("[data-role=stuck]")).to_contain_text("slow-worker on console.slow")
+    screenshot(page, shots / "console-overview.png")
+    conn.close()
+    page.close()
+
+
+# ---- exchanges ----
+
+
+def test_an_exchange_shows_its_bindings_and_publishes(
+    warren: RunningBroker, browser: Browser, api: HttpApi
+) -> None:
+    api.ok("PUT", "/api/exchanges/%2F/console.events", {"type": "fanout"})
+    api.ok("PUT", "/api/queues/%2F/console.audit", {})
+    api.ok("POST", "/api/bindings/%2F/e/console.events/q/console.audit", {"routing_key": "all"})
+    page = login(browser, api)
+    page.click("nav >> text=Exchanges")
+    page.fill("input[type=search]", "console.events")
+    page.locator("tbody a", has_text="console.events").click()
+    expect(page.locator("tbody")).to_contain_text("console.audit")
+    form = page.locator("form[data-role=publish]")
+    form.locator("input[name=routing_key]").fill("anything")
+    form.locator("textarea[name=payload]").fill("audit me")
+    form.locator("button[type=submit]").click()
+    expect(form.locator(".msg")).to_contain_text("the message was routed")
+    got = api.ok("POST", "/api/queues/%2F/console.audit/get", peek_body(1))
+    assert [m["payload"] for m in got] == ["audit me"]
+    page.close()
+
+
+# ---- policies ----
+
+
+def test_policy_validation_add_edit_and_delete(
+    warren: RunningBroker, browser: Browser, api: HttpApi
+) -> None:
+    api.ok("PUT", "/api/queues/%2F/console.policed", {})
+    page = login(browser, api)
+    page.click("nav >> text=Policies")
+    form = page.locator("form[data-role=policy-form]")
+    form.locator("input[name=name]").fill("console-limits")
+    form.locator("input[name=pattern]").fill("^console\\.policed$")
+    form.locator("textarea[name=definition]").fill('{"max-length": "lots"}')
+    form.locator("button[type=submit]").click()
+    expect(form.locator(".msg.error")).to_contain_text("Validation failed")
+
+    form.locator("textarea[name=definition]").fill('{"max-length": 5}')
+    form.locator("button[type=submit]").click()
+    row = page.locator("tr[data-policy=console-limits]")
+    expect(row).to_contain_text('"max-length":5')
+    assert api.ok("GET", "/api/queues/%2F/console.policed")["policy"] == "console-limits"
+
+    row.locator("button:text('Edit')").click()
+    form.locator("textarea[name=definition]").fill('{"max-length": 7}')
+    form.locator("button[type=submit]").click()
+    expect(row).to_contain_text('"max-length":7')
+    page.goto(f"{base(api)}/?refresh={POLL_MS}#/queue/%2F/console.policed")
+    expect(page.locator("[data-role=effective-policy]")).to_contain_text('"max-length": 7')
+
+    page.click("nav >> text=Policies")
+    page.locator("tr[data-policy=console-limits] button:text('Delete')").click()
+    expect(page.locator("tr[data-policy=console-limits]")).to_have_count(0)
+    assert api.ok("GET", f"/api/policies/%2F?name={q('console-limits')}") == []
+    page.close()
+
+
+# ---- connections and channels ----
+
+
+def test_connections_show_the_client_and_close(
+    warren: RunningBroker, browser: Browser, api: HttpApi
+) -> None:
+    conn = amqp(warren, "billing-service")
+    conn.channel()
+    page = login(browser, api)
+    page.click("nav >> text=Connections")
+    row = page.locator("tbody tr", has_text="billing-service")
+    expect(row).to_contain_text("Pika Python Client Library")
+    expect(row).to_contain_text("guest")
+    page.click("nav >> text=Channels")
+    expect(page.locator("tbody")).to_contain_text("guest")
+    page.click("nav >> text=Connections")
+    page.locator("tbody tr", has_text="billing-service").locator("button:text('Close')").click()
+    expect(page.locator("tbody tr", has_text="billing-service")).to_have_count(0)
+    with pytest.raises(pika.exceptions.ConnectionClosed) as closed:
+        conn.process_data_events(time_limit=5)
+        conn.channel()
+    assert "Closed from the Warren console" in str(closed.value)
+    page.close()
+
+
+# ---- who may do what ----
+
+
+def test_a_monitoring_user_sees_but_does_not_change(
+    warren: RunningBroker, browser: Browser, api: HttpApi, shots: Path
+) -> None:
+    api.ok("PUT", "/api/users/console-watcher", {"password": "w", "tags": "monitoring"})
+    nothing = {"configure": "", "write": "", "read": ""}
+    api.ok("PUT", "/api/permissions/%2F/console-watcher", nothing)
+    api.ok("PUT", "/api/queues/%2F/console.watched", {})
+    page = login(browser, api, "console-watcher", "w")
+    expect(page.locator("nav a", has_text="Queues")).to_be_visible()
+    expect(page.locator("nav a", has_text="Admin")).to_have_count(0)
+    page.goto(f"{base(api)}/?refresh={POLL_MS}#/queue/%2F/console.watched")
+    expect(page.locator(stat(page, "ready"))).to_have_text("0")
+    expect(page.locator("form[data-role=publish]")).to_have_count(0)
+    expect(page.locator("button:text('Purge')")).to_have_count(0)
+    # the API, not the page, decides: a monitor's purge is refused
+    reply = api.as_user("console-watcher", "w").request(
+        "DELETE", "/api/queues/%2F/console.watched/contents"
+    )
+    assert reply.status == 401
+    page.close()
+
+    dark = new_page(browser, viewport={"width": 390, "height": 844}, color_scheme="dark")
+    dark.goto(f"{base(api)}/?refresh={POLL_MS}")
+    dark.fill("input[name=username]", "guest")
+    dark.fill("input[name=password]", "guest")
+    dark.click("form#login button[type=submit]")
+    expect(dark.locator("#menu")).to_be_visible()  # a phone: the nav folds behind a button
+    expect(dark.locator("nav")).to_be_hidden()
+    dark.click("#menu")
+    dark.click("nav >> text=Queues")
+    expect(dark.locator("tbody tr").first).to_be_visible()
+    background = dark.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert re.fullmatch(r"rgb\((\d+), (\d+), (\d+)\)", background)
+    assert sum(int(x) for x in re.findall(r"\d+", background)) < 150  # dark
+    screenshot(dark, shots / "console-phone-dark.png")
+    dark.click("#theme")  # the toggle wins over the system's preference
+    expect(dark.locator("html")).to_have_attribute("data-theme", "light")
+    dark.close()
+
+
+def test_an_administrator_manages_vhosts_and_permissions(browser: Browser, api: HttpApi) -> None:
+    page = login(browser, api)
+    page.click("nav >> text=Admin")
+    vhost_form = page.locator("form", has_text="Add a vhost")
+    vhost_form.locator("input[name=name]").fill("console-vh")
+    vhost_form.locator("button[type=submit]").click()
+    expect(page.locator("tr", has_text="console-vh")).to_have_count(1)
+    perm_form = page.locator("form", has_text="Set permissions")
+    perm_form.locator("input[name=user]").fill("guest")
+    perm_form.locator("input[name=vhost]").fill("console-vh")
+    perm_form.locator("input[name=write]").fill("^$")
+    perm_form.locator("button[type=submit]").click()
+    expect(page.locator("tr", has_text="console-vh")).to_have_count(2)  # vhost and permission
+    assert api.ok("GET", "/api/permissions/console-vh/guest")["write"] == "^$"
+    perm_form.locator("input[name=user]").fill("nobody")
+    perm_form.locator("button[type=submit]").click()
+    expect(perm_form.locator(".msg.error")).to_contain_text("vhost_or_user_not_found")
+    vhost_row = page.locator("tr:has(td:text-is('console-vh'))").first  # the vhosts table
+    vhost_row.locator("button:text('Delete')").click()
+    expect(page.locator("tr", has_text="console-vh")).to_have_count(0)
+    assert api.get("/api/vhosts/console-vh").status == 404
+    page.close()
