@@ -54,9 +54,9 @@ conformance: $(STAMP)
 crash-test: $(STAMP)
 	WARREN_CRASH_ROUNDS=100 $(BIN)/pytest -q tests/test_durability.py -k kill_9
 
-# amqp-perf against Warren and a second broker, side by side (see README "Performance")
+# amqp-perf against Warren and a second broker, side by side, S1-S10 (see README "Performance")
 bench-compare: $(STAMP)
-	tests/benchmarks/compare.sh
+	PYTHON=$(BIN)/python tests/benchmarks/compare.sh
 
 # Coverage-guided fuzzing with atheris (installed here only), FUZZ_SECONDS per target:
 # protocol/ on its own, then a broker connection in memory. Not in CI; crashes go to

@@ -11,6 +11,11 @@
 #   WARREN_PID, RABBIT_PID   broker pids, passed as --broker-pid (CPU figures in the raw JSON)
 #   RUNS=3  RUN_TIME=10      runs per scenario and broker, seconds per run
 #   OUT_DIR                  where the raw JSON goes (default: a new mktemp -d directory)
+#   EXTRA=1                  also S6 (RUNS times), S9 and S10 (once each) via compare_extra.py
+#   PYTHON                   .venv/bin/python (compare_extra.py needs pika for S9's cleanup)
+#   RABBIT_S10_URL, RABBIT_S10_PID   a RabbitMQ for S10 (default RABBIT_URL/RABBIT_PID): it
+#                            needs a file limit above 10,000; Debian's service gets 1,024
+#   S10_CONNECTIONS=10000    S9_MESSAGES=1000000
 #
 # Each scenario runs RUNS times per broker, alternating brokers run by run (who goes first
 # also alternates), so drift and noise hit both. The table shows medians and the ratio
@@ -24,6 +29,12 @@ WARREN_PID=${WARREN_PID:-}
 RABBIT_PID=${RABBIT_PID:-}
 RUNS=${RUNS:-3}
 RUN_TIME=${RUN_TIME:-10}
+EXTRA=${EXTRA:-1}
+PYTHON=${PYTHON:-.venv/bin/python}
+RABBIT_S10_URL=${RABBIT_S10_URL:-$RABBIT_URL}
+RABBIT_S10_PID=${RABBIT_S10_PID:-$RABBIT_PID}
+S10_CONNECTIONS=${S10_CONNECTIONS:-10000}
+S9_MESSAGES=${S9_MESSAGES:-1000000}
 OUT_DIR=${OUT_DIR:-$(mktemp -d /tmp/warren-compare.XXXXXX)}
 
 if [[ ! -x $AMQP_PERF ]]; then
@@ -73,8 +84,50 @@ for run in $(seq 1 "$RUNS"); do
     done
 done
 
+# S6, S9, S10 need a broker pid (RSS, CPU from /proc); their rows join the table below
+EXTRA_ROWS=()
+extra_one() { # broker name run compare_extra.py-args...
+    local broker=$1 name=$2 run=$3 url pid out
+    shift 3
+    if [[ $broker == warren ]]; then url=$WARREN_URL pid=$WARREN_PID; else url=$RABBIT_URL pid=$RABBIT_PID; fi
+    if [[ $name == S10 && $broker == rabbit ]]; then url=$RABBIT_S10_URL pid=$RABBIT_S10_PID; fi
+    out="$OUT_DIR/$broker-$name-run$run.json"
+    echo "[$(date +%T)] $broker $name run $run: compare_extra.py $* --url $url --pid $pid" >&2
+    AMQP_PERF=$AMQP_PERF "$PYTHON" "$(dirname "$0")/compare_extra.py" "$@" --url "$url" --pid "$pid" \
+        >"$out" || echo "  failed: $(cat "$out")" >&2
+    sleep 1
+}
+if [[ $EXTRA == 1 ]]; then
+    if [[ -z $WARREN_PID || -z $RABBIT_PID ]]; then
+        echo "S6, S9, S10 need WARREN_PID and RABBIT_PID; set EXTRA=0 to skip them" >&2
+        exit 2
+    fi
+    ulimit -n "$((S10_CONNECTIONS + 1000))" 2>/dev/null || true
+    for run in $(seq 1 "$RUNS"); do
+        if ((run % 2)); then order=(warren rabbit); else order=(rabbit warren); fi
+        for broker in "${order[@]}"; do extra_one "$broker" S6 "$run" s6 --time "$RUN_TIME"; done
+    done
+    leftovers=(cmp-S6-0 cmp-S6-1 cmp-S6-2 cmp-S6-3)
+    for entry in "${SCENARIOS[@]}"; do leftovers+=("cmp-${entry%%|*}"); done
+    for broker in warren rabbit; do
+        extra_one "$broker" cleanup 1 cleanup --names "${leftovers[@]}"
+        extra_one "$broker" S9-transient 1 s9 --messages "$S9_MESSAGES"
+        extra_one "$broker" S9-durable 1 s9 --messages "$S9_MESSAGES" --persistent
+        extra_one "$broker" S10 1 s10 --connections "$S10_CONNECTIONS" --idle 30
+    done
+    EXTRA_ROWS=(
+        "S6|4 queues, 1p/1c each, --prefetch 100|consume_rate"
+        "S9-transient|$S9_MESSAGES x 16 B queued, broker VmRSS KiB|rss_kib"
+        "S9-transient|the same, growth of VmRSS during the fill, KiB|rss_delta_kib"
+        "S9-durable|$S9_MESSAGES x 16 B persistent, durable queue, VmRSS KiB|rss_kib"
+        "S10|$S10_CONNECTIONS idle connections + channels, VmRSS KiB|rss_kib"
+        "S10|the same, bytes of VmRSS per connection|bytes_per_connection"
+        "S10|$S10_CONNECTIONS idle connections, broker CPU % over 30 s|idle_cpu_pct"
+    )
+fi
+
 echo "raw JSON: $OUT_DIR" >&2
-printf '%s\n' "${SCENARIOS[@]}" | python3 -c '
+printf '%s\n' "${SCENARIOS[@]}" "${EXTRA_ROWS[@]}" | python3 -c '
 import json, pathlib, statistics, sys
 out = pathlib.Path(sys.argv[1])
 
@@ -96,7 +149,7 @@ def median(broker, name, field):
     return (statistics.median(vals) if vals else None), bad
 
 def cell(v, bad):
-    s = "n/a" if v is None else f"{v:,.0f}"
+    s = "n/a" if v is None else f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}"
     return s + (f" ({bad} failed)" if bad else "")
 
 print("| scenario | metric | Warren median | RabbitMQ median | ratio W/R |")
