@@ -43,6 +43,7 @@ class Message:
         "seq",
         "state",
         "store_id",
+        "store_offset",
         "store_segment",
         "tag",
         "trace_id",
@@ -63,6 +64,7 @@ class Message:
         self.priority = 0  # read from the properties by priority queues only
         self.store_id = 0  # id in the message store when persisted
         self.store_segment = 0
+        self.store_offset = 0  # where the body starts in that segment file
         self.state = READY
         self.tag = 0
         self.channel: Channel | None = None
@@ -89,6 +91,10 @@ class Message:
                         self._headers = value
         return self._headers
 
+    def body_size(self) -> int:
+        """The body's length, without reading a paged-out body back."""
+        return len(self.body)
+
     def copy(self) -> Message:
         """Another queue's copy: same bytes, fresh queue state."""
         other = Message(self.exchange, self.routing_key, self.properties, self.body)
@@ -96,3 +102,51 @@ class Message:
         other._headers = self._headers
         other.trace_id = self.trace_id  # one message, many queues: one id
         return other
+
+
+_BODY: Any = Message.__dict__["body"]  # the slot itself, under PagedMessage's property
+
+
+class PagedMessage(Message):
+    """A persistent message of a long durable queue whose body is on disk only.
+
+    Paging out only changes the class (same slots), so messages in memory pay
+    nothing for it: the ``body`` slot holds the body's length, and reading
+    ``body`` reads it back from its segment file (broker/store/segments.py) and
+    makes the message a plain Message again. Queues read ahead in batches; this
+    is the path for everything else (dead-lettering, the management API...).
+    """
+
+    __slots__ = ()
+
+    @property
+    def body(self) -> bytes:
+        queue = self.queue
+        assert queue is not None and queue.message_store is not None
+        return queue.message_store.page_in(self)
+
+    @body.setter
+    def body(self, value: bytes) -> None:
+        unpage(self, value)
+
+    def body_size(self) -> int:
+        return int(_BODY.__get__(self))
+
+
+def page_out(msg: Message, size: int = -1) -> int:
+    """Drop the body from memory (its publish record is on disk); returns its size."""
+    if size < 0:
+        size = len(msg.body)
+    msg.__class__ = PagedMessage
+    _BODY.__set__(msg, size)
+    return size
+
+
+def unpage(msg: Message, body: bytes) -> None:
+    """Back in memory with ``body`` (the body read back, or b"" for a message that is gone)."""
+    queue = msg.queue
+    if queue is not None:
+        queue.paged_count -= 1
+        queue.paged_bytes -= int(_BODY.__get__(msg))
+    msg.__class__ = Message
+    _BODY.__set__(msg, body)

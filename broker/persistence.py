@@ -7,6 +7,7 @@ queues and bindings, then puts the persistent messages back in their queues.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,9 @@ def is_persistent(properties: bytes) -> bool:
     if flags & 0x2000:  # headers
         off += 4 + int.from_bytes(properties[off : off + 4], "big")
     return off < len(properties) and properties[off] == 2
+
+
+FREEZE_AFTER = 100_000  # recovered messages
 
 
 class Persistence:
@@ -129,6 +133,17 @@ class Persistence:
 
     def restore(self, broker: Broker) -> None:
         """Rebuild the durable topology and its persistent messages."""
+        # Millions of new long-lived objects would trigger ever longer full collections
+        # that find nothing; a large store's objects also stay out of later ones.
+        gc.disable()
+        try:
+            self._restore(broker)
+        finally:
+            if len(self.messages.messages) >= FREEZE_AFTER:
+                gc.freeze()
+            gc.enable()
+
+    def _restore(self, broker: Broker) -> None:
         started = time.monotonic()
         defs = self.definitions.load()
         access = broker.access
@@ -176,24 +191,26 @@ class Persistence:
             target: Any = (host.exchanges if kind == "exchange" else host.queues).get(destination)
             if target is not None:
                 host.bind(source, target, routing_key, arguments, persist=False)
+        self.messages.page_limit = broker.settings.queue_body_memory_limit
         stored = self.messages.recover()
-        live: set[int] = set()
         now_wall, now_mono = time.time(), broker.timers.now()
         by_queue: dict[Queue, list[Any]] = {}
+        orphans = []
         for record in stored:
             owner = queues_by_id.get(record.queue_id)
-            if owner is not None:  # else its queue was deleted: the message goes with it
+            if owner is not None:
                 by_queue.setdefault(owner, []).append(record)
-                live.add(record.msg_id)
+            else:  # its queue was deleted: the message goes with it
+                orphans.append(record)
+        del stored
         for queue, records in by_queue.items():
-            restored = queue.restore_messages(records, now_wall, now_mono)
-            for msg_id, msg in restored:
-                self.messages.adopt(msg_id, msg)
-        self.messages.finish_recovery(live)
+            self.messages.adopt(queue.restore_messages(records, now_wall, now_mono))
+        self.messages.finish_recovery(orphans)
         self._restored_queues = list(by_queue)
         self.log.info(
             "store recovered",
-            queues=len(queues_by_id), messages=len(live),
+            queues=len(queues_by_id), messages=len(self.messages.messages),
+            paged_out=sum(q.paged_count for q in by_queue),
             seconds=round(time.monotonic() - started, 3),
         )  # fmt: skip
 

@@ -9,11 +9,12 @@ head: counts are exact at once, the deque entry goes later.
 from __future__ import annotations
 
 import heapq
+import itertools
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from broker.message import DELAYED, GONE, READY, UNACKED, Message
+from broker.message import DELAYED, GONE, READY, UNACKED, Message, PagedMessage, page_out, unpage
 from broker.persistence import is_persistent
 from broker.ready import PriorityReady, merge_in_order
 from broker.retry import RetryPolicy, parse_schedule
@@ -105,6 +106,9 @@ class Queue:
         self.ready: Any = PriorityReady(self.max_priority) if self.max_priority else deque()
         self.ready_count = 0
         self.ready_bytes = 0
+        # ready bodies on disk only (persistent messages of a long durable queue: PagedMessage)
+        self.paged_count = 0
+        self.paged_bytes = 0
         self.unacked_count = 0
         self.consumers: list[Consumer] = []
         self.exclusive_consumer: Consumer | None = None
@@ -224,10 +228,12 @@ class Queue:
         if queue_ttl is not None and (ttl is None or queue_ttl < ttl):
             ttl = queue_ttl
         if self.store_id and is_persistent(msg.properties):
-            assert self.message_store is not None
-            self.message_store.publish(
-                self.store_id, msg, time.time() + ttl / 1000 if ttl is not None else 0.0
-            )
+            store = self.message_store
+            assert store is not None
+            store.publish(self.store_id, msg, time.time() + ttl / 1000 if ttl is not None else 0.0)
+            limit = store.page_limit
+            if limit is not None and self.ready_bytes - self.paged_bytes + len(msg.body) > limit:
+                store.page_later(msg)  # over the memory limit: its body leaves once on disk
         self.ready.append(msg)
         self.ready_count += 1
         self.ready_bytes += len(msg.body)
@@ -263,7 +269,7 @@ class Queue:
             self._gone(msg)
             self._dead_letter(msg, "maxlen")
 
-    def requeue(self, msgs: list[Message]) -> None:
+    def requeue(self, msgs: list[Message], why: str) -> None:
         """Put unacked messages back at their original positions, marked redelivered."""
         now = self._now()
         back: list[Message] = []
@@ -285,7 +291,7 @@ class Queue:
         if not back:
             return
         if (tracer := self.vhost.tracer) is not None:
-            tracer.requeued(self, back)
+            tracer.requeued(self, back, why)
         back.sort(key=_seq)
         if self.max_priority:
             self.ready.reinsert(back)
@@ -310,10 +316,17 @@ class Queue:
             if check_expiry and msg.expires_at is not None and msg.expires_at < self._now():
                 self._expire(msg)
                 continue
+            if self.paged_count and msg.__class__ is PagedMessage:
+                self._read_ahead(msg)
             self.ready_count -= 1
             self.ready_bytes -= len(msg.body)
             return msg
         return None
+
+    def _read_ahead(self, head: Message) -> None:
+        """The head's body is on disk: bring it back with the next paged ones, in one go."""
+        assert self.message_store is not None
+        self.message_store.read_ahead(itertools.chain((head,), self.ready))
 
     def dispatch(self) -> None:
         """Hand ready messages to consumers with capacity, round-robin."""
@@ -408,9 +421,10 @@ class Queue:
         self.unacked_count -= 1
         self._dead_letter(msg, "rejected")
 
-    def return_unacked(self, msgs: list[Message], failed: bool = True) -> None:
+    def return_unacked(self, msgs: list[Message], why: str, failed: bool = True) -> None:
         """Unacked messages of this queue come back (channel closed, nack, recover, timeout).
 
+        ``why`` is the trace's reason (broker/tracing.py: nack, channel_closed, ...).
         ``failed`` is False for consumer-timeout returns, which do not count as a failed
         delivery attempt (RabbitMQ 4.3).
         """
@@ -423,13 +437,13 @@ class Queue:
         if failed and self.counts_deliveries:
             live = self._count_failed_delivery(live)
         if self.retry.enabled and self.retry.applies(failed):
-            self._delay(live)
+            self._delay(live, why)
         else:
-            self.requeue(live)
+            self.requeue(live, why)
 
     # ---- delayed retry ----
 
-    def _delay(self, msgs: list[Message]) -> None:
+    def _delay(self, msgs: list[Message], why: str) -> None:
         """Returned messages wait, invisible, for their retry delay (RocketMQ's WaitingRetry)."""
         now = self._now()
         for msg in msgs:
@@ -446,7 +460,7 @@ class Queue:
             self._count_node("retried")
             delay = self.retry.delay_ms(msg.retries) / 1000
             if (tracer := self.vhost.tracer) is not None:
-                tracer.retry_scheduled(self, msg, round(delay * 1000))
+                tracer.retry_scheduled(self, msg, round(delay * 1000), why)
             ready_at = now + delay
             heapq.heappush(self._delayed, (ready_at, msg.seq, msg))
             if msg.expires_at is not None:
@@ -509,6 +523,8 @@ class Queue:
             tracer.purged(self)
         for msg in self.ready:
             self._gone(msg)
+            if msg.__class__ is PagedMessage:
+                unpage(msg, b"")
         for _, _, msg in self._delayed:
             self._gone(msg)
         self._delayed.clear()
@@ -638,7 +654,7 @@ class Queue:
         """Remove a ready message wherever it is in the queue."""
         self._gone(msg)
         self.ready_count -= 1
-        self.ready_bytes -= len(msg.body)
+        self.ready_bytes -= msg.body_size()
         self.stats.expired += 1
         self._count_node("expired")
         if self.ready and self.ready[0] is msg:
@@ -667,7 +683,7 @@ class Queue:
 
     def restore_messages(
         self, records: list[StoredMessage], now_wall: float, now_mono: float
-    ) -> list[tuple[int, Message]]:
+    ) -> list[Message]:
         """Take back persistent messages after a restart, in publish order.
 
         TTLs keep counting from the original publish; delivered ones come back
@@ -675,8 +691,21 @@ class Queue:
         """
         restored = []
         expired = []
+        store = self.message_store
+        ready = self.ready
         for record in records:
-            msg = Message(record.exchange, record.routing_key, record.properties, record.body)
+            body = record.body
+            msg = Message(record.exchange, record.routing_key, record.properties, body or b"")
+            msg.store_id = record.msg_id
+            msg.store_segment, msg.store_offset = record.segment, record.body_offset
+            msg.trace_id = record.trace_id
+            if body is None:  # past the memory limit: the body stays on disk
+                if record.retry_at_wall > now_wall:  # only ready messages are paged out
+                    assert store is not None
+                    msg.body = store.read_body(record.segment, record.body_offset, record.body_size)
+                else:
+                    self.paged_bytes += page_out(msg, record.body_size)
+                    self.paged_count += 1
             self._next_seq += 1
             msg.seq = self._next_seq
             msg.queue = self
@@ -687,21 +716,21 @@ class Queue:
                 msg.priority = message_priority(msg.properties)
             if record.expires_wall:
                 msg.expires_at = now_mono + (record.expires_wall - now_wall)
-            restored.append((record.msg_id, msg))
+            restored.append(msg)
             if record.retry_at_wall > now_wall:
                 msg.state = DELAYED
                 self.delayed_count += 1
                 ready_at = now_mono + (record.retry_at_wall - now_wall)
                 heapq.heappush(self._delayed, (ready_at, msg.seq, msg))
                 continue
-            self.ready.append(msg)
-            self.ready_count += 1
-            self.ready_bytes += len(msg.body)
+            ready.append(msg)
+            self.ready_bytes += record.body_size
             if msg.expires_at is not None:
                 if msg.expires_at <= now_mono:
                     expired.append(msg)
                 else:
                     self._track_expiry(msg)
+        self.ready_count = len(self.ready)
         if self._delayed:
             self._delay_timer.arm(self._delayed[0][0])
         self._expired_at_start = expired

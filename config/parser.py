@@ -176,6 +176,10 @@ def _information_unit(text: str) -> int:
     return int(match[1]) * multiplier
 
 
+def _information_unit_or_infinity(text: str) -> int | None:
+    return None if text == "infinity" else _information_unit(text)
+
+
 def _fraction(text: str) -> float:
     if not _DECIMAL.fullmatch(text):
         raise _Invalid("expected a number >= 0 (a fraction of total memory, e.g. 0.6)")
@@ -318,6 +322,10 @@ _KEYS: Mapping[str, _Key] = {
         _int_or_unlimited(1, "expected a positive integer, or 'infinity'"),
         "consumer_max_per_channel",
     ),
+    "max_unconfirmed_per_channel": _Key(
+        _int_or_unlimited(1, "expected a positive integer, or 'infinity'"),
+        "max_unconfirmed_per_channel",
+    ),
     "max_message_size": _Key(
         _int_between(1, 536870912, "expected an integer from 1 to 536870912 (bytes)"),
         "max_message_size",
@@ -346,6 +354,7 @@ _KEYS: Mapping[str, _Key] = {
     "load_definitions": _Key(_path, "load_definitions"),
     "data_dir": _Key(_path, "data_dir"),
     "message_store.segment_size": _Key(_information_unit, "segment_size"),
+    "queue_body_memory_limit": _Key(_information_unit_or_infinity, "queue_body_memory_limit"),
     "trace.enabled": _Key(_boolean, "trace_enabled"),
     "trace.dir": _Key(_path, "trace_dir"),
     "trace.vhosts": _Key(_vhost_list, "trace_vhosts"),

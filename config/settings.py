@@ -41,6 +41,8 @@ class Settings:
     handshake_timeout: int = 10000  # ms
     consumer_timeout: int | None = 1800000  # ms; None = disabled (Warren: `infinity`)
     consumer_max_per_channel: int | None = None  # None = unlimited
+    # publishes awaiting their confirm on one channel before its connection is not read
+    max_unconfirmed_per_channel: int | None = 10000  # None = unlimited (Warren's own)
     max_message_size: int = 16 * 1024 * 1024
     log_console: bool = True
     log_level: str = "info"
@@ -54,6 +56,9 @@ class Settings:
     load_definitions: str | None = None
     data_dir: str | None = "./data"  # None: nothing is kept on disk
     segment_size: int = 16 * 1024 * 1024  # message_store.segment_size (Warren's own)
+    # body bytes of ready persistent messages a durable queue keeps in memory; past it they
+    # are read back from the segments when delivered. None: `infinity` (never paged out)
+    queue_body_memory_limit: int | None = 64 * 1024 * 1024
     # message-lifecycle tracing (Warren's own trace.* keys; broker/tracing.py)
     trace_enabled: bool = False
     trace_dir: str = "./trace"

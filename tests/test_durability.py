@@ -210,12 +210,14 @@ def free_port() -> int:
 def start_server(data: str, port: int, config: str | None = None) -> subprocess.Popen[str]:
     extra = ["--config", config] if config else []
     command = [sys.executable, "-m", "broker", "--port", str(port), "--bind", "127.0.0.1"]
+    # no HTTP endpoints: their default ports may be taken on the test machine
+    command += ["--management-port", "none", "--prometheus-port", "none"]
     proc = subprocess.Popen(
         [*command, "--data-dir", data, *extra], stderr=subprocess.PIPE, text=True
     )
     assert proc.stderr is not None
     for line in proc.stderr:
-        if "ready" in line:
+        if "[info     ] ready" in line:
             return proc
     raise AssertionError(f"broker did not start: {proc.wait()}")
 
@@ -310,6 +312,31 @@ def test_dead_segments_are_deleted_and_live_ones_compacted(tmp_path: Path) -> No
         conn.close()
 
 
+def test_a_backlog_in_the_oldest_segment_does_not_pin_the_dead_ones(tmp_path: Path) -> None:
+    data = str(tmp_path)
+    with run_broker(data_dir=data, segment_size=32 * 1024) as running:
+        conn = pika.BlockingConnection(pika.URLParameters(running.url))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("backlog.q", durable=True)
+        for i in range(40):  # fills the first segment: it stays fully live
+            ch.basic_publish("", "backlog.q", b"%04d" % i + b"b" * 1020, PERSISTENT)
+        conn.close()
+        churn(running.url, 900, 10**9)  # ~900 KiB of published-and-acked messages
+        files = tmp_path / "messages"
+        # the writer thread unlinks the files; give it a moment to catch up
+        deadline = time.monotonic() + 10
+        while len(list(files.glob("*.seg"))) > 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        segments = sorted(s.name for s in files.glob("*.seg"))
+        assert len(segments) <= 5, segments
+    with run_broker(data_dir=data, segment_size=32 * 1024) as running:
+        conn = pika.BlockingConnection(pika.URLParameters(running.url))
+        ch = conn.channel()
+        assert [b[:4] for b, _ in drain(ch, "backlog.q")] == [b"%04d" % i for i in range(40)]
+        conn.close()
+
+
 @pytest.mark.parametrize("round_", range(3))
 def test_kill_9_during_compaction_loses_nothing(tmp_path: Path, round_: int) -> None:
     import threading
@@ -371,4 +398,87 @@ def test_restart_after_durable_queue_with_messages_went_away(tmp_path: Path, how
         ch = conn.channel()
         ch.queue_declare("gone.q", durable=True)  # a new queue of that name starts empty
         assert drain(ch, "gone.q") == []
+        conn.close()
+
+
+def test_tx_commit_ok_waits_for_the_disk_and_survives_kill_9(tmp_path: Path) -> None:
+    data = str(tmp_path)
+    port = free_port()
+    url = f"amqp://guest:guest@127.0.0.1:{port}/"
+    proc = start_server(data, port)
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        ch = conn.channel()
+        ch.queue_declare("tx.q", durable=True)
+        ch.tx_select()
+        committed = [b"%04d" % i + bytes([i]) * 64 * 1024 for i in range(40)]
+        for body in committed:
+            ch.basic_publish("", "tx.q", body, PERSISTENT)
+        ch.tx_commit()
+        # commit-ok came: the messages are in the segment files already
+        on_disk = b"".join(p.read_bytes() for p in (tmp_path / "messages").glob("*.seg"))
+        assert all(body in on_disk for body in committed)
+        for i in range(5):
+            ch.basic_publish("", "tx.q", b"uncommitted %d" % i, PERSISTENT)
+        ch.queue_declare("tx.q", passive=True)  # the broker has read the publishes before it
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    proc = start_server(data, port)
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        assert [body for body, _ in drain(conn.channel(), "tx.q")] == committed
+        conn.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+
+
+def test_trace_ids_survive_a_restart(tmp_path: Path) -> None:
+    """A restored message keeps its trace id, so its trace goes on where it stopped."""
+    settings = {"data_dir": str(tmp_path / "data"), "trace_enabled": True}
+    with run_broker(trace_dir=str(tmp_path / "trace"), **settings) as running:
+        conn = pika.BlockingConnection(pika.URLParameters(running.url))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("traced.q", durable=True)
+        for i in range(3):
+            ch.basic_publish("", "traced.q", b"%d" % i, PERSISTENT)
+        conn.close()
+        queue = running.server.broker.vhosts["/"].queues["traced.q"]
+        before = running.call(lambda: [m.trace_id for m in queue.ready])
+        assert len(set(before)) == 3 and all(before)
+        running.restart()
+        queue = running.server.broker.vhosts["/"].queues["traced.q"]
+        assert running.call(lambda: [m.trace_id for m in queue.ready]) == before
+
+
+def test_a_store_written_before_trace_ids_is_still_read(tmp_path: Path) -> None:
+    """The first publish record format (type 1, no trace id) is read as before."""
+    import struct
+    import zlib
+
+    data = str(tmp_path)
+    with run_broker(data_dir=data) as running:
+        conn = pika.BlockingConnection(pika.URLParameters(running.url))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("old.q", durable=True)
+        ch.basic_publish("", "old.q", b"new format", PERSISTENT)
+        conn.close()
+    (segment,) = (tmp_path / "messages").glob("*.seg")
+    record = segment.read_bytes()
+    assert record[8] == 5  # PUBLISH with a trace id
+    queue_id = struct.unpack_from(">I", record, 9 + 8)[0]
+    props = bytes(record[-len(b"new format") - 3 : -len(b"new format")])  # delivery_mode only
+    payload = b"".join((
+        struct.pack(">QIdIIdB", 1000, queue_id, 0.0, 0, 0, 0.0, 0),
+        b"\x00", b"\x05old.q", struct.pack(">I", len(props)), props, b"old format",
+    ))  # fmt: skip
+    body = b"\x01" + payload
+    with segment.open("ab") as fh:
+        fh.write(struct.pack(">II", len(body), zlib.crc32(body)) + body)
+    with run_broker(data_dir=data) as running:
+        conn = pika.BlockingConnection(pika.URLParameters(running.url))
+        assert drain(conn.channel(), "old.q") == [(b"new format", False), (b"old format", False)]
         conn.close()

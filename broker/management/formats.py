@@ -250,6 +250,9 @@ def queue_json(mgmt: Management, queue: Queue, full: bool = False) -> dict[str, 
         "operator_policy": None,
         "effective_policy_definition": dict(policy.definition) if policy is not None else {},
         "message_bytes_ready": queue.ready_bytes,
+        "message_bytes_ram": queue.ready_bytes - queue.paged_bytes,  # ready bodies in memory
+        "messages_paged_out": queue.paged_count,
+        "message_bytes_paged_out": queue.paged_bytes,
         "message_stats": message_stats(queue_counts(queue), rates),
         # Warren's own counters: retries, expiries, dead-letters, consumer timeouts
         "messages_delayed": queue.delayed_count,

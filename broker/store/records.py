@@ -11,13 +11,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from struct import Struct
 
-PUBLISH = 1  # a persistent message entered a durable queue
+PUBLISH_V1 = 1  # a persistent message entered a durable queue (before trace ids: read only)
 REMOVE = 2  # acked, expired, purged, dead-lettered or dropped
 DELIVERED = 3  # delivered at least once: it comes back with redelivered=true
 STATE = 4  # delivery count and retry state after a return
+PUBLISH = 5  # PUBLISH_V1 with the message's trace id (broker/tracing.py)
 
-_head = Struct(">IIB")
-_publish = Struct(">QIdIIdB")  # id, queue, expires (wall), delivery count, retries, retry at, flags
+_head = Struct(">II")
+# id, queue, expires (wall), delivery count, retries, retry at, flags; PUBLISH adds the trace id
+_publish_v1 = Struct(">QIdIIdB")
+_publish = Struct(">QIdIIdBQ")
 _id = Struct(">Q")
 _state = Struct(">QIIdB")
 _u32 = Struct(">I")
@@ -45,11 +48,12 @@ def encode_publish(
     routing_key: bytes,
     properties: bytes,
     body: bytes,
+    trace_id: int,
 ) -> bytes:
     payload = b"".join((
         _publish.pack(
             msg_id, queue_id, expires_wall, delivery_count, retries, retry_at_wall,
-            FLAG_DELIVERED if delivered else 0,
+            FLAG_DELIVERED if delivered else 0, trace_id,
         ),
         bytes((len(exchange),)), exchange,
         bytes((len(routing_key),)), routing_key,
@@ -71,7 +75,7 @@ def encode_state(msg_id: int, delivery_count: int, retries: int, retry_at_wall: 
     return _frame(STATE, _state.pack(msg_id, delivery_count, retries, retry_at_wall, 0))
 
 
-@dataclass
+@dataclass(slots=True)
 class PublishRecord:
     msg_id: int
     queue_id: int
@@ -83,56 +87,84 @@ class PublishRecord:
     exchange: str
     routing_key: str
     properties: bytes
-    body: bytes
+    body: bytes | None  # None: left on disk (past the queue's memory limit)
+    body_size: int
+    body_offset: int  # where the body starts: in the payload, then (the store) in the file
+    trace_id: int
+    segment: int = 0  # the segment file holding it (set by the store)
 
 
-Record = tuple[int, object]
+def decode_publish(
+    data: bytes, start: int, end: int, kind: int, keep_body: bool, names: dict[bytes, str]
+) -> PublishRecord:
+    """The PUBLISH (or older PUBLISH_V1) payload at ``data[start:end]``.
 
-
-def decode_publish(payload: bytes) -> PublishRecord:
-    msg_id, queue_id, expires, count, retries, retry_at, flags = _publish.unpack_from(payload, 0)
-    off = _publish.size
-    n = payload[off]
-    exchange = payload[off + 1 : off + 1 + n].decode("utf-8", "surrogateescape")
+    The body is copied only if ``keep_body``; exchange and routing key strings
+    are shared through ``names`` (a few distinct ones among millions of messages).
+    """
+    if kind == PUBLISH:
+        fields = _publish.unpack_from(data, start)
+        msg_id, queue_id, expires, count, retries, retry_at, flags, trace_id = fields
+        off = start + _publish.size
+    else:
+        fields = _publish_v1.unpack_from(data, start)
+        msg_id, queue_id, expires, count, retries, retry_at, flags = fields
+        trace_id = 0
+        off = start + _publish_v1.size
+    n = data[off]
+    raw = data[off : off + 1 + n]
+    exchange = names.get(raw)
+    if exchange is None:
+        exchange = names[raw] = str(raw[1:], "utf-8", "surrogateescape")
     off += 1 + n
-    n = payload[off]
-    routing_key = payload[off + 1 : off + 1 + n].decode("utf-8", "surrogateescape")
+    n = data[off]
+    raw = data[off : off + 1 + n]
+    routing_key = names.get(raw)
+    if routing_key is None:
+        routing_key = names[raw] = str(raw[1:], "utf-8", "surrogateescape")
     off += 1 + n
-    (plen,) = _u32.unpack_from(payload, off)
-    off += 4
-    properties = payload[off : off + plen]
-    body = payload[off + plen :]
-    if len(properties) != plen:
+    (plen,) = _u32.unpack_from(data, off)
+    off += 4 + plen
+    if off > end:
         raise ValueError("publish record truncated")
     return PublishRecord(
         msg_id, queue_id, expires, count, retries, retry_at, bool(flags & FLAG_DELIVERED),
-        exchange, routing_key, properties, body,
+        exchange, routing_key, data[off - plen : off], data[off:end] if keep_body else None,
+        end - off, off, trace_id,
     )  # fmt: skip
 
 
-def decode_id(payload: bytes) -> int:
-    return int(_id.unpack_from(payload, 0)[0])
+def queue_of(data: bytes, start: int) -> int:
+    """The queue id of a PUBLISH or PUBLISH_V1 payload (both start with id, queue)."""
+    return int(_u32.unpack_from(data, start + 8)[0])
 
 
-def decode_state(payload: bytes) -> tuple[int, int, int, float]:
-    msg_id, count, retries, retry_at, _ = _state.unpack_from(payload, 0)
+def decode_id(data: bytes, start: int) -> int:
+    return int(_id.unpack_from(data, start)[0])
+
+
+def decode_state(data: bytes, start: int) -> tuple[int, int, int, float]:
+    msg_id, count, retries, retry_at, _ = _state.unpack_from(data, start)
     return msg_id, count, retries, retry_at
 
 
-def read_records(data: bytes) -> Iterator[tuple[int, int, bytes]]:
-    """Yield (offset just past the record, type, payload) until the data ends or breaks.
+def read_records(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """Yield (offset just past the record, type, payload start) until the data ends or breaks.
 
-    The caller compares the last offset with ``len(data)`` to see whether a tail
-    was torn or corrupt.
+    The payload is ``data[start:end]``, left for the decoders to read in place.
+    The caller compares the last offset with ``len(data)`` to see whether a
+    tail was torn or corrupt.
     """
+    view = memoryview(data)
     off = 0
     size = len(data)
+    crc32 = zlib.crc32
     while off + HEADER_SIZE <= size:
-        length, crc = _head.unpack_from(data, off)[:2]
+        length, crc = _head.unpack_from(data, off)
         if length == 0 or length > MAX_RECORD or off + HEADER_SIZE + length > size:
             return
-        body = data[off + HEADER_SIZE : off + HEADER_SIZE + length]
-        if zlib.crc32(body) != crc:
+        start = off + HEADER_SIZE
+        off = start + length
+        if crc32(view[start:off]) != crc:
             return
-        off += HEADER_SIZE + length
-        yield off, body[0], body[1:]
+        yield off, data[start], start + 1

@@ -19,34 +19,26 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
 
+from broker.message import READY, Message, PagedMessage, page_out, unpage
 from broker.store import records
-
-if TYPE_CHECKING:
-    from broker.message import Message
 
 SEGMENT_SIZE = 16 * 1024 * 1024
 COMPACT_BELOW = 0.5  # live share under which the oldest segment is rewritten
+PAGE_LIMIT = 64 * 1024 * 1024  # queue_body_memory_limit: body bytes a queue keeps in memory
+READ_AHEAD = 512 * 1024  # body bytes read back at once when the head of a queue is paged out
+READ_AHEAD_MIN = 64 * 1024
+READ_AHEAD_COUNT = 1024
+READ_GAP = 64 * 1024  # other records between two bodies that one read still spans
+_FADVISE = hasattr(os, "posix_fadvise")
+MAX_READERS = 32  # segment files held open for reading bodies back
 
 
-@dataclass
-class StoredMessage:
-    """A message read back at start-up, for its queue to take in again."""
-
-    msg_id: int
-    queue_id: int
-    exchange: str
-    routing_key: str
-    properties: bytes
-    body: bytes
-    expires_wall: float
-    delivery_count: int
-    retries: int
-    retry_at_wall: float
-    delivered: bool
+# a message read back at start-up, for its queue to take in again
+StoredMessage = records.PublishRecord
 
 
 def _segment_name(number: int) -> str:
@@ -150,38 +142,67 @@ class MessageStore:
         self._writer: _Writer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._compacting: dict[int, int] = {}  # segment being compacted -> batch of its copies
+        self._after_sync: deque[tuple[int, Callable[[], None]]] = deque()  # (batch, callback)
+        # paging bodies out: messages waiting for their record to be written, in log order
+        self.page_limit: int | None = PAGE_LIMIT  # None: bodies always stay in memory
+        self._to_page: deque[Message] = deque()
+        self._batch_ends: deque[tuple[int, int, int]] = deque()  # (batch, segment, end offset)
+        self._written = (0, 0)  # (segment, offset) up to which the log is on disk
+        self._readers: dict[int, int] = {}  # segment -> file descriptor to read bodies back
 
     # ---- start-up ----
 
     def recover(self) -> list[StoredMessage]:
-        """Read every segment, oldest first; a torn or corrupt tail is cut off with a warning."""
+        """Read every segment, oldest first; a torn or corrupt tail is cut off with a warning.
+
+        Bodies are kept in memory up to ``page_limit`` bytes a queue (the oldest
+        first: the head of the queue); past it only their place in the file is.
+        """
         segments = sorted(
             int(name[:-4]) for name in os.listdir(self.directory)
             if name.endswith(".seg") and name[:-4].isdigit()
         )  # fmt: skip
         found: dict[int, records.PublishRecord] = {}
-        where: dict[int, int] = {}
+        kept: dict[int, int] = {}  # queue id -> body bytes kept in memory
+        limit = self.page_limit if self.page_limit is not None else 1 << 62
+        publish, publish_v1 = records.PUBLISH, records.PUBLISH_V1
+        remove, delivered, state = records.REMOVE, records.DELIVERED, records.STATE
+        decode_publish, decode_id, queue_of = (
+            records.decode_publish, records.decode_id, records.queue_of
+        )  # fmt: skip
+        names: dict[bytes, str] = {}
         for segment in segments:
             path = os.path.join(self.directory, _segment_name(segment))
             with open(path, "rb") as fh:
                 data = fh.read()
             end = 0
-            for offset, kind, payload in records.read_records(data):
-                end = offset
-                if kind == records.PUBLISH:
-                    record = records.decode_publish(payload)
-                    found[record.msg_id] = record  # a compacted copy replaces the original
-                    where[record.msg_id] = segment
-                elif kind == records.REMOVE:
-                    msg_id = records.decode_id(payload)
-                    found.pop(msg_id, None)
-                    where.pop(msg_id, None)
-                elif kind == records.DELIVERED:
-                    rec = found.get(records.decode_id(payload))
+            last_properties = b""
+            for end, kind, start in records.read_records(data):
+                if kind in (publish, publish_v1):
+                    queue_id = queue_of(data, start)
+                    in_ram = kept.get(queue_id, 0)
+                    record = decode_publish(data, start, end, kind, in_ram < limit, names)
+                    if record.properties == last_properties:  # share runs of equal properties
+                        record.properties = last_properties
+                    last_properties = record.properties
+                    record.segment = segment
+                    record.body_offset = end - record.body_size
+                    if record.body is not None:
+                        kept[queue_id] = in_ram + record.body_size
+                    old = found.get(record.msg_id)  # a compacted copy replaces the original
+                    if old is not None and old.body is not None:
+                        kept[queue_id] -= old.body_size
+                    found[record.msg_id] = record
+                elif kind == remove:
+                    old = found.pop(decode_id(data, start), None)
+                    if old is not None and old.body is not None:
+                        kept[old.queue_id] -= old.body_size
+                elif kind == delivered:
+                    rec = found.get(decode_id(data, start))
                     if rec is not None:
                         rec.delivered = True
-                elif kind == records.STATE:
-                    msg_id, count, retries, retry_at = records.decode_state(payload)
+                elif kind == state:
+                    msg_id, count, retries, retry_at = records.decode_state(data, start)
                     rec = found.get(msg_id)
                     if rec is not None:
                         rec.delivery_count, rec.retries, rec.retry_at_wall = (
@@ -198,42 +219,24 @@ class MessageStore:
                 )
                 with open(path, "r+b") as fh:
                     fh.truncate(end)
-        for segment in where.values():
-            self._live[segment] = self._live.get(segment, 0) + 1
-            self._total[segment] = self._total.get(segment, 0) + 1
+        live, total = self._live, self._total
+        for record in found.values():
+            segment = record.segment
+            live[segment] = live.get(segment, 0) + 1
+            total[segment] = total.get(segment, 0) + 1
         if found:
             self._next_id = max(found) + 1
         self._segment = (segments[-1] + 1) if segments else 1
-        self._where_recovered = where
-        return [
-            StoredMessage(
-                r.msg_id,
-                r.queue_id,
-                r.exchange,
-                r.routing_key,
-                r.properties,
-                r.body,
-                r.expires_wall,
-                r.delivery_count,
-                r.retries,
-                r.retry_at_wall,
-                r.delivered,
-            )
-            for _, r in sorted(found.items())
-        ]
+        return [found[msg_id] for msg_id in sorted(found)]
 
-    def adopt(self, msg_id: int, msg: Message) -> None:
-        """A recovered message is live again in its queue."""
-        msg.store_id = msg_id
-        msg.store_segment = self._where_recovered.get(msg_id, 0)
-        self.messages[msg_id] = msg
+    def adopt(self, msgs: list[Message]) -> None:
+        """Recovered messages are live again in their queue (which set their place in the log)."""
+        self.messages.update({msg.store_id: msg for msg in msgs})
 
-    def finish_recovery(self, live_ids: set[int]) -> None:
+    def finish_recovery(self, orphans: list[StoredMessage]) -> None:
         """Messages whose queue is gone are dropped from the counts (their files age out)."""
-        for msg_id, segment in list(self._where_recovered.items()):
-            if msg_id not in live_ids:
-                self._live[segment] -= 1
-        self._where_recovered = {}
+        for record in orphans:
+            self._live[record.segment] -= 1
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -254,15 +257,16 @@ class MessageStore:
 
     def _handoff(self) -> None:
         self._handoff_scheduled = False
-        if not self._buffer:
-            return
+        writer = self._writer
+        if not self._buffer or writer is None:
+            return  # records made after close() are lost, as in a crash at that moment
         data = b"".join(self._buffer)
         self._buffer.clear()
-        writer = self._writer
-        assert writer is not None
         if writer.error is not None:
             raise RuntimeError(f"message store writer failed: {writer.error!r}")
         writer.jobs.put(("write", self._segment, data, self.open_batch))
+        if self._to_page:
+            self._batch_ends.append((self.open_batch, self._segment, self._segment_bytes))
         self.open_batch += 1
         if self._segment_bytes >= self.segment_size:
             # roll only between batches, so a batch (and a confirm) never spans two files
@@ -275,18 +279,22 @@ class MessageStore:
         self._next_id += 1
         self.published += 1
         msg.store_id = msg_id
-        msg.store_segment = self._segment
         self.messages[msg_id] = msg
-        self._live[self._segment] = self._live.get(self._segment, 0) + 1
-        self._total[self._segment] = self._total.get(self._segment, 0) + 1
-        self._append(self._publish_record(queue_id, msg, expires_wall))
+        self._append_publish(queue_id, msg, expires_wall)
 
-    def _publish_record(self, queue_id: int, msg: Message, expires_wall: float) -> bytes:
-        return records.encode_publish(
+    def _append_publish(self, queue_id: int, msg: Message, expires_wall: float) -> None:
+        body = msg.body  # first: a paged-out body is read from where the message still is
+        segment = msg.store_segment = self._segment
+        self._live[segment] = self._live.get(segment, 0) + 1
+        self._total[segment] = self._total.get(segment, 0) + 1
+        record = records.encode_publish(
             msg.store_id, queue_id, expires_wall, msg.delivery_count, msg.retries, 0.0,
             msg.redelivered, msg.exchange.encode("utf-8", "surrogateescape"),
-            msg.routing_key.encode("utf-8", "surrogateescape"), msg.properties, msg.body,
+            msg.routing_key.encode("utf-8", "surrogateescape"), msg.properties, body,
+            msg.trace_id,
         )  # fmt: skip
+        self._append(record)
+        msg.store_offset = self._segment_bytes - len(body)  # the body ends the record
 
     def remove(self, msg: Message) -> None:
         msg_id = msg.store_id
@@ -318,26 +326,151 @@ class MessageStore:
 
     # ---- group commit ----
 
+    def after_sync(self, callback: Callable[[], None]) -> None:
+        """Call back once what has been appended so far is on disk (tx.commit-ok).
+
+        Callbacks run in the order they were registered.
+        """
+        batch = self.open_batch if self._buffer else self.open_batch - 1
+        if batch <= self.synced_batch and not self._after_sync:
+            callback()
+        else:
+            self._after_sync.append((batch, callback))
+
+    @property
+    def commits_waiting(self) -> bool:
+        return bool(self._after_sync)
+
     def _on_synced(self, batch: int) -> None:
         self.synced_batch = batch
         if self.waiters:
             for channel in list(self.waiters):
                 channel.store_synced(batch)
-        for segment, copied in list(self._compacting.items()):
-            if copied <= batch:  # the copies are on disk: the old segment can go
-                del self._compacting[segment]
-                self._drop_segment(segment)
+        after = self._after_sync
+        while after and after[0][0] <= batch:
+            after.popleft()[1]()
+        ends = self._batch_ends
+        if ends and ends[0][0] <= batch:
+            while ends and ends[0][0] <= batch:
+                _, segment, end = ends.popleft()
+            self._written = (segment, end)
+            self._page_out_written()
+        if self._compacting:
+            for segment, copied in list(self._compacting.items()):
+                if copied <= batch:  # the copies are on disk: the old segment can go
+                    del self._compacting[segment]
+                    self._drop_segment(segment)
+            if not self._compacting:
+                self._collect_garbage()  # the dead segments it held up go at once
+
+    # ---- paging bodies out of memory ----
+
+    def page_later(self, msg: Message) -> None:
+        """``msg`` came to a queue over its memory limit: drop its body once it is on disk."""
+        self._to_page.append(msg)
+
+    def _page_out_written(self) -> None:
+        """Page out the waiting messages whose publish record is now written (and synced)."""
+        todo = self._to_page
+        written_segment, written_end = self._written
+        limit = self.page_limit
+        if limit is None:
+            todo.clear()
+            return
+        while todo:
+            msg = todo[0]
+            segment = msg.store_segment
+            if segment > written_segment or (
+                segment == written_segment and msg.store_offset >= written_end
+            ):
+                return
+            todo.popleft()
+            queue = msg.queue
+            # still waiting in its queue, in memory, and the queue still over its limit?
+            if (
+                msg.state == READY and msg.store_id and msg.__class__ is Message
+                and queue is not None and queue.ready_bytes - queue.paged_bytes > limit
+            ):  # fmt: skip
+                queue.paged_bytes += page_out(msg)
+                queue.paged_count += 1
+
+    def _reader(self, segment: int) -> int:
+        fd = self._readers.get(segment)
+        if fd is None:
+            if len(self._readers) >= MAX_READERS:
+                for other in list(self._readers)[: MAX_READERS // 2]:
+                    os.close(self._readers.pop(other))
+            path = os.path.join(self.directory, _segment_name(segment))
+            fd = self._readers[segment] = os.open(path, os.O_RDONLY)
+        return fd
+
+    def read_body(self, segment: int, offset: int, size: int) -> bytes:
+        data = os.pread(self._reader(segment), size, offset)
+        if len(data) != size:
+            raise OSError(f"message store: segment {segment} is shorter than a paged-out body")
+        return data
+
+    def page_in(self, msg: Message) -> bytes:
+        """Read one paged-out body back (PagedMessage.body)."""
+        body = self.read_body(msg.store_segment, msg.store_offset, msg.body_size())
+        unpage(msg, body)
+        return body
+
+    def read_ahead(self, ready: Iterable[Message]) -> None:
+        """The head of a queue is paged out: read back the next paged bodies, a batch at once.
+
+        Bodies next to each other in one segment (a queue's messages mostly are)
+        come back with one read, so draining a long paged queue is sequential I/O
+        in large reads; the budget bounds the memory and the time on the loop.
+        """
+        batch: list[Message] = []
+        # a quarter of a small limit, but never one read per message
+        budget = min(READ_AHEAD, max((self.page_limit or 0) // 4, READ_AHEAD_MIN))
+        for msg in ready:
+            if msg.__class__ is PagedMessage and msg.state == READY:
+                batch.append(msg)
+                budget -= msg.body_size()
+                if budget <= 0 or len(batch) >= READ_AHEAD_COUNT:
+                    break
+        batch.sort(key=_location)
+        start = 0
+        while start < len(batch):
+            first = batch[start]
+            segment, begin = first.store_segment, first.store_offset
+            end = begin + first.body_size()
+            stop = start + 1
+            while stop < len(batch):
+                nxt = batch[stop]
+                if nxt.store_segment != segment or nxt.store_offset > end + READ_GAP:
+                    break
+                end = max(end, nxt.store_offset + nxt.body_size())
+                stop += 1
+            data = self.read_body(segment, begin, end - begin)
+            if _FADVISE:
+                # a queue's next bodies mostly follow these: have the kernel read them in the
+                # background, so the next batch is a page-cache copy, not a wait for the disk
+                os.posix_fadvise(
+                    self._reader(segment), end, 2 * READ_AHEAD, os.POSIX_FADV_WILLNEED
+                )
+            for msg in batch[start:stop]:
+                at = msg.store_offset - begin
+                unpage(msg, data[at : at + msg.body_size()])
+            start = stop
 
     # ---- garbage collection and compaction ----
 
     def _drop_segment(self, segment: int) -> None:
         self._live.pop(segment, None)
         self._total.pop(segment, None)
+        fd = self._readers.pop(segment, None)
+        if fd is not None:
+            os.close(fd)
         assert self._writer is not None
         self._writer.jobs.put(("unlink", segment, b"", -1))
 
     def _collect_garbage(self) -> None:
-        """Delete dead segments from the old end; compact the oldest if mostly dead."""
+        """Delete dead segments from the old end; compact the oldest if mostly dead, or if
+        it holds up dead segments behind it."""
         while self._live:
             oldest = min(self._live)
             if oldest >= self._segment or oldest in self._compacting:
@@ -345,9 +478,23 @@ class MessageStore:
             if self._live[oldest] <= 0:
                 self._drop_segment(oldest)
                 continue
-            if self._live[oldest] < self._total[oldest] * COMPACT_BELOW:
+            if self._live[oldest] < self._total[oldest] * COMPACT_BELOW or self._blocked():
                 self._compact(oldest)
             return
+
+    def _blocked(self) -> bool:
+        """Dead segments wait behind a mostly live oldest one, and dead records outnumber
+        live ones: rewriting the oldest (at most one segment of writes) lets them all go.
+
+        Without this, a backlog that nobody consumes, sitting in the oldest segment, would
+        keep every later segment on disk however dead (deletion works from the old end).
+        """
+        live = dead_segments = 0
+        for segment, count in self._live.items():
+            live += count
+            if count <= 0 and segment != self._segment:
+                dead_segments += 1
+        return dead_segments >= 2 and sum(self._total.values()) - live > live
 
     def _compact(self, segment: int) -> None:
         """Rewrite the live messages of ``segment`` at the head of the log."""
@@ -360,10 +507,12 @@ class MessageStore:
                 time.time() + (msg.expires_at - queue_.vhost.timers.now())
                 if msg.expires_at is not None and queue_ is not None else 0.0
             )  # fmt: skip
-            msg.store_segment = self._segment
-            self._live[self._segment] = self._live.get(self._segment, 0) + 1
-            self._total[self._segment] = self._total.get(self._segment, 0) + 1
-            self._append(self._publish_record(queue_id, msg, expires_wall))
+            # a paged-out body comes back for the copy (at most half a segment's worth) and
+            # leaves again once the copy is written: nothing points into the old file then
+            paged = msg.__class__ is PagedMessage
+            self._append_publish(queue_id, msg, expires_wall)
+            if paged:
+                self.page_later(msg)
         self._compacting[segment] = self.open_batch
         self.log.info("message store: compacting segment", segment=segment, moved=len(moved))
 
@@ -372,6 +521,13 @@ class MessageStore:
         if self._writer is None:
             return
         self._handoff()
+        for fd in self._readers.values():
+            os.close(fd)
+        self._readers.clear()
         self._writer.jobs.put(("stop", 0, b"", -1))
         self._writer.join(10)
         self._writer = None
+
+
+def _location(msg: Message) -> tuple[int, int]:
+    return msg.store_segment, msg.store_offset
