@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
+from broker import firehose
 from broker.arguments import MAX_TTL, validate_consumer_arguments
 from broker.consumer import Consumer
 from broker.exchange import Exchange
@@ -30,9 +31,11 @@ from protocol.constants import (
 from protocol.errors import ChannelError, ConnectionError_
 from protocol.frames import content_frames
 from protocol.methods import (
+    AccessRequest,
     BasicAck,
     BasicNack,
     BasicReject,
+    access_request_ok_frame,
     ack_frame,
     cancel_frame,
     deliver_frame,
@@ -126,6 +129,9 @@ class Channel:
         persistence = connection.broker.persistence
         self._store: MessageStore | None = persistence.messages if persistence else None
         self._sync_waits: deque[tuple[int, int]] = deque()  # (last seq, store batch) to confirm
+        self._max_unconfirmed = connection.broker.settings.max_unconfirmed_per_channel
+        # nacked at once while earlier publishes still waited for the disk: acks skip them
+        self._nacked: list[int] = []
 
     def allow(self, kind: str, resource: str, name: str) -> None:
         """RabbitMQ's permission check: configure, write or read on a queue or exchange."""
@@ -146,6 +152,9 @@ class Channel:
     def on_ignored(self, method: Any) -> None:
         pass
 
+    def on_access_request(self, method: AccessRequest) -> None:
+        self.conn.write(access_request_ok_frame(self.id))  # ticket 1, as RabbitMQ
+
     # ---- delivery (called by queues) ----
 
     def can_deliver(self, consumer: Consumer) -> bool:
@@ -165,6 +174,7 @@ class Channel:
         self.next_tag = tag = self.next_tag + 1
         if (tracer := self.vhost.tracer) is not None:
             tracer.delivered(self, consumer, msg, tag)
+            firehose.delivered(self, consumer.queue.name, msg)
         stats = self.stats
         stats.delivered += 1
         if msg.redelivered:
@@ -214,7 +224,7 @@ class Channel:
         self.stats.consumer_timeouts += 1
         if (tracer := self.vhost.tracer) is not None:
             tracer.consumer_timed_out(self, consumer, msgs, timeout)
-        queue.return_unacked(msgs, failed=False)
+        queue.return_unacked(msgs, "consumer_timeout", failed=False)
         notify = registered and self.conn.capabilities.get("consumer_cancel_notify") is True
         self.conn.broker.log.warning(
             "consumer timeout",
@@ -340,6 +350,7 @@ class Channel:
         queues = self.vhost.route(exchange, msg)
         if (tracer := self.vhost.tracer) is not None:
             tracer.published(self, msg, queues, mandatory, seq)
+            firehose.published(self, msg, queues)
         store = self._store
         stored_before = store.published if store is not None else 0
         accepted = True
@@ -370,7 +381,11 @@ class Channel:
                 if (tracer := self.vhost.tracer) is not None:
                     tracer.confirmed(self, seq, seq, False)
                 self.conn.write(nack_frame(self.id, seq, False))
-                self.confirmed = seq
+                if self._sync_waits:
+                    self._nacked.append(seq)  # RabbitMQ too nacks first, acks the rest later
+                else:
+                    self.confirmed = seq  # everything before it is settled
+                    self._nacked.clear()
 
     def _wait_for_disk(self, store: MessageStore, seq: int) -> None:
         """The confirm of ``seq`` (and of everything after it) waits for the open batch's fsync."""
@@ -381,6 +396,9 @@ class Channel:
         else:
             waits.append((seq, batch))
         store.waiters.add(self)
+        limit = self._max_unconfirmed
+        if limit is not None and seq - max(self.confirm_upto, self.confirmed) > limit:
+            self.conn.hold(self)  # this publish is taken, the next waits for the disk
 
     def store_synced(self, batch: int) -> None:
         """The store made batches up to ``batch`` durable: confirm what waited for them."""
@@ -392,17 +410,35 @@ class Channel:
             self.confirm_upto = max(self.confirm_upto, upto)
             self.conn.pending_confirms.add(self)
             self.conn.schedule_flush()
+            limit = self._max_unconfirmed
+            waiting = self.publish_seq - max(self.confirm_upto, self.confirmed)
+            if limit is not None and waiting < limit and self in self.conn.held:
+                self.conn.release(self)
         if not waits and self._store is not None:
             self._store.waiters.discard(self)
 
     def flush_confirms(self) -> None:
         upto = self.confirm_upto
+        if self._nacked and upto > self.confirmed:
+            self._ack_around_nacks(upto)
         if upto > self.confirmed:
             if (tracer := self.vhost.tracer) is not None:
                 tracer.confirmed(self, self.confirmed + 1, upto, True)
             self.stats.confirmed += upto - self.confirmed
             self.conn.write(ack_frame(self.id, upto, upto - self.confirmed > 1))
             self.confirmed = upto
+
+    def _ack_around_nacks(self, upto: int) -> None:
+        """Ack what came before each publish that was nacked ahead of them, then step past it."""
+        while self._nacked and self._nacked[0] <= upto:
+            nacked = self._nacked.pop(0)
+            last = nacked - 1
+            if last > self.confirmed:
+                if (tracer := self.vhost.tracer) is not None:
+                    tracer.confirmed(self, self.confirmed + 1, last, True)
+                self.stats.confirmed += last - self.confirmed
+                self.conn.write(ack_frame(self.id, last, last - self.confirmed > 1))
+            self.confirmed = nacked
 
     # ---- acks ----
 
@@ -486,7 +522,7 @@ class Channel:
             if (tracer := self.vhost.tracer) is not None:
                 tracer.nacked(queue, group, requeue)
             if requeue:
-                queue.return_unacked(group)
+                queue.return_unacked(group, "nack")
             else:
                 for msg in group:
                     queue.rejected(msg)
@@ -628,6 +664,7 @@ class Channel:
         self.stats.delivered += 1
         if (tracer := self.vhost.tracer) is not None:
             tracer.got(self, queue, msg, tag)
+            firehose.delivered(self, queue.name, msg)
         if method.no_ack:
             queue.settled(msg)
         else:
@@ -844,6 +881,8 @@ class Channel:
         self._require_tx()
         publishes, self.tx_publishes = self.tx_publishes, []
         settles, self.tx_settles = self.tx_settles, []
+        store = self._store
+        stored_before = store.published if store is not None else 0
         for exchange, msg, mandatory, ttl in publishes:
             if not exchange.deleted:
                 self._route(exchange, msg, mandatory, ttl, 0)
@@ -852,7 +891,14 @@ class Channel:
                 self._ack(msgs)
             else:
                 self._reject(msgs, requeue)
+        if store is not None and (store.published != stored_before or store.commits_waiting):
+            store.after_sync(self._commit_synced)  # like a confirm: once the messages are on disk
+            return
         self.reply(commands.Tx.CommitOk())
+
+    def _commit_synced(self) -> None:
+        if not self.closed:
+            self.reply(commands.Tx.CommitOk())
 
     def on_tx_rollback(self, method: commands.Tx.Rollback) -> None:
         self._require_tx()
@@ -872,10 +918,12 @@ class Channel:
         if self.closed:
             return
         self.closed = True
+        why = "channel_closed"  # only the trace tells the kinds of closing apart
         if (tracer := self.vhost.tracer) is not None:
-            tracer.channel_closed(self)
+            why = tracer.channel_closed(self)
         if self._store is not None:
             self._store.waiters.discard(self)
+        self.conn.release(self)
         if self.reply_token:
             self.conn.broker.reply_channels.pop(self.reply_token, None)
             self.reply_tag = None
@@ -891,12 +939,13 @@ class Channel:
         self.tx_settles = []
         if msgs:
             for queue, group in self._group(msgs).items():
-                queue.return_unacked(group)
+                queue.return_unacked(group, why)
 
 
 # What handles each method a client may send on a channel (connection.py looks it up by type).
 HANDLERS: dict[type, Callable[[Channel, Any], None]] = {
     Content: Channel.on_content,
+    AccessRequest: Channel.on_access_request,
     BasicAck: Channel.on_basic_ack,
     BasicNack: Channel.on_basic_nack,
     BasicReject: Channel.on_basic_reject,

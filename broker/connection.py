@@ -26,7 +26,7 @@ from protocol.constants import (
 )
 from protocol.errors import AMQPError, ChannelError, ConnectionError_, truncate_reply_text
 from protocol.frames import HEARTBEAT_FRAME
-from protocol.methods import method_frame
+from protocol.methods import make, method_frame
 from protocol.tables import TableError, decode_table
 
 if TYPE_CHECKING:
@@ -38,6 +38,11 @@ if TYPE_CHECKING:
 VERSION = "0.1.0"
 LOGIN_REFUSAL_DELAY = 1.0  # seconds before a refused login is answered (RabbitMQ waits too)
 EVENTS_PER_TURN = 256  # client events handled before other connections get a turn
+# a publisher's share is smaller: with 256 its messages outran the consumers' acks on
+# other connections and queues grew (S6 in the README); acks and consumers go first
+PUBLISH_EVENTS_PER_TURN = 64
+# handshake step done -> the connection state RabbitMQ names in its 504 texts
+_STATES = {"": "starting", "start": "starting", "start-ok": "tuning", "tune-ok": "opening"}
 
 
 class Transport(Protocol):
@@ -103,6 +108,9 @@ class Connection:
         self._continue_scheduled = False
         self.publisher = False  # has published: an alarm blocks it
         self.blocked = False  # not read while a resource alarm is on
+        # channels past max_unconfirmed_per_channel: not read until their confirms drain
+        self.held: set[Channel] = set()
+        self.holds = 0  # times that happened (for operators and tests)
         self._received = True
         self._sent = False
         self._silent_ticks = 0
@@ -167,22 +175,23 @@ class Connection:
         """
         self._continue_scheduled = False
         proto = self.protocol
-        budget = EVENTS_PER_TURN
-        while not self.closed and not self.blocked and self.writable:
+        budget = PUBLISH_EVENTS_PER_TURN if self.publisher else EVENTS_PER_TURN
+        while not self.closed and not self.blocked and self.writable and not self.held:
             try:
                 event = proto.next_event()
+                if not self.publisher and proto.content_seen:
+                    # partial bodies count: they too fill memory while an alarm is on
+                    self.publisher = True
+                    if self.broker.alarms:
+                        self._block()  # this publish goes through, the next waits
                 if event is Sentinel.NEED_DATA:
-                    if self._reading_paused:
+                    if self._reading_paused and not self.blocked:
                         self._reading_paused = False
                         self.transport.resume_reading()
                     break
                 if isinstance(event, tuple):
                     channel_id, method = event
                     if channel_id:
-                        if type(method) is Content and not self.publisher:
-                            self.publisher = True
-                            if self.broker.alarms:
-                                self._block()  # this publish goes through, the next waits
                         self._channel_event(channel_id, method)
                     else:
                         self._connection_method(method)
@@ -242,12 +251,36 @@ class Connection:
             self._continue_scheduled = True
             self.broker.timers.call_soon(self._process)  # what was read before the block
 
+    # ---- too many unconfirmed publishes (max_unconfirmed_per_channel) ----
+
+    def hold(self, channel: Channel) -> None:
+        """Stop reading while ``channel`` has too many publishes waiting for their confirms.
+
+        RabbitMQ's credit flow does the same to a publisher that outruns the disk: no
+        error, just TCP back pressure; a client with a bounded window never notices.
+        """
+        self.held.add(channel)
+        self.holds += 1
+        if not self._reading_paused and not self.transport.is_closing():
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def release(self, channel: Channel) -> None:
+        """``channel``'s confirms drained (or it closed): read again once none is held."""
+        if channel not in self.held:
+            return
+        self.held.discard(channel)
+        if not self.held and not self._continue_scheduled and not self.closed:
+            self._continue_scheduled = True
+            self.broker.timers.call_soon(self._process)
+
     def _channel_event(self, channel_id: int, method: Any) -> None:
         channel = self.channels.get(channel_id)
         if channel is None:
             if isinstance(method, commands.Channel.Open):
                 self.channels[channel_id] = Channel(self, channel_id)
-                self.send_method(channel_id, commands.Channel.OpenOk())
+                # RabbitMQ leaves the reserved field empty; pamqp insists on "0"
+                self.send_method(channel_id, make(commands.Channel.OpenOk, channel_id=""))
             return
         if channel.closed:
             if isinstance(method, commands.Channel.CloseOk):
@@ -353,7 +386,9 @@ class Connection:
         elif isinstance(method, commands.Connection.Open) and self._step == "tune-ok":
             self._step = "open"
             self._on_open(method)
-        elif isinstance(method, commands.Connection.Close):
+        elif isinstance(method, commands.Connection.Close) and (
+            self._step == "open" or self.closing
+        ):
             self._close_reason = f"client closed: {method.reply_code} {method.reply_text}"
             for channel in self.channels.values():
                 channel.flush_confirms()  # owed confirms go before close-ok
@@ -363,13 +398,14 @@ class Connection:
             self._close_transport()
         elif isinstance(method, commands.Connection.CloseOk) and self.closing:
             self._close_transport()
-        elif isinstance(method, commands.Connection.UpdateSecretOk):
-            pass
-        elif isinstance(method, commands.Connection.UpdateSecret):
+        elif isinstance(method, commands.Connection.UpdateSecret) and self._step == "open":
             self.send_method(0, commands.Connection.UpdateSecretOk())
         else:
+            # RabbitMQ's wording, with its name for the state: a close (or update-secret)
+            # before connection.open is refused too; before tune-ok the socket just closes
+            state = _STATES.get(self._step, "running")
             raise ConnectionError_(
-                CHANNEL_ERROR, "unexpected method in connection state running"
+                CHANNEL_ERROR, f"unexpected method in connection state {state}"
             ).at(*_ids(method))
 
     def _on_start_ok(self, method: commands.Connection.StartOk) -> None:
@@ -511,7 +547,7 @@ class Connection:
     def _heartbeat_tick(self) -> None:
         if self.closed:
             return
-        if self._received or self.blocked or not self.writable:  # unread clients go unheard
+        if self._received or self.blocked or self.held or not self.writable:  # unread: unheard
             self._silent_ticks = 0
             self._received = False
         else:
@@ -568,6 +604,11 @@ class Connection:
         if self._refusal is not None:
             self._refusal.cancel()
             self._refusal = None
+
+    @property
+    def close_reason(self) -> str:
+        """Why it is ending: "" while open, or when the socket just dropped; read by tracing."""
+        return self._close_reason
 
     def _close_transport(self) -> None:
         if not self.transport.is_closing():

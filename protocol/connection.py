@@ -88,6 +88,9 @@ class ProtocolConnection:
         self.failed = False
         self.closing = False  # the broker sent connection.close
         self.opened = False  # connection.open-ok sent: channel frames are allowed
+        # a content header was accepted: the peer publishes, even if no message completed
+        # yet (RabbitMQ's alarms block a connection on its first content frame)
+        self.content_seen = False
         self.frame_max = frame_max
         self.channel_max = 0  # 0 = no limit until tuned
         self.max_message_size = max_message_size
@@ -261,6 +264,8 @@ class ProtocolConnection:
                 return (channel, method)
             if isinstance(method, commands.Channel.Close):
                 return (channel, method)
+            if isinstance(method, commands.Channel.Open):  # RabbitMQ checks this one first
+                raise ConnectionError_(CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
             return None
         if state.pending is not None:
             raise _content_error(state)
@@ -312,6 +317,7 @@ class ProtocolConnection:
                 SYNTAX_ERROR, f"content header properties: {exc}", 60, 40
             ) from None
         state.properties = properties
+        self.content_seen = True
         if body_size == 0:
             return self._complete(channel, state, b"")
         state.body_size = body_size

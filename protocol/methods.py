@@ -68,6 +68,22 @@ class BasicReject:
         self.requeue = requeue
 
 
+class AccessRequest:
+    """access.request: AMQP 0-8's, not in 0-9-1 (nor in pamqp), yet some old clients send
+    it; RabbitMQ answers it with ticket 1."""
+
+    __slots__ = ("realm",)
+    name = "Access.Request"
+    index = 0x001E000A
+
+    def __init__(self, realm: str) -> None:
+        self.realm = realm
+
+
+def access_request_ok_frame(channel: int) -> bytes:
+    return _frame_head.pack(FRAME_METHOD, channel, 6) + b"\x00\x1e\x00\x0b\x00\x01\xce"
+
+
 Method = Any  # a pamqp command or one of the hand-decoded classes above
 
 
@@ -101,6 +117,11 @@ def decode_method(payload: bytes) -> Method:
                 if method_id == 120:
                     return BasicNack(tag, bool(bits & 1), bool(bits & 2))
                 return BasicReject(tag, bool(bits & 1))
+        elif class_id == 30 and method_id == 10:
+            realm, off = _shortstr(payload, 4)
+            if off + 1 != size:  # then the exclusive, passive, active, write and read bits
+                raise IndexError
+            return AccessRequest(realm)
     except (IndexError, StructError):
         raise _malformed(payload, class_id, method_id) from None
     cls = commands.INDEX_MAPPING.get((class_id << 16) | method_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pika
@@ -9,7 +10,16 @@ import pytest
 from pamqp import commands
 
 from broker.testing import RunningBroker, run_broker
-from tests.amqp_raw import RawClient, build
+from tests.amqp_raw import (
+    FRAME_BODY,
+    FRAME_HEADER,
+    FRAME_METHOD,
+    RawClient,
+    build,
+    frame_bytes,
+    header_payload,
+    method_payload,
+)
 
 
 @pytest.fixture
@@ -122,3 +132,124 @@ def test_vhost_queue_limit(warren: RunningBroker) -> None:
             )
     finally:
         warren.call(lambda: vhost.limits.clear())
+
+
+def unconfirmed_now(running: RunningBroker) -> tuple[int, int]:
+    """The most publishes awaiting a confirm on any channel, and how often reading was held."""
+
+    def look() -> tuple[int, int]:
+        conns = running.server.broker.connections
+        waiting = [ch.publish_seq - ch.confirmed for c in conns for ch in c.channels.values()]
+        return max(waiting, default=0), sum(c.holds for c in conns)
+
+    return running.call(look)
+
+
+def test_a_publisher_that_never_waits_for_confirms_is_held_at_the_limit(tmp_path: object) -> None:
+    """Persistent publishes wait for the disk before their basic.ack. A client that sends far
+    more than max_unconfirmed_per_channel without reading is not read past the limit until the
+    confirms drain (TCP back pressure, as RabbitMQ's credit flow): no error, nothing lost,
+    acks in order, and the other connections keep working meanwhile."""
+    limit, count = 10, 20_000
+    with run_broker(data_dir=str(tmp_path), max_unconfirmed_per_channel=limit) as running:
+        addr = (running.host, running.port)
+        with RawClient.connect(addr) as publisher, RawClient.connect(addr) as other:
+            publisher.declare_queue(1, "flood.q", durable=True)
+            other.declare_queue(1, "side.q")
+            publisher.confirm_select(1)
+            one = publish_frames("flood.q", b"m" * 100, commands.Basic.Properties(delivery_mode=2))
+            sender = threading.Thread(target=publisher.send, args=(one * count,))
+            sender.start()
+            peak = round_trips = 0
+            while sender.is_alive() or round_trips < 3:
+                waiting, _ = unconfirmed_now(running)
+                peak = max(peak, waiting)
+                other.publish(1, b"side", routing_key="side.q")
+                got = other.get(1, "side.q", no_ack=True)
+                assert got is not None and got.body == b"side"
+                round_trips += 1
+            sender.join()
+            last = 0
+            while last < count:
+                ack = publisher.expect_method(commands.Basic.Ack, 1)
+                assert ack.delivery_tag > last  # in order, each once
+                last = ack.delivery_tag
+            _, holds = unconfirmed_now(running)
+            assert holds > 0  # the limit was reached, and the publisher held
+            assert other.declare_queue(1, "flood.q", passive=True).message_count == count
+        # at most one turn of publishes (EVENTS_PER_TURN) past the limit, sampled
+        assert peak <= limit + 257, peak
+
+
+def publish_frames(queue: str, body: bytes, properties: commands.Basic.Properties | None) -> bytes:
+    method = method_payload(build(commands.Basic.Publish, exchange="", routing_key=queue))
+    return (
+        frame_bytes(FRAME_METHOD, 1, method)
+        + frame_bytes(FRAME_HEADER, 1, header_payload(len(body), properties))
+        + frame_bytes(FRAME_BODY, 1, body)
+    )
+
+
+def test_a_publisher_with_a_window_within_the_limit_is_never_held(tmp_path: object) -> None:
+    limit = 10
+    with (
+        run_broker(data_dir=str(tmp_path), max_unconfirmed_per_channel=limit) as running,
+        RawClient.connect((running.host, running.port)) as c,
+    ):
+        c.declare_queue(1, "window.q", durable=True)
+        c.confirm_select(1)
+        one = publish_frames("window.q", b"w", commands.Basic.Properties(delivery_mode=2))
+        for _ in range(20):
+            c.send(one * limit)
+            c.publish_seq[1] += limit
+            assert all(c.wait_for_confirms(1).values())
+        assert unconfirmed_now(running) == (0, 0)  # nothing waits, and reading was never held
+
+
+def test_a_nack_while_earlier_publishes_wait_for_the_disk_does_not_swallow_their_acks(
+    tmp_path: object,
+) -> None:
+    """Seq 1 waits for the fsync, seq 2 is refused at once: RabbitMQ 3.10 sends nack 2, then
+    ack 1 (neither multiple). Warren used to mark 1 as confirmed with the nack and never ack it."""
+    with (
+        run_broker(data_dir=str(tmp_path)) as running,
+        RawClient.connect((running.host, running.port)) as c,
+    ):
+        c.declare_queue(1, "disk.q", durable=True)
+        full = {"x-max-length": 0, "x-overflow": "reject-publish"}
+        c.declare_queue(1, "full.q", arguments=full)
+        c.confirm_select(1)
+        persistent = commands.Basic.Properties(delivery_mode=2)
+        c.send(publish_frames("disk.q", b"a", persistent) + publish_frames("full.q", b"b", None))
+        c.publish_seq[1] = 2
+        assert c.wait_for_confirms(1) == {1: True, 2: False}
+        c.publish(1, b"c", routing_key="disk.q", properties=persistent)
+        c.publish(1, b"d", routing_key="disk.q", properties=persistent)
+        assert c.wait_for_confirms(1) == {3: True, 4: True}
+
+
+def test_an_unfinished_message_counts_as_publishing_for_the_alarms(warren: RunningBroker) -> None:
+    """A client that only ever sends parts of bodies must be blocked too, or it could fill
+    memory past the alarm (RabbitMQ blocks on the first content frame)."""
+    addr = (warren.host, warren.port)
+    with RawClient.connect(addr) as publisher, RawClient.connect(addr) as consumer:
+        publisher.declare_queue(1, "partial.q")
+        publisher.channel_open(2)
+        method = method_payload(build(commands.Basic.Publish, routing_key="partial.q"))
+        publisher.send(
+            frame_bytes(FRAME_METHOD, 1, method)
+            + frame_bytes(FRAME_HEADER, 1, header_payload(2000))
+            + frame_bytes(FRAME_BODY, 1, b"x" * 1000)
+        )
+        publisher.declare_queue(2, "partial.q", passive=True)  # the frames above were read
+        set_memory_limit(warren, 1)
+        assert publisher.expect_method(commands.Connection.Blocked, 0).reason == "low on memory"
+        publisher.send(frame_bytes(FRAME_BODY, 1, b"y" * 1000))
+        publisher.send_method(2, build(commands.Queue.Declare, queue="partial.q", passive=True))
+        publisher.assert_silent(0.3)  # not read while blocked
+        assert consumer.get(1, "partial.q", no_ack=True) is None
+        set_memory_limit(warren, 1 << 50)
+        publisher.expect_method(commands.Connection.Unblocked, 0)
+        publisher.expect_method(commands.Queue.DeclareOk, 2)
+        got = consumer.get(1, "partial.q", no_ack=True)
+        assert got is not None and got.body == b"x" * 1000 + b"y" * 1000

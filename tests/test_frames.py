@@ -257,12 +257,41 @@ def test_second_channel_open(client: RawClient) -> None:
     assert client.expect_close() == (504, "CHANNEL_ERROR - second 'channel.open' seen", 20, 10)
 
 
+def test_channel_open_on_a_channel_the_broker_is_closing(client: RawClient, name: str) -> None:
+    """Everything else on a closing channel is ignored, but not channel.open (RabbitMQ)."""
+    client.send_method(1, build(commands.Queue.Declare, queue=f"{name}.missing", passive=True))
+    assert client.expect_channel_close(1, reply=False)[0] == 404
+    client.send_method(1, commands.Channel.Open())
+    assert client.expect_close() == (504, "CHANNEL_ERROR - second 'channel.open' seen", 20, 10)
+
+
+def test_channel_open_ok_has_an_empty_reserved_field(client: RawClient) -> None:
+    client.send_method(2, commands.Channel.Open())
+    reply = client.read_frame()
+    assert (reply.channel, reply.payload) == (2, b"\0\x14\0\x0b\0\0\0\0")  # longstr ""
+
+
 def test_channel_method_on_channel_zero(client: RawClient) -> None:
     client.send_method(0, commands.Queue.Declare(queue=""))
     assert client.expect_close() == (
         504,
         "CHANNEL_ERROR - unexpected method in connection state running",
         50,
+        10,
+    )
+
+
+def test_access_request_from_old_clients_is_granted(client: RawClient) -> None:
+    """AMQP 0-8's access.request (class 30): RabbitMQ answers access.request-ok, ticket 1."""
+    client.send_method_raw(1, 30, 10, b"\x05/data\x1e")  # realm, then the five request bits
+    reply = client.read_frame()
+    assert (reply.type, reply.channel, reply.payload) == (FRAME_METHOD, 1, b"\0\x1e\0\x0b\0\x01")
+    assert client.new_queue(1, exclusive=True).startswith("amq.gen-")
+    client.send_method_raw(0, 30, 10, b"\x05/data\x00")
+    assert client.expect_close() == (
+        504,
+        "CHANNEL_ERROR - unexpected method in connection state running",
+        30,
         10,
     )
 

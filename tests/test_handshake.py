@@ -183,6 +183,61 @@ def test_method_before_connection_open(amqp_addr: tuple[str, int]) -> None:
         )
 
 
+CLOSE = commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0)
+
+
+@pytest.mark.parametrize(
+    ("method", "ids"),
+    [
+        (commands.Connection.TuneOk(channel_max=10, frame_max=4096, heartbeat=0), (10, 31)),
+        (
+            commands.Connection.StartOk(
+                client_properties={}, mechanism="PLAIN", response="\0guest\0guest", locale="en_US"
+            ),
+            (10, 11),
+        ),
+        (CLOSE, (10, 50)),  # RabbitMQ accepts connection.close only once the vhost is open
+        (commands.Connection.CloseOk(), (10, 51)),
+        (commands.Connection.UpdateSecret(new_secret="guest", reason="rotate"), (10, 70)),
+        (commands.Queue.Declare(queue=""), (50, 10)),
+    ],
+    ids=["tune-ok", "start-ok", "close", "close-ok", "update-secret", "queue.declare"],
+)
+def test_unexpected_method_between_tune_ok_and_open_names_the_opening_state(
+    amqp_addr: tuple[str, int], method: Any, ids: tuple[int, int]
+) -> None:
+    with RawClient(amqp_addr) as c:
+        c.handshake(open_vhost=False)
+        c.send_method(0, method)
+        assert c.expect_close() == (
+            504,
+            "CHANNEL_ERROR - unexpected method in connection state opening",
+            *ids,
+        )
+
+
+def test_update_secret_ok_from_a_client_is_unexpected(amqp_addr: tuple[str, int]) -> None:
+    """Only a server answers update-secret: a client's update-secret-ok is refused."""
+    with RawClient.connect(amqp_addr) as c:
+        c.send_method(0, commands.Connection.UpdateSecretOk())
+        assert c.expect_close() == (
+            504,
+            "CHANNEL_ERROR - unexpected method in connection state running",
+            10,
+            71,
+        )
+
+
+def test_connection_close_before_tune_ok_drops_the_socket(amqp_addr: tuple[str, int]) -> None:
+    """Before the connection is tuned nothing is reported, a close included (RabbitMQ)."""
+    with RawClient(amqp_addr) as c:
+        c.begin()
+        c.send_start_ok()
+        c.expect_method(commands.Connection.Tune, 0)
+        c.send_method(0, CLOSE)
+        assert c.read_until_eof() == b""
+
+
 def test_connection_close_answered_by_close_ok(amqp_addr: tuple[str, int]) -> None:
     c = RawClient.connect(amqp_addr, channel=1)
     try:

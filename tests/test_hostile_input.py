@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -371,3 +373,51 @@ def test_an_unsolicited_close_ok_is_refused_and_nothing_after_it_is_done(
             51,
         )
     assert "after-close-ok" not in running.queues()
+
+
+def test_a_publisher_that_never_reads_its_returns_meets_back_pressure() -> None:
+    """Mandatory publishes that route nowhere come back whole: a client that sends them
+    without reading stops being read once its returns fill the socket (no unbounded output)."""
+    with run_broker() as b:
+        c = RawClient.connect(addr(b))
+        c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)
+        try:
+            body = b"r" * 1_000_000
+            one = (
+                frame_bytes(FRAME_METHOD, 1, method_payload(build(
+                    commands.Basic.Publish, routing_key="nowhere", mandatory=True)))
+                + frame_bytes(2, 1, header_payload(len(body)))
+                + b"".join(
+                    frame_bytes(3, 1, body[i : i + 131_064])
+                    for i in range(0, len(body), 131_064)
+                )
+            )  # fmt: skip
+
+            def send_all() -> None:
+                with contextlib.suppress(OSError):  # the test aborts the socket midway
+                    c.send(one * 100)
+
+            sender = threading.Thread(target=send_all, daemon=True)
+            sender.start()
+
+            def paused() -> bool:
+                return any(not conn.writable for conn in b.server.broker.connections)
+
+            deadline = time.monotonic() + 10
+            while not b.call(paused):
+                assert time.monotonic() < deadline, "the broker never stopped writing"
+                time.sleep(0.01)
+
+            def buffered() -> int:
+                return max(
+                    conn.transport.get_write_buffer_size() for conn in b.server.broker.connections
+                )
+
+            # high-water mark (4 MB) plus what one turn may write (here about 1 MB)
+            assert b.call(buffered) <= 8 * 1024 * 1024
+            assert sender.is_alive()  # 100 MB cannot all have been taken
+            with RawClient.connect(addr(b)) as other:  # the others are still served
+                other.declare_queue(1, "", exclusive=True)
+        finally:
+            c.abort()
+        sender.join(5)
