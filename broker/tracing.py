@@ -53,6 +53,7 @@ import json
 import marshal
 import os
 import queue as queue_module
+import struct
 import subprocess
 import sys
 import threading
@@ -100,16 +101,21 @@ _mono = time.monotonic_ns
     DROPPED,
     CHANNEL_CLOSED,  # not written: the writer process forgets the channel's deliveries
     ACKS,  # in the int stream only: tags acked on a channel, written as one "acked" each
-) = range(19)
-Batch = tuple["array[int]", list[Any], "threading.Event | None"]
+    CONFIRMS,  # in the int stream only: a publisher confirm, written as "confirmed"
+) = range(20)
+Batch = tuple[bytearray, list[Any], "threading.Event | None"]
 # markers in the int stream: a side-list tuple follows; a name's id; all names forgotten
 OBJ, DEFINE, DEFINE_NAME, FORGET = 100, 101, 102, 103
+# The int stream is native int64s (the child reads it as array("q")), packed by struct:
+# array.extend() of a tuple converts and grows item by item, several times slower.
+_ints = [struct.Struct(f"{n}q").pack for n in range(16)]  # by count of ints
+_pack2, _pack6, _pack7, _pack11 = _ints[2], _ints[6], _ints[7], _ints[11]
 
 
 class Tracer:
     """One traced vhost's view of the shared writer: the methods the engine calls."""
 
-    __slots__ = ("_ids", "_names", "_objs", "_w", "cause", "vhost")
+    __slots__ = ("_ids", "_names", "_objs", "_w", "vhost")
 
     def __init__(self, writer: TraceWriter, vhost: str) -> None:
         self._w = writer
@@ -117,14 +123,10 @@ class Tracer:
         self._names = writer.names  # never replaced, only cleared
         self._objs = writer.objs
         self.vhost = vhost
-        # why the unacked messages being returned right now come back: set by the channel
-        # event that returns them (nack, close, timeout), read by the queue's requeue hooks
-        # in the same call stack
-        self.cause = "nack"
 
     def _full(self, events: int = 1) -> bool:
         w = self._w
-        if len(w.ints) < w.cap and len(w.side) < w.side_cap:
+        if len(w.buf) < w.cap and len(w.side) < w.side_cap:
             return False
         w.dropped += events
         return True
@@ -132,7 +134,7 @@ class Tracer:
     def _put(self, event: tuple[Any, ...]) -> None:
         """A rare event, as a tuple on the side list, marked in its place in the stream."""
         w = self._w
-        w.ints.extend((OBJ, len(w.side)))
+        w.buf += _pack2(OBJ, len(w.side))
         w.side.append(event)
 
     def _id(self, msg: Message, queue: str) -> int:
@@ -150,9 +152,10 @@ class Tracer:
 
     # ---- publishing ----
 
-    # published, delivered and acked run once per message at full load: they write plain
+    # published, delivered and acked run once per message at full load: they pack plain
     # ints (channels, consumers, queues and routes as ids defined once: TraceWriter.*_id)
-    # and check the buffer inline
+    # and check the buffer inline. An id's definition goes into the stream while the
+    # arguments are evaluated, before the event's own bytes: buf is extended in place.
 
     def published(
         self, channel: Channel | None, msg: Message, queues: list[Queue], mandatory: bool, seq: int
@@ -160,8 +163,8 @@ class Tracer:
         """Published and routed, in one event (the writer writes both lines)."""
         msg.trace_id = tid = next(self._ids)  # before the queues copy the message
         w = self._w
-        ints = w.ints
-        if len(ints) >= w.cap:
+        buf = w.buf
+        if len(buf) >= w.cap:
             w.dropped += 2
             return
         if channel is None:  # the management API's publish
@@ -171,41 +174,37 @@ class Tracer:
                  mandatory)
             )  # fmt: skip
             return
-        names, objs = self._names, self._objs
+        objs = self._objs
         props = msg.properties
         if props[0] & 0x14 or props[1] & 0x80:  # delivery_mode, correlation_id, message_id
             extra = len(w.side) + 1
             w.side.append(props)
         else:
             extra = 0
-        # ids before the event: a new one is defined in the stream and must not split it
-        chan = objs.get(channel) or w.channel_id(channel)
-        route = msg.ex_rk  # encoded now rather than at the first delivery: one lookup
-        route_id = names.get(route) or w.route_id(msg)
+        # the route as ex_rk: encoded now rather than at the first delivery, one lookup
         if len(queues) == 1:
-            target = objs.get(queues[0]) or w.queue_id(queues[0])
-            ints.extend(
-                (PUBLISHED, _mono(), tid, chan, route_id, len(msg.body), seq, mandatory, extra, 1,
-                 target)
+            buf += _pack11(
+                PUBLISHED, _mono(), tid, objs.get(channel) or w.channel_id(channel),
+                self._names.get(msg.ex_rk) or w.route_id(msg), len(msg.body), seq, mandatory,
+                extra, 1, objs.get(queues[0]) or w.queue_id(queues[0]),
             )  # fmt: skip
             return
         targets = [objs.get(q) or w.queue_id(q) for q in queues]
-        ints.extend(
-            (PUBLISHED, _mono(), tid, chan, route_id, len(msg.body), seq, mandatory, extra,
-             len(targets))
-        )  # fmt: skip
-        ints.extend(targets)
+        head = (PUBLISHED, _mono(), tid, objs.get(channel) or w.channel_id(channel),
+                self._names.get(msg.ex_rk) or w.route_id(msg), len(msg.body), seq, mandatory,
+                extra, len(targets))  # fmt: skip
+        buf += struct.pack(f"{10 + len(targets)}q", *head, *targets)
 
     def delivered(self, channel: Channel, consumer: Consumer, msg: Message, tag: int) -> None:
         w = self._w
-        ints = w.ints
-        if len(ints) >= w.cap:
+        buf = w.buf
+        if len(buf) >= w.cap:
             w.dropped += 1
             return
-        ints.extend(
-            (DELIVERED, _mono(), msg.trace_id or self._id(msg, consumer.queue.name),
-             self._objs.get(consumer) or w.consumer_id(consumer), tag, msg.redelivered,
-             msg.delivery_count)
+        buf += _pack7(
+            DELIVERED, _mono(), msg.trace_id or self._id(msg, consumer.queue.name),
+            self._objs.get(consumer) or w.consumer_id(consumer), tag, msg.redelivered,
+            msg.delivery_count,
         )  # fmt: skip
 
     def got(self, channel: Channel, queue: Queue, msg: Message, tag: int) -> None:
@@ -224,13 +223,16 @@ class Tracer:
         acked there as they are delivered.
         """
         w = self._w
-        ints = w.ints
-        if len(ints) >= w.cap:
+        buf = w.buf
+        if len(buf) >= w.cap:
             w.dropped += len(msgs)
             return
-        chan = self._objs.get(channel) or w.channel_id(channel)
-        ints.extend((ACKS, _mono(), chan, len(msgs)))
-        ints.extend([m.tag for m in msgs])
+        n = len(msgs)
+        pack = _ints[n + 4] if n < 12 else struct.Struct(f"{n + 4}q").pack
+        buf += pack(
+            ACKS, _mono(), self._objs.get(channel) or w.channel_id(channel), n,
+            *[m.tag for m in msgs],
+        )  # fmt: skip
 
     def dead_letter_routed(self, copy: Message, targets: list[Queue]) -> None:
         """The dead-lettered copy went through the dead-letter exchange to ``targets``."""
@@ -242,14 +244,19 @@ class Tracer:
         )
 
     def confirmed(self, channel: Channel, first: int, last: int, ack: bool) -> None:
-        if self._full():
+        # as often as a few publishes each under load: packed ints, as the three above
+        w = self._w
+        buf = w.buf
+        if len(buf) >= w.cap:
+            w.dropped += 1
             return
-        self._put((CONFIRMED, _mono(), self.vhost, channel.conn.peer, channel.id, first, last, ack))
+        buf += _pack6(
+            CONFIRMS, _mono(), self._objs.get(channel) or w.channel_id(channel), first, last, ack
+        )
 
     # ---- settling ----
 
     def nacked(self, queue: Queue, msgs: list[Message], requeue: bool) -> None:
-        self.cause = "nack"
         if self._full(len(msgs)):
             return
         now, append, name = _mono(), self._put, queue.name
@@ -261,19 +268,20 @@ class Tracer:
                  consumer.tag if consumer is not None else None, msg.tag, requeue, peer, ch)
             )  # fmt: skip
 
-    def requeued(self, queue: Queue, msgs: list[Message]) -> None:
+    def requeued(self, queue: Queue, msgs: list[Message], why: str) -> None:
+        """Back in ``queue``; ``why`` is what returned them (Queue.return_unacked's caller)."""
         if self._full(len(msgs)):
             return
-        now, append, name, why = _mono(), self._put, queue.name, self.cause
+        now, append, name = _mono(), self._put, queue.name
         for msg in msgs:
             append((REQUEUED, now, self.vhost, msg.trace_id or self._id(msg, name), name, why))
 
-    def retry_scheduled(self, queue: Queue, msg: Message, delay_ms: int) -> None:
+    def retry_scheduled(self, queue: Queue, msg: Message, delay_ms: int, why: str) -> None:
         if self._full():
             return
         self._put(
             (RETRY, _mono(), self.vhost, msg.trace_id or self._id(msg, queue.name), queue.name,
-             msg.retries, delay_ms, self.cause)
+             msg.retries, delay_ms, why)
         )  # fmt: skip
 
     def dead_lettered(self, queue: Queue, msg: Message, reason: str) -> None:
@@ -319,7 +327,6 @@ class Tracer:
     def consumer_timed_out(
         self, channel: Channel, consumer: Consumer | None, msgs: list[Message], timeout: int
     ) -> None:
-        self.cause = "consumer_timeout"
         if self._full():
             return
         queue = msgs[0].queue
@@ -340,20 +347,22 @@ class Tracer:
             return
         self._put((CONSUMER_CANCELLED, _mono(), self.vhost, consumer.queue.name, consumer.tag, why))
 
-    def channel_closed(self, channel: Channel) -> None:
-        """The channel ends: say why, for its consumers and for the messages it returns."""
+    def channel_closed(self, channel: Channel) -> str:
+        """The channel ends: say why, for its consumers; the reason the messages it returns
+        are requeued with (Channel.close passes it on)."""
         conn = channel.conn
-        if conn._close_reason or conn.closing:
+        reason = conn.close_reason
+        if conn.closing or (reason and reason != "missed heartbeats"):  # AMQP close, any side
             why = "connection_closed"
-        elif conn.closed or conn.transport.is_closing():
+        elif conn.closed or conn.transport.is_closing():  # the socket went, or went quiet
             why = "connection_lost"
         else:
             why = "channel_closed"
-        self.cause = why
         for consumer in channel.consumers.values():
             self.consumer_cancelled(consumer, why)
         self._w.forget(channel)
         self._put((CHANNEL_CLOSED, _mono(), self.vhost, channel.conn.peer, channel.id))
+        return why
 
     def queue_expired(self, queue: Queue) -> None:
         if not self._full():
@@ -380,18 +389,19 @@ class TraceWriter:
     Turning an event into a JSON line costs about as much as the engine's whole handling
     of the message, and in the broker's process it would hold the GIL the event loop
     needs. So the broker's side only records ints: the frequent events (published,
-    delivered, acked) as flat runs of ints in an ``array``, with channels, consumers,
-    queues and routes as small ids defined once in the stream (``channel_id``...), the
-    rare events as tuples on a side list, marked in their place in the int stream. When
-    the thread here is idle it asks the loop, every ``FLUSH_INTERVAL``, to swap in fresh
-    buffers (the loop is the only writer, so nothing is read while it is written; small
-    buffers stay in the CPU caches), then sends the old ones to ``python -m
-    broker.tracing`` through a pipe: the ints as raw bytes (a copy, no Python per event),
-    the side list ``marshal``-encoded. The child decodes, formats, writes and rotates on
-    another core, at the lowest priority. If it falls behind, the pipe fills, this thread
-    waits (without the GIL) and asks for no swap, the buffers reach their bounds and
-    events are dropped and counted: the broker never waits. Killed with the broker, the
-    child still writes what it has received.
+    delivered, acked, confirmed) as runs of int64s packed into a ``bytearray``, with
+    channels, consumers, queues and routes as small ids defined once in the stream
+    (``channel_id``...), the rare events as tuples on a side list, marked in their place
+    in the int stream. When the thread here is idle it asks the loop, every
+    ``FLUSH_INTERVAL``, to swap in fresh buffers (the loop is the only writer, so nothing
+    is read while it is written; small buffers stay in the CPU caches), then sends the old
+    ones to ``python -m broker.tracing`` through a pipe: the ints as they are (one copy,
+    no Python per event), the side list ``marshal``-encoded. The child decodes, formats
+    (the frequent events from JSON pieces made once per channel, consumer and route),
+    writes and rotates on another core, at the lowest priority. If it falls behind, the
+    pipe fills, this thread waits (without the GIL) and asks for no swap, the buffers
+    reach their bounds and events are dropped and counted: the broker never waits.
+    Killed with the broker, the child still writes what it has received.
     """
 
     def __init__(
@@ -405,9 +415,9 @@ class TraceWriter:
         self.directory = os.path.abspath(directory)
         self.rotate_bytes = rotate_bytes
         self.rotate_seconds = rotate_seconds
-        self.cap = capacity * 8  # ints: a frequent event is 6 to 12
+        self.cap = capacity * 64  # bytes: a frequent event is 6 to 12 ints
         self.side_cap = capacity
-        self.ints = array("q")
+        self.buf = bytearray()
         self.side: list[Any] = []
         # ids grow from the start time in microseconds: unique across restarts
         self.ids = itertools.count(time.time_ns() // 1000)
@@ -425,7 +435,7 @@ class TraceWriter:
     # ---- ids for names, on the loop ----
 
     def _define(self, definition: tuple[Any, ...]) -> None:
-        self.ints.extend((OBJ, len(self.side)))
+        self.buf += _pack2(OBJ, len(self.side))
         self.side.append(definition)
 
     def route_id(self, msg: Message) -> int:
@@ -478,17 +488,17 @@ class TraceWriter:
         """On the loop: hand the buffers to the thread, start new ones."""
         if self.dropped != self._dropped_noted:
             self._dropped_noted = self.dropped
-            self.ints.extend((OBJ, len(self.side)))
+            self.buf += _pack2(OBJ, len(self.side))
             self.side.append((DROPPED, _mono(), None, self.dropped))
-        batch = (self.ints, self.side, done)
-        self.ints = array("q")
+        batch = (self.buf, self.side, done)
+        self.buf = bytearray()
         self.side = []
         self._batches.put(batch)
 
     def _run(self) -> None:
         while True:
             try:
-                ints, side, done = self._batches.get(timeout=FLUSH_INTERVAL)
+                buf, side, done = self._batches.get(timeout=FLUSH_INTERVAL)
             except queue_module.Empty:
                 if self._stop.is_set():
                     return
@@ -497,15 +507,15 @@ class TraceWriter:
                 except RuntimeError:  # the loop is closed
                     return
                 continue
-            self._send(ints, side, done is not None)
+            self._send(buf, side, done is not None)
             if done is not None:
                 done.set()
 
-    def _send(self, ints: array[int], side: list[Any], sync: bool) -> None:
+    def _send(self, buf: bytearray, side: list[Any], sync: bool) -> None:
         child = self._child
         if child is None or child.stdin is None:
             return
-        data = marshal.dumps((ints.tobytes(), side, sync))
+        data = marshal.dumps((buf, side, sync))  # the bytearray goes as bytes
         try:
             child.stdin.write(len(data).to_bytes(4, "big") + data)
             child.stdin.flush()
@@ -581,25 +591,52 @@ class _Files:
 
 
 class _Decoder:
-    """The writer process's side of the stream: ints and side tuples back into events.
+    """The writer process's side of the stream: ints and side tuples back into JSON lines.
 
-    It keeps each channel's unacked deliveries (tag -> message, queue, consumer) to turn
-    the broker's acks, which carry only tags, into one "acked" event per message.
+    The frequent events (published, delivered, acked) are formatted here from pieces of
+    JSON made once per channel, consumer, queue and route as they are defined; the rest
+    go back into tuples for the ``_FORMATS``. It keeps each channel's unacked deliveries
+    (tag -> message id and the consumer's pieces) to turn the broker's acks, which carry
+    only tags, into one "acked" line per message.
     """
 
     def __init__(self) -> None:
         self.defs: dict[int, Any] = {}
+        self.pieces: dict[int, tuple[Any, ...]] = {}  # def id -> its JSON pieces
         self.names: dict[int, tuple[str, str]] = {}
-        self.unacked: dict[tuple[Any, int], dict[int, tuple[Any, ...]]] = {}
+        self.routes: dict[int, str] = {}  # name id -> ',"exchange":..,"rk":..'
+        # (peer, ch) -> tag -> (message id, ',"ev":"acked",...,"msg":', ',"queue":..,"tag":')
+        self.unacked: dict[tuple[Any, int], dict[int, tuple[int, str, str]]] = {}
 
-    def _delivered(self, event: tuple[Any, ...]) -> Iterator[tuple[Any, ...]]:
-        # (DELIVERED, t, vhost, tid, queue, ctag, tag, redelivered, count, no_ack, peer, ch)
-        yield event
-        if event[9]:  # no-ack: settled as it is delivered
-            yield (ACKED, event[1], event[2], event[3], event[4], event[5], event[6])
+    def _define(self, n: int, definition: tuple[Any, ...]) -> None:
+        self.defs[n] = definition
+        vhost = _s(definition[0])
+        if len(definition) == 2:  # a queue: (vhost, name)
+            self.pieces[n] = (_s(definition[1]),)
+        elif len(definition) == 3:  # a channel: (vhost, peer, ch)
+            _, peer, ch = definition
+            self.pieces[n] = (vhost, f',"conn":{_peer(peer)},"ch":{ch}', (peer, ch))
+        else:  # a consumer: (vhost, queue, ctag, no_ack, peer, ch)
+            _, queue, ctag, no_ack, peer, ch = definition
+            self.pieces[n] = (
+                f',"ev":"delivered","vhost":{vhost},"msg":',
+                f',"queue":{_s(queue)},"consumer":{_s(ctag)},"tag":',
+                f',"no_ack":{_B[no_ack]},"conn":{_peer(peer)},"ch":{ch}}}\n',
+                f',"ev":"acked","vhost":{vhost},"msg":',
+                no_ack,
+                (peer, ch),
+            )
+
+    def _delivered(self, e: tuple[Any, ...], off: int) -> Iterator[str]:
+        # basic.get: (DELIVERED, t, vhost, tid, queue, ctag, tag, redelivered, count, no_ack,
+        # peer, ch)
+        yield _delivered(e, off)
+        ack = f',"ev":"acked","vhost":{_s(e[2])},"msg":'
+        rest = f',"queue":{_s(e[4])},"consumer":{_s(e[5])},"tag":'
+        if e[9]:  # no-ack: settled as it is delivered
+            yield f'{{"ts":{(e[1] + off) // 1000}{ack}{e[3]}{rest}{e[6]}}}\n'
         else:
-            channel = self.unacked.setdefault((event[10], event[11]), {})
-            channel[event[6]] = (event[2], event[3], event[4], event[5])
+            self.unacked.setdefault((e[10], e[11]), {})[e[6]] = (e[3], ack, rest)
 
     def _settled(self, peer: Any, ch: int, tags: Iterable[int]) -> None:
         channel = self.unacked.get((peer, ch))
@@ -607,59 +644,87 @@ class _Decoder:
             for tag in tags:
                 channel.pop(tag, None)
 
-    def events(self, ints: array[int], side: list[Any]) -> Iterator[tuple[Any, ...]]:
-        defs = self.defs
+    def _side(self, event: tuple[Any, ...], off: int) -> Iterator[str]:
+        what = event[0]
+        if what == DEFINE:
+            self._define(event[1], event[2])
+        elif what == DEFINE_NAME:
+            exchange, key = self.names[event[1]] = event[2]
+            self.routes[event[1]] = f',"exchange":{_s(exchange)},"rk":{_s(key)}'
+        elif what == FORGET:
+            self.names.clear()
+            self.routes.clear()
+        elif what == DELIVERED:  # basic.get
+            yield from self._delivered(event, off)
+        elif what == CHANNEL_CLOSED:
+            self.unacked.pop((event[3], event[4]), None)
+        else:
+            if what == NACKED:
+                self._settled(event[8], event[9], (event[6],))
+            elif what == CONSUMER_TIMED_OUT:
+                self._settled(event[5], event[6], event[7])
+            yield _FORMATS[what](event, off)
+
+    def lines(self, ints: array[int], side: list[Any], off: int) -> Iterator[str]:
+        pieces, unacked = self.pieces, self.unacked
         i, n = 0, len(ints)
         while i < n:
             kind = ints[i]
-            if kind == OBJ:
-                event = side[ints[i + 1]]
-                i += 2
-                what = event[0]
-                if what == DEFINE:
-                    defs[event[1]] = event[2]
-                elif what == DEFINE_NAME:
-                    self.names[event[1]] = event[2]
-                elif what == FORGET:
-                    self.names.clear()
-                elif what == DELIVERED:  # basic.get
-                    yield from self._delivered(event)
-                elif what == CHANNEL_CLOSED:
-                    self.unacked.pop((event[3], event[4]), None)
-                else:
-                    if what == NACKED:
-                        self._settled(event[8], event[9], (event[6],))
-                    elif what == CONSUMER_TIMED_OUT:
-                        self._settled(event[5], event[6], event[7])
-                    yield event
-            elif kind == DELIVERED:
+            if kind == DELIVERED:
                 _, t, tid, consumer, tag, redelivered, count = ints[i : i + 7]
                 i += 7
-                vhost, queue, ctag, no_ack, peer, ch = defs[consumer]
-                yield from self._delivered(
-                    (DELIVERED, t, vhost, tid, queue, ctag, tag, bool(redelivered), count,
-                     no_ack, peer, ch)
-                )  # fmt: skip
+                head, mid, tail, ack, no_ack, channel = pieces[consumer]
+                ts = (t + off) // 1000
+                yield (
+                    f'{{"ts":{ts}{head}{tid}{mid}{tag},"redelivered":{_BOOL[redelivered]},'
+                    f'"count":{count}{tail}'
+                )
+                if no_ack:
+                    yield f'{{"ts":{ts}{ack}{tid}{mid}{tag}}}\n'
+                else:
+                    open_tags = unacked.get(channel)
+                    if open_tags is None:
+                        open_tags = unacked[channel] = {}
+                    open_tags[tag] = (tid, ack, mid)
+            elif kind == PUBLISHED:
+                _, t, tid, channel_id, route, size, seq, mandatory, extra, count = ints[i : i + 10]
+                if count == 1:
+                    queues = f"[{pieces[ints[i + 10]][0]}]"
+                else:
+                    queues = "[" + ",".join(pieces[q][0] for q in ints[i + 10 : i + 10 + count])
+                    queues += "]"
+                i += 10 + count
+                vhost, conn, _ = pieces[channel_id]
+                head = f'{{"ts":{(t + off) // 1000},"ev":"'
+                common = f'","vhost":{vhost},"msg":{tid}{self.routes[route]}'
+                props = _props(side[extra - 1]) if extra else ""
+                yield (
+                    f'{head}published{common},"size":{size}{props}{conn},"seq":{seq}}}\n'
+                    f'{head}routed{common},"queues":{queues},"mandatory":{_BOOL[mandatory]},'
+                    f'"dead_letter":false}}\n'
+                )
             elif kind == ACKS:
                 _, t, channel_id, count = ints[i : i + 4]
                 tags = ints[i + 4 : i + 4 + count]
                 i += 4 + count
-                _, peer, ch = defs[channel_id]
-                open_tags = self.unacked.get((peer, ch), {})
+                open_tags = unacked.get(pieces[channel_id][2], {})
+                stamp = f'{{"ts":{(t + off) // 1000}'
                 for tag in tags:
                     delivery = open_tags.pop(tag, None)
                     if delivery is not None:  # else delivered before tracing began
-                        vhost, tid, queue, ctag = delivery
-                        yield (ACKED, t, vhost, tid, queue, ctag, tag)
-            elif kind == PUBLISHED:
-                _, t, tid, channel_id, route, size, seq, mandatory, extra, count = ints[i : i + 10]
-                queues = tuple(defs[q][1] for q in ints[i + 10 : i + 10 + count])
-                i += 10 + count
-                vhost, peer, ch = defs[channel_id]
-                exchange, key = self.names[route]
-                props = side[extra - 1] if extra else b"\x00\x00"
-                yield (PUBLISHED, t, vhost, tid, exchange, key, size, props, peer, ch, seq, queues,
-                       bool(mandatory))  # fmt: skip
+                        tid, ack, mid = delivery
+                        yield f"{stamp}{ack}{tid}{mid}{tag}}}\n"
+            elif kind == CONFIRMS:
+                _, t, channel_id, first, last, ack = ints[i : i + 6]
+                i += 6
+                vhost, conn, _ = pieces[channel_id]
+                yield (
+                    f'{{"ts":{(t + off) // 1000},"ev":"confirmed","vhost":{vhost}{conn},'
+                    f'"first":{first},"seq":{last},"ack":{_BOOL[ack]}}}\n'
+                )
+            elif kind == OBJ:
+                yield from self._side(side[ints[i + 1]], off)
+                i += 2
             else:
                 raise ValueError(f"unknown event kind {kind} in the trace stream")
 
@@ -674,7 +739,6 @@ def _child_main(argv: list[str]) -> int:
     decoder = _Decoder()
     off = int(offset)
     source, reply = sys.stdin.buffer, sys.stdout.buffer
-    formats = _FORMATS
     while True:
         head = source.read(4)
         if len(head) < 4:
@@ -683,8 +747,8 @@ def _child_main(argv: list[str]) -> int:
         ints = array("q")
         ints.frombytes(raw)
         lines: list[str] = []
-        for event in decoder.events(ints, side):
-            lines.append(formats[event[0]](event, off))
+        for line in decoder.lines(ints, side, off):
+            lines.append(line)
             if len(lines) >= DRAIN_CHUNK:
                 files.write("".join(lines))
                 lines = []
@@ -768,7 +832,7 @@ class Tracing:
             "vhosts": sorted(self.traced),
             "dir": os.path.abspath(self.settings.trace_dir),
             "events_dropped": writer.dropped if writer is not None else 0,
-            "buffered_ints": len(writer.ints) if writer is not None else 0,
+            "buffered_ints": len(writer.buf) // 8 if writer is not None else 0,
             "files": writer.files() if writer is not None else [],
         }
 
@@ -798,6 +862,7 @@ def _peer(peer: tuple[str, int] | None) -> str:
 
 
 _B = {True: "true", False: "false"}
+_BOOL = ("false", "true")  # by a 0 or 1 from the int stream
 
 
 def _props(raw: bytes) -> str:

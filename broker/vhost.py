@@ -11,6 +11,7 @@ import structlog
 from broker.arguments import check_equivalent_arguments, validate_queue_arguments
 from broker.dead_letter import dead_letter_copy
 from broker.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exchange
+from broker.firehose import TRACE_EXCHANGE
 from broker.message import Message
 from broker.policy import Policy, pick
 from broker.queue import Queue
@@ -69,6 +70,10 @@ class VirtualHost:
         self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self)}
         for ex_name, kind in STANDARD_EXCHANGES:
             self.exchanges[ex_name] = EXCHANGE_TYPES[kind](ex_name, durable=True)
+        # RabbitMQ's firehose target (broker/firehose.py): internal, so clients only bind to it
+        self.exchanges[TRACE_EXCHANGE] = EXCHANGE_TYPES["topic"](
+            TRACE_EXCHANGE, durable=True, internal=True
+        )
 
     # ---- names and lookups ----
 
@@ -396,19 +401,35 @@ class VirtualHost:
     def _route_into(
         self, exchange: Exchange, msg: Message, queues: list[Queue], seen: set[int]
     ) -> None:
-        before = len(queues)
-        for dest in exchange.route(msg.routing_key, lambda: msg.headers):
-            if isinstance(dest, Exchange):
-                if id(dest) not in seen:
-                    seen.add(id(dest))
-                    self._route_into(dest, msg, queues, seen)
-            elif dest not in queues:
-                queues.append(dest)
-        if len(queues) == before and exchange.alternate_exchange is not None:
-            alternate = self.exchanges.get(exchange.alternate_exchange)
-            if alternate is not None and id(alternate) not in seen:
-                seen.add(id(alternate))
-                self._route_into(alternate, msg, queues, seen)
+        """Depth first through exchange-to-exchange bindings and alternate exchanges.
+
+        An explicit stack, not recursion: a chain of thousands of exchange bindings is
+        legal and must not end in RecursionError. An exchange's alternate is tried once
+        everything reached through it (nested exchanges included) found no queue.
+        """
+        rk = msg.routing_key
+
+        def headers() -> dict[str, Any]:
+            return msg.headers
+
+        stack = [(exchange, len(queues), iter(exchange.route(rk, headers)))]
+        while stack:
+            current, before, dests = stack[-1]
+            for dest in dests:
+                if isinstance(dest, Exchange):
+                    if id(dest) not in seen:
+                        seen.add(id(dest))
+                        stack.append((dest, len(queues), iter(dest.route(rk, headers))))
+                        break  # back to this exchange's iterator once ``dest`` is done
+                elif dest not in queues:
+                    queues.append(dest)
+            else:
+                stack.pop()
+                if len(queues) == before and current.alternate_exchange is not None:
+                    alternate = self.exchanges.get(current.alternate_exchange)
+                    if alternate is not None and id(alternate) not in seen:
+                        seen.add(id(alternate))
+                        stack.append((alternate, len(queues), iter(alternate.route(rk, headers))))
 
     def publish(self, exchange_name: str, routing_key: str, properties: bytes, body: bytes) -> bool:
         """Publish from outside AMQP (management API); True if any queue took the message."""

@@ -53,7 +53,7 @@ GET = "basic.get"  # the consumer name of basic.get deliveries
 
 @dataclass
 class Tables:
-    """What the job writes, one Parquet table each (see README "Message tracing")."""
+    """What the job writes, one Parquet table each (see README "Tracing")."""
 
     queue_minute: DataFrame  # per queue and time bucket: counts and depths
     queue_latency: DataFrame  # per queue and metric: count, mean, p50, p95, p99, max (ms)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import pytest
@@ -590,6 +591,30 @@ def test_exchange_to_exchange_bind_and_unbind(
     client.publish(1, b"after unbind", exchange=src, routing_key="a.b")
     client.wait_for_confirms(1)
     assert client.drain(1, q) == []
+
+
+def test_a_long_chain_of_exchange_bindings_routes(
+    client: RawClient, janitor: Janitor, name: str
+) -> None:
+    # deeper than Python's recursion limit: routing walks the chain without recursing
+    chain = [janitor.exchange(f"{name}.e{i}") for i in range(1500)]
+    ae = janitor.exchange(f"{name}.ae")
+    client.declare_exchange(1, ae, "fanout")
+    client.declare_exchange(1, chain[0], "direct", arguments={"alternate-exchange": ae})
+    for ex in chain[1:]:
+        client.declare_exchange(1, ex, "direct")
+    for src, dst in itertools.pairwise(chain):
+        bind = build(commands.Exchange.Bind, destination=dst, source=src, routing_key="k")
+        client.call(1, bind, commands.Exchange.BindOk)
+    q_end, q_ae = queues_for(client, janitor, name, 2)
+    client.bind_queue(1, q_end, chain[-1], "k")
+    client.bind_queue(1, q_ae, ae)
+    client.publish(1, b"through", exchange=chain[0], routing_key="k")
+    # the whole chain found no queue for this key: the first exchange's alternate takes it
+    client.publish(1, b"aside", exchange=chain[0], routing_key="other")
+    assert client.wait_for_confirms(1) == {1: True, 2: True}
+    assert client.drain(1, q_end) == [b"through"]
+    assert client.drain(1, q_ae) == [b"aside"]
 
 
 @pytest.mark.parametrize("missing", ["source", "destination"])

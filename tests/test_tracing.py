@@ -178,6 +178,23 @@ def test_why_messages_come_back(traced: RunningBroker, trace_dir: Path) -> None:
     ]
 
 
+def test_missed_heartbeats_are_a_lost_connection(traced: RunningBroker, trace_dir: Path) -> None:
+    conn = connect(traced)
+    ch = conn.channel()
+    ch.queue_declare("hb")
+    ch.basic_publish("", "hb", b"x")
+    raw = RawClient.connect((traced.host, traced.port), heartbeat=1)
+    raw.send_method(1, build(commands.Basic.Get, queue="hb", no_ack=False))
+    raw.expect_method(commands.Basic.GetOk)
+    assert [raw.next_frame().type, raw.next_frame().payload] == [2, b"x"]  # header, body
+    # silent for two heartbeat intervals: the broker hangs up (asyncio closes the socket
+    # after the broker's connection_lost has returned the message)
+    raw.expect_eof(timeout=10)
+    conn.close()
+    events = read_trace(traced, trace_dir)
+    assert [e["why"] for e in of(events, "requeued", queue="hb")] == ["connection_lost"]
+
+
 def test_consumer_timeout(traced: RunningBroker, trace_dir: Path) -> None:
     conn = connect(traced)
     ch = conn.channel()
@@ -343,3 +360,50 @@ def test_config_keys() -> None:
         parse_config("trace.vhosts = a,,b")
     with pytest.raises(ConfigError, match="expected 'true' or 'false'"):
         parse_config("trace.enabled = yes")
+
+
+def test_firehose_copies_publishes_and_deliveries_as_rabbitmq_does(traced: RunningBroker) -> None:
+    conn = connect(traced)
+    ch = conn.channel()
+    ch.queue_declare("fh.sink")
+    ch.queue_bind("fh.sink", "amq.rabbitmq.trace", "#")
+    ch.queue_declare("fh.work")
+    props = pika.BasicProperties(
+        content_type="text/plain", delivery_mode=2, priority=3, headers={"a": 1},
+        message_id="m1", timestamp=1700000000,
+    )  # fmt: skip
+    ch.basic_publish("", "fh.work", b"hello", props)
+    method, _, body = ch.basic_get("fh.work", auto_ack=True)
+    assert body == b"hello"
+    copies = []
+    for _ in range(100):  # the copies follow, in a later loop turn, the event that made them
+        if len(copies) == 2:
+            break
+        method, got, body = ch.basic_get("fh.sink", auto_ack=True)
+        if method is not None:
+            copies.append((method.routing_key, method.exchange, body, got.headers))
+    assert ch.basic_get("fh.sink")[0] is None  # a trace copy is not traced again
+    conn_name = copies[0][3]["connection"]
+    assert conn_name.endswith(f"-> 127.0.0.1:{traced.port}")
+    common = {
+        "exchange_name": "",
+        "routing_keys": ["fh.work"],
+        "properties": {
+            "content_type": "text/plain", "delivery_mode": 2, "priority": 3,
+            "headers": {"a": 1}, "message_id": "m1", "timestamp": 1700000000,
+        },
+        "vhost": "/", "connection": conn_name, "channel": 1, "user": "guest",
+    }  # fmt: skip
+    publish, deliver = copies
+    assert publish[:3] == ("publish.", "amq.rabbitmq.trace", b"hello")
+    assert publish[3].pop("node").startswith("warren@")
+    assert publish[3] == {**common, "routed_queues": ["fh.work"]}
+    assert deliver[:3] == ("deliver.fh.work", "amq.rabbitmq.trace", b"hello")
+    deliver[3].pop("node")
+    assert deliver[3] == {**common, "redelivered": 0}
+    # clients cannot publish to it: it is internal, as in RabbitMQ
+    ch.basic_publish("amq.rabbitmq.trace", "x", b"no")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        ch.basic_get("fh.sink")
+    assert closed.value.reply_code == 403
+    conn.close()

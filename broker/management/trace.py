@@ -1,7 +1,7 @@
 """/api/trace: Warren's message-lifecycle tracing (broker/tracing.py), on and off per vhost.
 
 ``GET /api/trace`` says which vhosts trace, where the files are and how many events were
-written and dropped; ``PUT /api/trace/{vhost}`` starts tracing a vhost (201, or 204 if it
+dropped so far; ``PUT /api/trace/{vhost}`` starts tracing a vhost (201, or 204 if it
 already traced) and ``DELETE`` stops it. Administrators only, as RabbitMQ's trace_on.
 """
 

@@ -1,0 +1,122 @@
+"""RabbitMQ's firehose: a copy of every publish and delivery sent to ``amq.rabbitmq.trace``.
+
+On while the vhost traces (``trace_on``, as in RabbitMQ). The copies carry RabbitMQ's
+routing keys (``publish.<exchange>``, ``deliver.<queue>``) and headers, so tools written
+for RabbitMQ's firehose work unchanged. Nothing is built unless a queue is bound to the
+trace exchange, and copies are published after the current event, never from inside a
+queue's dispatch (a queue may itself be bound to the trace exchange).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+import struct
+from typing import TYPE_CHECKING
+
+from broker.message import Message
+from protocol.errors import SURROGATES
+from protocol.properties import join_properties, split_properties
+from protocol.tables import join_entries
+
+if TYPE_CHECKING:
+    from broker.channel import Channel
+    from broker.queue import Queue
+    from broker.vhost import VirtualHost
+
+TRACE_EXCHANGE = "amq.rabbitmq.trace"
+NODE = "warren@" + platform.node()
+NO_PROPERTIES = b"\x00\x00"
+
+_pending: list[tuple[VirtualHost, list[Queue], Message]] = []
+_i32 = struct.Struct(">i")
+_u32 = struct.Struct(">I")
+
+
+def published(channel: Channel, msg: Message, queues: list[Queue]) -> None:
+    """basic.publish seen: ``publish.<exchange>`` with the queues it reached."""
+    extra = {**_who(channel), "routed_queues": _array([q.name for q in queues])}
+    _tap(channel.vhost, "publish." + msg.exchange, msg, extra)
+
+
+def delivered(channel: Channel, queue: str, msg: Message) -> None:
+    """basic.deliver or basic.get-ok sent: ``deliver.<queue>``."""
+    if msg.exchange == TRACE_EXCHANGE:
+        return  # a trace copy is not traced again
+    extra = {"redelivered": _signedint(1 if msg.redelivered else 0), **_who(channel)}
+    _tap(channel.vhost, "deliver." + queue, msg, extra)
+
+
+def _tap(vhost: VirtualHost, routing_key: str, msg: Message, extra: dict[str, bytes]) -> None:
+    exchange = vhost.exchanges.get(TRACE_EXCHANGE)
+    if exchange is None:
+        return
+    copy = Message(TRACE_EXCHANGE, routing_key, NO_PROPERTIES, msg.body)
+    targets = vhost.route(exchange, copy)
+    if not targets:
+        return
+    entries = {
+        "exchange_name": _longstr(msg.exchange),
+        "routing_keys": _array([msg.routing_key]),
+        "properties": b"F" + join_entries(_properties(msg.properties)),
+        "node": _longstr(NODE),
+        **extra,
+    }
+    copy.properties = join_properties({"headers": join_entries(entries)})
+    if not _pending:
+        asyncio.get_running_loop().call_soon(_flush)
+    _pending.append((vhost, list(targets), copy))
+
+
+def _flush() -> None:
+    batch = _pending[:]
+    _pending.clear()
+    for vhost, targets, copy in batch:
+        first = True
+        for queue in targets:
+            if vhost.queues.get(queue.name) is not queue:
+                continue  # deleted meanwhile
+            queue.publish(copy if first else copy.copy(), None)
+            first = False
+
+
+def _who(channel: Channel) -> dict[str, bytes]:
+    from broker.management.formats import connection_name
+
+    conn = channel.conn
+    return {
+        "vhost": _longstr(channel.vhost.name),
+        "connection": _longstr(connection_name(conn)),
+        "channel": _signedint(channel.id),
+        "user": _longstr(conn.user),
+    }
+
+
+def _properties(raw: bytes) -> dict[str, bytes]:
+    """The message's properties as RabbitMQ's trace table types them."""
+    out: dict[str, bytes] = {}
+    for name, value in split_properties(raw).items():
+        if name == "headers":
+            out[name] = b"F" + value
+        elif name in ("delivery_mode", "priority"):
+            out[name] = _signedint(value[0])
+        elif name == "timestamp":
+            stamp = int.from_bytes(value, "big")
+            out[name] = _signedint(stamp) if stamp < 2**31 else b"l" + value
+        else:  # short strings become long strings
+            out[name] = b"S" + _u32.pack(len(value) - 1) + value[1:]
+    return out
+
+
+def _signedint(value: int) -> bytes:
+    return b"I" + _i32.pack(value)
+
+
+def _longstr(value: str) -> bytes:
+    raw = value.encode("utf-8", SURROGATES)
+    return b"S" + _u32.pack(len(raw)) + raw
+
+
+def _array(values: list[str]) -> bytes:
+    body = b"".join(_longstr(v) for v in values)
+    return b"A" + _u32.pack(len(body)) + body
