@@ -9,7 +9,6 @@ queue's dispatch (a queue may itself be bound to the trace exchange).
 
 from __future__ import annotations
 
-import asyncio
 import platform
 import struct
 from typing import TYPE_CHECKING
@@ -72,7 +71,7 @@ def _tap(vhost: VirtualHost, routing_key: str, msg: Message, extra: dict[str, by
     }
     copy.properties = join_properties({"headers": join_entries(entries)})
     if not _pending:
-        asyncio.get_running_loop().call_soon(_flush)
+        vhost.timers.call_soon(_flush)
     _pending.append((vhost, list(targets), copy))
 
 
