@@ -174,7 +174,8 @@ class Channel:
         self.next_tag = tag = self.next_tag + 1
         if (tracer := self.vhost.tracer) is not None:
             tracer.delivered(self, consumer, msg, tag)
-            firehose.delivered(self, consumer.queue.name, msg)
+            if tracer.firehose.bindings:
+                firehose.delivered(self, consumer.queue.name, msg)
         stats = self.stats
         stats.delivered += 1
         if msg.redelivered:
@@ -350,7 +351,8 @@ class Channel:
         queues = self.vhost.route(exchange, msg)
         if (tracer := self.vhost.tracer) is not None:
             tracer.published(self, msg, queues, mandatory, seq)
-            firehose.published(self, msg, queues)
+            if tracer.firehose.bindings:
+                firehose.published(self, msg, queues)
         store = self._store
         stored_before = store.published if store is not None else 0
         accepted = True
@@ -664,7 +666,8 @@ class Channel:
         self.stats.delivered += 1
         if (tracer := self.vhost.tracer) is not None:
             tracer.got(self, queue, msg, tag)
-            firehose.delivered(self, queue.name, msg)
+            if tracer.firehose.bindings:
+                firehose.delivered(self, queue.name, msg)
         if method.no_ack:
             queue.settled(msg)
         else:

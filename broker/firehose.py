@@ -32,26 +32,22 @@ _i32 = struct.Struct(">i")
 _u32 = struct.Struct(">I")
 
 
+# The engine calls these only while something is bound to the trace exchange
+# (``Tracer.firehose.bindings``): with nothing listening a copy is never built.
+
+
 def published(channel: Channel, msg: Message, queues: list[Queue]) -> None:
     """basic.publish seen: ``publish.<exchange>`` with the queues it reached."""
-    if not _listened(channel.vhost):
-        return
     extra = {**_who(channel), "routed_queues": _array([q.name for q in queues])}
     _tap(channel.vhost, "publish." + msg.exchange, msg, extra)
 
 
 def delivered(channel: Channel, queue: str, msg: Message) -> None:
     """basic.deliver or basic.get-ok sent: ``deliver.<queue>``."""
-    if msg.exchange == TRACE_EXCHANGE or not _listened(channel.vhost):
+    if msg.exchange == TRACE_EXCHANGE:
         return  # a trace copy is not traced again
     extra = {"redelivered": _signedint(1 if msg.redelivered else 0), **_who(channel)}
     _tap(channel.vhost, "deliver." + queue, msg, extra)
-
-
-def _listened(vhost: VirtualHost) -> bool:
-    """Anything bound to the trace exchange: the common case, none, costs one lookup."""
-    exchange = vhost.exchanges.get(TRACE_EXCHANGE)
-    return exchange is not None and bool(exchange.bindings)
 
 
 def _tap(vhost: VirtualHost, routing_key: str, msg: Message, extra: dict[str, bytes]) -> None:

@@ -3,10 +3,11 @@
 The engine calls one :class:`Tracer` method per event, behind
 ``if (tracer := vhost.tracer) is not None``; ``vhost.tracer`` is None unless the vhost
 traces, so with tracing off the message path pays one attribute test. With it on, a
-method records plain values in memory and returns: nothing is formatted, parsed or
-written on the event loop, and nothing there waits for the disk. A writer process does
-the rest (:class:`TraceWriter`): JSON lines in files rotated by size and by age. What the
-buffers cannot hold is dropped and counted, and the count goes into the trace
+method records plain values in memory and returns: nothing is formatted or parsed on
+the event loop, and nothing there waits for the disk (every 20 ms one non-blocking pipe
+write hands the recorded bytes over). A writer process does the rest
+(:class:`TraceWriter`): JSON lines in files rotated by size and by age. What the buffers
+cannot hold is dropped and counted, and the count goes into the trace
 (``trace_dropped``) so that the report can say what is missing.
 
 Every line has ``ts`` (microseconds since the epoch: the monotonic clock read on the
@@ -48,25 +49,28 @@ trace_dropped       dropped: events lost so far because the buffers were full (v
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import itertools
 import json
 import marshal
 import os
-import queue as queue_module
+import select
 import struct
 import subprocess
 import sys
-import threading
 import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, TYPE_CHECKING, Any
 
+from broker.firehose import TRACE_EXCHANGE
 from protocol.properties import split_properties
 
 if TYPE_CHECKING:
     from broker.channel import Channel
     from broker.consumer import Consumer
+    from broker.exchange import Exchange
     from broker.message import Message
     from broker.queue import Queue
     from broker.timers import Timers
@@ -101,28 +105,33 @@ _mono = time.monotonic_ns
     DROPPED,
     CHANNEL_CLOSED,  # not written: the writer process forgets the channel's deliveries
     ACKS,  # in the int stream only: tags acked on a channel, written as one "acked" each
+    ACK_RANGE,  # the same for the tags first..last
     CONFIRMS,  # in the int stream only: a publisher confirm, written as "confirmed"
-) = range(20)
-Batch = tuple[bytearray, list[Any], "threading.Event | None"]
+) = range(21)
+_HEAD = struct.Struct("=II?")  # a batch: bytes of ints, bytes of marshalled side list, sync
+PIPE_SIZE = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+PIPE_BYTES = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
 # markers in the int stream: a side-list tuple follows; a name's id; all names forgotten
 OBJ, DEFINE, DEFINE_NAME, FORGET = 100, 101, 102, 103
 # The int stream is native int64s (the child reads it as array("q")), packed by struct:
 # array.extend() of a tuple converts and grows item by item, several times slower.
 _ints = [struct.Struct(f"{n}q").pack for n in range(16)]  # by count of ints
-_pack2, _pack6, _pack7, _pack11 = _ints[2], _ints[6], _ints[7], _ints[11]
+_pack2, _pack5, _pack6, _pack7, _pack11 = _ints[2], _ints[5], _ints[6], _ints[7], _ints[11]
 
 
 class Tracer:
     """One traced vhost's view of the shared writer: the methods the engine calls."""
 
-    __slots__ = ("_ids", "_names", "_objs", "_w", "vhost")
+    __slots__ = ("_ids", "_names", "_objs", "_w", "firehose", "vhost")
 
-    def __init__(self, writer: TraceWriter, vhost: str) -> None:
+    def __init__(self, writer: TraceWriter, vhost: str, firehose: Exchange) -> None:
         self._w = writer
         self._ids = writer.ids
         self._names = writer.names  # never replaced, only cleared
         self._objs = writer.objs
         self.vhost = vhost
+        # amq.rabbitmq.trace: the engine builds firehose copies only while it has bindings
+        self.firehose = firehose
 
     def _full(self, events: int = 1) -> bool:
         w = self._w
@@ -219,20 +228,25 @@ class Tracer:
     def acked(self, channel: Channel, msgs: list[Message]) -> None:
         """The deliveries with these tags on ``channel`` are acked (one basic.ack, or a commit).
 
-        Only the tags: the writer process knows each tag's delivery. No-ack deliveries are
-        acked there as they are delivered.
+        Only the tags, as a range when they have no gaps (a multiple ack, usually, or one
+        tag): the writer process knows each tag's delivery. No-ack deliveries are acked
+        there as they are delivered.
         """
         w = self._w
         buf = w.buf
-        if len(buf) >= w.cap:
-            w.dropped += len(msgs)
-            return
         n = len(msgs)
-        pack = _ints[n + 4] if n < 12 else struct.Struct(f"{n + 4}q").pack
-        buf += pack(
-            ACKS, _mono(), self._objs.get(channel) or w.channel_id(channel), n,
-            *[m.tag for m in msgs],
-        )  # fmt: skip
+        if len(buf) >= w.cap:
+            w.dropped += n
+            return
+        if not n:
+            return
+        first, last = msgs[0].tag, msgs[-1].tag
+        channel_id = self._objs.get(channel) or w.channel_id(channel)
+        if last - first + 1 == n:  # tags ascend: no gaps
+            buf += _pack5(ACK_RANGE, _mono(), channel_id, first, last)
+            return
+        tags = [m.tag for m in msgs]
+        buf += struct.pack(f"{n + 4}q", ACKS, _mono(), channel_id, n, *tags)
 
     def dead_letter_routed(self, copy: Message, targets: list[Queue]) -> None:
         """The dead-lettered copy went through the dead-letter exchange to ``targets``."""
@@ -380,7 +394,7 @@ class Tracer:
             self._put((MARK, _mono(), self.vhost, event))
 
 
-# ---- the writer: a thread here, a process for the formatting ----
+# ---- the writer: a timer on the loop here, a process for the formatting ----
 
 
 class TraceWriter:
@@ -392,16 +406,16 @@ class TraceWriter:
     delivered, acked, confirmed) as runs of int64s packed into a ``bytearray``, with
     channels, consumers, queues and routes as small ids defined once in the stream
     (``channel_id``...), the rare events as tuples on a side list, marked in their place
-    in the int stream. When the thread here is idle it asks the loop, every
-    ``FLUSH_INTERVAL``, to swap in fresh buffers (the loop is the only writer, so nothing
-    is read while it is written; small buffers stay in the CPU caches), then sends the old
-    ones to ``python -m broker.tracing`` through a pipe: the ints as they are (one copy,
-    no Python per event), the side list ``marshal``-encoded. The child decodes, formats
-    (the frequent events from JSON pieces made once per channel, consumer and route),
-    writes and rotates on another core, at the lowest priority. If it falls behind, the
-    pipe fills, this thread waits (without the GIL) and asks for no swap, the buffers
-    reach their bounds and events are dropped and counted: the broker never waits.
-    Killed with the broker, the child still writes what it has received.
+    in the int stream. Every ``FLUSH_INTERVAL`` a timer on the loop swaps in fresh
+    buffers (small ones stay in the CPU caches) and writes the old ones to
+    ``python -m broker.tracing`` through a non-blocking pipe: the ints as they are (one
+    ``writev``, no copy, no Python per event), the side list ``marshal``-encoded. No
+    thread: one would take the GIL from the loop at every hand-over. The child decodes,
+    formats (the frequent events from JSON pieces made once per channel, consumer and
+    route), writes and rotates on another core, at the lowest priority. If it falls
+    behind, the pipe fills, what did not fit waits for the next tick, the buffers reach
+    their bounds and events are dropped and counted: the broker never waits. Killed with
+    the broker, the child still writes what it has received.
     """
 
     def __init__(
@@ -424,13 +438,13 @@ class TraceWriter:
         self.names: dict[bytes, int] = {}  # (exchange, routing key) as Message.ex_rk -> id
         self.objs: dict[object, int] = {}  # channels, consumers, queues -> id, while they live
         self._next = itertools.count(1)
-        self.dropped = 0  # counted on the loop thread
+        self.dropped = 0
         self._dropped_noted = 0
         self._loop = loop
-        self._batches: queue_module.SimpleQueue[Batch] = queue_module.SimpleQueue()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="warren-trace", daemon=True)
         self._child: subprocess.Popen[bytes] | None = None
+        self._fd = -1  # the child's stdin, non-blocking
+        self._unsent: list[bytes | bytearray | memoryview] = []  # what the pipe did not take
+        self._timer: asyncio.TimerHandle | None = None
 
     # ---- ids for names, on the loop ----
 
@@ -472,69 +486,87 @@ class TraceWriter:
         if len(self.objs) > MAX_NAMES:  # consumers cancelled without a hook: start again
             self.objs.clear()
 
-    # ---- shipping ----
+    # ---- shipping, on the loop ----
 
     def start(self) -> None:
         os.makedirs(self.directory, exist_ok=True)
         offset = time.time_ns() - time.monotonic_ns()
-        self._child = subprocess.Popen(
+        self._child = child = subprocess.Popen(
             [sys.executable, "-m", "broker.tracing", self.directory, str(self.rotate_bytes),
              str(self.rotate_seconds), str(offset)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )  # fmt: skip
-        self._thread.start()
+        assert child.stdin is not None
+        self._fd = child.stdin.fileno()
+        with contextlib.suppress(OSError):  # a bigger pipe rides out the child's pauses
+            fcntl.fcntl(self._fd, PIPE_SIZE, PIPE_BYTES)
+        os.set_blocking(self._fd, False)
+        self._timer = self._loop.call_later(FLUSH_INTERVAL, self._tick)
 
-    def swap(self, done: threading.Event | None = None) -> None:
-        """On the loop: hand the buffers to the thread, start new ones."""
+    def _tick(self) -> None:
+        self._ship(sync=False)
+        self._timer = self._loop.call_later(FLUSH_INTERVAL, self._tick)
+
+    def _ship(self, sync: bool) -> None:
+        """Hand the buffers to the child, or keep filling them while the pipe is full."""
+        if self._unsent and not self._write() and not sync:
+            return  # the child is behind: the buffers fill up to their bounds, then drop
         if self.dropped != self._dropped_noted:
             self._dropped_noted = self.dropped
             self.buf += _pack2(OBJ, len(self.side))
             self.side.append((DROPPED, _mono(), None, self.dropped))
-        batch = (self.buf, self.side, done)
+        if not self.buf and not self.side and not sync:
+            return
+        buf, side = self.buf, marshal.dumps(self.side)
         self.buf = bytearray()
         self.side = []
-        self._batches.put(batch)
+        self._unsent += [_HEAD.pack(len(buf), len(side), sync), buf, side]
+        self._write()
 
-    def _run(self) -> None:
-        while True:
-            try:
-                buf, side, done = self._batches.get(timeout=FLUSH_INTERVAL)
-            except queue_module.Empty:
-                if self._stop.is_set():
-                    return
-                try:
-                    self._loop.call_soon_threadsafe(self.swap)
-                except RuntimeError:  # the loop is closed
-                    return
-                continue
-            self._send(buf, side, done is not None)
-            if done is not None:
-                done.set()
-
-    def _send(self, buf: bytearray, side: list[Any], sync: bool) -> None:
-        child = self._child
-        if child is None or child.stdin is None:
-            return
-        data = marshal.dumps((buf, side, sync))  # the bytearray goes as bytes
+    def _write(self) -> bool:
+        """Write what the pipe takes now; True when nothing is left."""
+        unsent = self._unsent
+        if self._child is None:
+            unsent.clear()  # the child is gone: nothing more is written
+            return True
         try:
-            child.stdin.write(len(data).to_bytes(4, "big") + data)
-            child.stdin.flush()
-            if sync and child.stdout is not None:
-                child.stdout.read(1)  # written and flushed
-        except OSError:  # the child is gone: nothing more is written
+            written = os.writev(self._fd, unsent)
+        except BlockingIOError:
+            return False
+        except OSError:
             self._child = None
+            unsent.clear()
+            return True
+        while unsent and written >= len(unsent[0]):
+            written -= len(unsent.pop(0))
+        if unsent and written:
+            unsent[0] = memoryview(unsent[0])[written:]
+        return not unsent
 
     def flush(self) -> None:
-        """On the loop: everything so far is in the files when this returns."""
-        done = threading.Event()
-        self.swap(done)
-        done.wait(10)
+        """On the loop: everything so far is in the files when this returns (blocks)."""
+        child = self._child
+        if child is None or child.stdout is None:
+            return
+        self._ship(sync=True)
+        os.set_blocking(self._fd, True)
+        try:
+            while self._unsent and self._child is not None:
+                self._write()
+            if self._child is not None:
+                ready, _, _ = select.select([child.stdout], [], [], 10)
+                if ready:
+                    child.stdout.read(1)  # the child wrote and flushed everything
+        finally:
+            if self._child is not None:
+                os.set_blocking(self._fd, False)
 
     def close(self) -> None:
-        """On the loop: the last events out, the thread and the child ended."""
+        """On the loop: the last events out and the child ended."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self.flush()
-        self._stop.set()
-        self._thread.join(5)
         child, self._child = self._child, None
         if child is not None:
             if child.stdin is not None:
@@ -703,10 +735,16 @@ class _Decoder:
                     f'{head}routed{common},"queues":{queues},"mandatory":{_BOOL[mandatory]},'
                     f'"dead_letter":false}}\n'
                 )
-            elif kind == ACKS:
-                _, t, channel_id, count = ints[i : i + 4]
-                tags = ints[i + 4 : i + 4 + count]
-                i += 4 + count
+            elif kind in (ACKS, ACK_RANGE):
+                t, channel_id = ints[i + 1], ints[i + 2]
+                tags: Iterable[int]
+                if kind == ACK_RANGE:
+                    tags = range(ints[i + 3], ints[i + 4] + 1)
+                    i += 5
+                else:
+                    count = ints[i + 3]
+                    tags = ints[i + 4 : i + 4 + count]
+                    i += 4 + count
                 open_tags = unacked.get(pieces[channel_id][2], {})
                 stamp = f'{{"ts":{(t + off) // 1000}'
                 for tag in tags:
@@ -740,12 +778,13 @@ def _child_main(argv: list[str]) -> int:
     off = int(offset)
     source, reply = sys.stdin.buffer, sys.stdout.buffer
     while True:
-        head = source.read(4)
-        if len(head) < 4:
+        head = source.read(_HEAD.size)
+        if len(head) < _HEAD.size:
             break  # the broker closed the pipe (or died): everything received is written
-        raw, side, sync = marshal.loads(source.read(int.from_bytes(head, "big")))
+        n_ints, n_side, sync = _HEAD.unpack(head)
         ints = array("q")
-        ints.frombytes(raw)
+        ints.frombytes(source.read(n_ints))
+        side = marshal.loads(source.read(n_side))
         lines: list[str] = []
         for line in decoder.lines(ints, side, off):
             lines.append(line)
@@ -799,7 +838,7 @@ class Tracing:
                 self.timers.loop,
             )
             self.writer.start()
-        vhost.tracer = Tracer(self.writer, vhost.name)
+        vhost.tracer = Tracer(self.writer, vhost.name, vhost.exchanges[TRACE_EXCHANGE])
         vhost.tracer.mark("trace_started")
         self.traced[vhost.name] = vhost
         return True

@@ -154,6 +154,8 @@ class VirtualHost:
         self, name: str, kind: str, auto_delete: bool, internal: bool, arguments: dict[str, Any]
     ) -> None:
         cls = EXCHANGE_TYPES.get(kind)
+        if name.startswith("amq.") and name in self.exchanges:
+            return  # built in: the tracer holds amq.rabbitmq.trace, which must stay the same
         if cls is not None:
             self.exchanges[name] = cls(
                 name, durable=True, auto_delete=auto_delete, internal=internal, arguments=arguments

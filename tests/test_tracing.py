@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -178,6 +179,38 @@ def test_why_messages_come_back(traced: RunningBroker, trace_dir: Path) -> None:
     ]
 
 
+
+def test_every_kind_of_ack_names_exactly_its_deliveries(
+    traced: RunningBroker, trace_dir: Path
+) -> None:
+    """Single, multiple (with and without gaps), tag 0 and acks in a transaction."""
+    conn = connect(traced)
+    ch = conn.channel()
+    ch.queue_declare("acks")
+    for i in range(12):
+        ch.basic_publish("", "acks", str(i).encode())
+    tags = [ch.basic_get("acks")[0].delivery_tag for _ in range(12)]
+    assert tags == list(range(1, 13))
+    ch.basic_ack(2)  # one tag
+    ch.basic_nack(4, requeue=False)  # settled otherwise: the next ack has a gap
+    ch.basic_ack(5, multiple=True)  # 1, 3, 5
+    ch.basic_ack(7, multiple=True)  # 6, 7: no gap
+    ch.tx_select()
+    ch.basic_ack(9)
+    ch.basic_ack(10, multiple=True)  # 8, 10
+    ch.tx_commit()
+    ch.basic_ack(0, multiple=True)  # everything left: 11, 12
+    ch.tx_commit()  # the channel stays transactional
+    conn.close()
+    events = read_trace(traced, trace_dir)
+    acked = [e["tag"] for e in of(events, "acked", queue="acks")]
+    assert acked == [2, 1, 3, 5, 6, 7, 9, 8, 10, 11, 12]
+    assert [e["tag"] for e in of(events, "nacked", queue="acks")] == [4]
+    delivered = {e["tag"]: e["msg"] for e in of(events, "delivered", queue="acks")}
+    assert {e["tag"]: e["msg"] for e in of(events, "acked", queue="acks")} == {
+        t: m for t, m in delivered.items() if t != 4
+    }
+
 def test_missed_heartbeats_are_a_lost_connection(traced: RunningBroker, trace_dir: Path) -> None:
     conn = connect(traced)
     ch = conn.channel()
@@ -269,6 +302,32 @@ def test_a_full_buffer_drops_and_counts(trace_dir: Path) -> None:
     assert max(e["dropped"] for e in of(events, "trace_dropped")) == status["events_dropped"]
     published = len(of(events, "published")) + len(of(events, "routed"))
     assert published + status["events_dropped"] >= 600
+
+
+def test_a_stalled_writer_never_stalls_the_broker(trace_dir: Path) -> None:
+    """The writer process stopped: its pipe fills, the buffer fills, events are dropped and
+    counted, and the broker goes on; resumed, it writes what it was given."""
+    with run_broker(trace_enabled=True, trace_dir=str(trace_dir), trace_buffer=1000) as broker:
+        child = broker.call(lambda: broker.server.broker.tracing.writer._child)
+        os.kill(child.pid, signal.SIGSTOP)
+        try:
+            conn = connect(broker)
+            ch = conn.channel()
+            ch.queue_declare("stalled")
+            ch.confirm_delivery()
+            for _ in range(20_000):  # ~3 MB of events: more than the pipe and the buffer
+                ch.basic_publish("", "stalled", b"x")
+            assert broker.queue_depth("stalled") == 20_000
+            dropped = broker.call(broker.server.broker.tracing.status)["events_dropped"]
+            assert dropped > 0
+        finally:
+            os.kill(child.pid, signal.SIGCONT)
+        conn.close()
+        events = read_trace(broker, trace_dir)
+        status = broker.call(broker.server.broker.tracing.status)
+    assert max(e["dropped"] for e in of(events, "trace_dropped")) == status["events_dropped"]
+    published = len(of(events, "published")) + len(of(events, "routed"))
+    assert published > 0 and published + status["events_dropped"] >= 40_000
 
 
 def test_files_rotate_by_size_and_lines_stay_whole(trace_dir: Path) -> None:
