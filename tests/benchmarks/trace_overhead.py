@@ -1,13 +1,16 @@
 """What message-lifecycle tracing costs at full load: bench.py against Warren, tracing off and on.
 
-    python tests/benchmarks/trace_overhead.py [--seconds 10] [--rounds 3] [--port N]
+    python tests/benchmarks/trace_overhead.py [--seconds 3] [--rounds 10] [--port N]
 
-Starts one broker per mode (``trace.enabled = false`` / ``true`` in a config file), runs
-each scenario ``--rounds`` times alternating the modes, and prints the median rates, the
-ratio, and how many events the traced runs wrote and dropped (the buffer is never allowed
-to slow the broker: when the writer falls behind, events are dropped and counted). Each
-round's two runs are back to back, so its ratio sees the same load from the rest of the
-machine: the table gives the median and the worst of these per-round ratios too.
+For each scenario, starts two brokers side by side (``trace.enabled = false`` / ``true``
+in a config file), and runs bench.py ``--rounds`` times against each, alternating
+(off-on, on-off, ...) and waiting before each run until both broker and trace writer are
+idle. Prints the median rates, their ratio, the quartiles of the per-round ratios (each
+round's two runs are back to back, so they share the machine's mood), the broker's CPU per
+message, and how many events the traced runs wrote and dropped (the buffer is never
+allowed to slow the broker: when the writer falls behind, events are dropped and counted).
+On a shared machine single runs swing by a third: trust many short rounds, not a few
+long ones.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -28,6 +32,7 @@ from with_broker import warren  # noqa: E402
 
 SCENARIOS = [
     ("1p/1c 16 B prefetch 100", ["--prefetch", "100"]),
+    ("1p/1c 16 B prefetch 100, one ack each", ["--prefetch", "100", "--multi-ack", "1"]),
     ("1p/1c 16 B prefetch 100, confirms 100", ["--prefetch", "100", "--confirm", "100"]),
     ("1p/1c 1 KiB autoack", ["--autoack", "--size", "1024"]),
 ]
@@ -84,16 +89,34 @@ def trace_counts(directory: str) -> tuple[int, int]:
     return written, sum(dropped.values())
 
 
+def quiet(pids: list[int], timeout: float = 30.0) -> None:
+    """Wait until these processes stop using CPU: a trace writer still formatting the last
+    run's events would take CPU from the next run."""
+    deadline = time.monotonic() + timeout
+    last = sum(cpu_seconds(p) for p in pids)
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = sum(cpu_seconds(p) for p in pids)
+        if now - last < 0.01:
+            return
+        last = now
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    q1, q2, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+    return q1, q2, q3
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of one run")
+    parser.add_argument("--rounds", type=int, default=10, help="runs per mode and scenario")
     parser.add_argument(
         "--pin",
         action="store_true",
         help="broker on CPU 0; load generator and trace writer on CPU 1 (a dedicated core)",
     )
-    parser.add_argument("--port", type=int, help="AMQP port for the brokers (default: any free)")
+    parser.add_argument("--port", type=int, help="first of two AMQP ports (default: any free)")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="warren-trace-bench-")
     trace_dir = os.path.join(work, "trace")
@@ -104,38 +127,51 @@ def main() -> int:
             f.write(f"trace.enabled = {'true' if mode == 'on' else 'false'}\n")
             f.write(f"trace.dir = {trace_dir}\n")
         configs[mode] = path
+    ports = {"off": args.port or free_port(), "on": args.port + 1 if args.port else free_port()}
     rates: dict[tuple[str, str], list[float]] = {}
     cpu: dict[tuple[str, str], list[float]] = {}  # broker CPU microseconds per message
     writer_cpu: list[float] = []  # the trace writer process's, per message
     for i, (label, flags) in enumerate(SCENARIOS):
-        for round_ in range(args.rounds):
-            for mode in ("off", "on") if round_ % 2 == 0 else ("on", "off"):
-                port = args.port or free_port()
-                with warren(port, ["--config", configs[mode]]) as proc:
-                    helpers = children(proc.pid)
-                    if args.pin:
-                        pin(proc.pid, {0})
-                        for helper in helpers:
-                            pin(helper, {1})
-                    before = cpu_seconds(proc.pid)
-                    helper_before = sum(cpu_seconds(c) for c in helpers)
+        # both brokers stay up through the scenario's rounds, which alternate between them
+        # (off-on, on-off, ...): a slow spell of the machine lands on both modes alike
+        with (
+            warren(ports["off"], ["--config", configs["off"]]) as off_proc,
+            warren(ports["on"], ["--config", configs["on"]]) as on_proc,
+        ):
+            procs = {"off": off_proc, "on": on_proc}
+            helpers = {mode: children(proc.pid) for mode, proc in procs.items()}
+            if args.pin:
+                for mode, proc in procs.items():
+                    pin(proc.pid, {0})
+                    for helper in helpers[mode]:
+                        pin(helper, {1})
+            for mode in ("off", "on"):  # warm-up: queue declared, code paths hot
+                run(ports[mode], 1.0, f"bench-{i}", flags, {1} if args.pin else None)
+            for round_ in range(args.rounds):
+                for mode in ("off", "on") if round_ % 2 == 0 else ("on", "off"):
+                    pid = procs[mode].pid
+                    quiet([pid, *helpers[mode]])
+                    before = cpu_seconds(pid)
+                    helper_before = sum(cpu_seconds(c) for c in helpers[mode])
                     rate, received = run(
-                        port, args.seconds, f"bench-{i}", flags, {1} if args.pin else None
+                        ports[mode], args.seconds, f"bench-{i}", flags, {1} if args.pin else None
                     )
-                    used = cpu_seconds(proc.pid) - before
-                    if helpers:
-                        writer = sum(cpu_seconds(c) for c in helpers) - helper_before
+                    used = cpu_seconds(pid) - before
+                    if helpers[mode]:
+                        quiet([pid, *helpers[mode]])  # the writer's share of this run, all of it
+                        writer = sum(cpu_seconds(c) for c in helpers[mode]) - helper_before
                         writer_cpu.append(writer / max(received, 1) * 1e6)
-                rates.setdefault((label, mode), []).append(rate)
-                cpu.setdefault((label, mode), []).append(used / max(received, 1) * 1e6)
-                print(
-                    f"{label:<40} tracing {mode:<3} {rate:>10,.0f} msg/s "
-                    f"{cpu[(label, mode)][-1]:6.2f} us CPU/msg",
-                    file=sys.stderr,
-                )
+                    rates.setdefault((label, mode), []).append(rate)
+                    cpu.setdefault((label, mode), []).append(used / max(received, 1) * 1e6)
+                    print(
+                        f"{label:<40} tracing {mode:<3} {rate:>10,.0f} msg/s "
+                        f"{cpu[(label, mode)][-1]:6.2f} us CPU/msg",
+                        file=sys.stderr,
+                    )
     written, dropped = trace_counts(trace_dir)
     print(
-        "| scenario | off: msg/s | on: msg/s | on/off | per round: median, worst "
+        f"{args.rounds} rounds of {args.seconds:g} s per mode and scenario\n\n"
+        "| scenario | off: msg/s | on: msg/s | on/off | per round: quartiles "
         "| off: broker CPU/msg | on: broker CPU/msg | CPU on/off |\n"
         "|---|---|---|---|---|---|---|---|"
     )
@@ -143,12 +179,12 @@ def main() -> int:
         off = statistics.median(rates[(label, "off")])
         on = statistics.median(rates[(label, "on")])
         pairs = [b / a for a, b in zip(rates[(label, "off")], rates[(label, "on")], strict=True)]
+        q1, q2, q3 = quartiles(pairs)
         c_off = statistics.median(cpu[(label, "off")])
         c_on = statistics.median(cpu[(label, "on")])
         print(
             f"| {label} | {off:,.0f} | {on:,.0f} | {on / off:.0%} | "
-            f"{statistics.median(pairs):.0%}, {min(pairs):.0%} | {c_off:.2f} us | "
-            f"{c_on:.2f} us | {c_on / c_off:.0%} |"
+            f"{q1:.0%}, {q2:.0%}, {q3:.0%} | {c_off:.2f} us | {c_on:.2f} us | {c_on / c_off:.0%} |"
         )
     if writer_cpu:
         print(f"\ntrace writer process: {statistics.median(writer_cpu):.2f} us CPU per message")

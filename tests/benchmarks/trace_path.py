@@ -1,24 +1,27 @@
 """The message path's own cost with tracing off and on, without sockets or other processes.
 
-    python tests/benchmarks/trace_path.py [--messages 200000] [--rounds 5]
+    python tests/benchmarks/trace_path.py [--messages 200000] [--rounds 5] [--callgrind]
 
 One broker ``Connection`` on a uvloop loop is fed bytes as a socket would feed it:
 publishes (one 16-byte message per frame set), and the acks of a consumer with prefetch
 that acks ``multiple=true`` every 10 deliveries, as bench.py does; its output goes
 nowhere. Each round times ``--messages`` messages through publish, route, enqueue,
-deliver, ack, once with tracing off and once on (the writer thread and process run as in
+deliver, ack, once with tracing off and once on (the writer process runs as in
 production), and prints the microseconds per message of the loop's thread. Load from
 other processes on the machine cancels out of the ratio better than it does out of a
 throughput test, where a publisher and a consumer compete with the broker for the CPUs.
+``--callgrind`` counts instructions instead (valgrind): slower, but exactly repeatable.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import resource
 import statistics
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -112,19 +115,21 @@ async def run(messages: int, traced: bool, trace_dir: str) -> Cost:
     conn = Connection(broker, transport, ("127.0.0.1", 1))
     conn.data_received(handshake())
     await asyncio.sleep(0.3)  # the writer process has started
+    queue = broker.vhosts["/"].queues["q"]
     batch = publishes(BATCH)
     tag = 1
     wall, loop, process = time.perf_counter(), time.thread_time(), time.process_time()
     for _ in range(messages // BATCH):
         conn.data_received(batch)
-        await asyncio.sleep(0)  # the loop's turn: output flushed, the next read
+        # the loop's turns: a publishing connection handles a share of its frames per turn
+        while queue.unacked_count < BATCH:
+            await asyncio.sleep(0)
         conn.data_received(acks(tag, BATCH))
         tag += BATCH
         await asyncio.sleep(0)
     wall = time.perf_counter() - wall
     loop = time.thread_time() - loop
     process = time.process_time() - process
-    queue = broker.vhosts["/"].queues["q"]
     assert queue.ready_count == 0 and queue.unacked_count == 0, "messages left over"
     conn.connection_lost()
     broker.tracing.close()  # the writer process exits: its CPU time is ours to read
@@ -136,13 +141,51 @@ async def run(messages: int, traced: bool, trace_dir: str) -> Cost:
     return Cost(wall * scale, loop * scale, process * scale, writer * scale)
 
 
+def instructions(mode: str, messages: int) -> int:
+    """Instructions the broker's process executes for one run (the writer process not
+    counted), as valgrind's callgrind counts them: the same whatever else the machine does."""
+    with tempfile.TemporaryDirectory() as work:
+        out = os.path.join(work, "callgrind.out")
+        subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
+             __file__, "--only", mode, "--messages", str(messages)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        with open(out, encoding="ascii") as f:
+            for line in f:
+                if line.startswith(("summary:", "totals:")):
+                    return int(line.split()[1])
+    raise SystemExit("no totals in callgrind's output")
+
+
+def callgrind() -> None:
+    """Instructions per message, off and on: the slope between 5,000 and 25,000 messages,
+    so that start-up and handshake cancel out."""
+    per = {}
+    for mode in ("off", "on"):
+        small, large = instructions(mode, 5_000), instructions(mode, 25_000)
+        per[mode] = (large - small) / 20_000
+        print(f"tracing {mode:<3} {per[mode]:9,.0f} instructions per message", flush=True)
+    print(f"tracing adds {per['on'] - per['off']:,.0f} (+{per['on'] / per['off'] - 1:.1%})")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--callgrind", action="store_true", help="count instructions with valgrind instead"
+    )
+    parser.add_argument("--only", choices=("off", "on"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     configure_logging("error", "plaintext", False)
     trace_dir = tempfile.mkdtemp(prefix="warren-trace-path-")
+    if args.only:  # one run, under valgrind (instructions)
+        uvloop.run(run(args.messages, args.only == "on", trace_dir))
+        return 0
+    if args.callgrind:
+        callgrind()
+        return 0
     results: dict[bool, list[Cost]] = {False: [], True: []}
     for round_ in range(args.rounds):
         for traced in (False, True) if round_ % 2 == 0 else (True, False):
