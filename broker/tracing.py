@@ -78,6 +78,7 @@ if TYPE_CHECKING:
     from config import Settings
 
 FLUSH_INTERVAL = 0.02  # seconds between hand-overs: small buffers stay in the CPU caches
+FLUSH_TIMEOUT = 5.0  # seconds a flush (tests, shutdown) waits for the writer process
 DRAIN_CHUNK = 8192  # events the writer process formats per file write
 MAX_NAMES = 50_000  # names and objects with an id; past this the ids start again
 CHILD_NICENESS = 19  # the writer process runs on CPU the broker leaves: busy, it drops
@@ -544,22 +545,22 @@ class TraceWriter:
         return not unsent
 
     def flush(self) -> None:
-        """On the loop: everything so far is in the files when this returns (blocks)."""
+        """On the loop: everything so far is in the files when this returns (tests,
+        shutdown); it waits at most ``FLUSH_TIMEOUT`` for a writer that does not read."""
         child = self._child
         if child is None or child.stdout is None:
             return
         self._ship(sync=True)
-        os.set_blocking(self._fd, True)
-        try:
-            while self._unsent and self._child is not None:
-                self._write()
-            if self._child is not None:
-                ready, _, _ = select.select([child.stdout], [], [], 10)
-                if ready:
-                    child.stdout.read(1)  # the child wrote and flushed everything
-        finally:
-            if self._child is not None:
-                os.set_blocking(self._fd, False)
+        deadline = time.monotonic() + FLUSH_TIMEOUT
+        while not self._write():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            select.select([], [self._fd], [], left)
+        if self._child is not None:
+            left = max(deadline - time.monotonic(), 0)
+            if select.select([child.stdout], [], [], left)[0]:
+                child.stdout.read(1)  # the child wrote and flushed everything
 
     def close(self) -> None:
         """On the loop: the last events out and the child ended."""
