@@ -64,6 +64,8 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, TYPE_CHECKING, Any
 
+import structlog
+
 from broker.firehose import TRACE_EXCHANGE
 from protocol.properties import split_properties
 
@@ -442,7 +444,8 @@ class TraceWriter:
         self.dropped = 0
         self._dropped_noted = 0
         self._loop = loop
-        self._child: subprocess.Popen[bytes] | None = None
+        self._child: subprocess.Popen[bytes] | None = None  # None once it stops reading
+        self._proc: subprocess.Popen[bytes] | None = None
         self._fd = -1  # the child's stdin, non-blocking
         self._unsent: list[bytes | bytearray | memoryview] = []  # what the pipe did not take
         self._timer: asyncio.TimerHandle | None = None
@@ -492,7 +495,7 @@ class TraceWriter:
     def start(self) -> None:
         os.makedirs(self.directory, exist_ok=True)
         offset = time.time_ns() - time.monotonic_ns()
-        self._child = child = subprocess.Popen(
+        self._child = self._proc = child = subprocess.Popen(
             [sys.executable, "-m", "broker.tracing", self.directory, str(self.rotate_bytes),
              str(self.rotate_seconds), str(offset)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -534,9 +537,14 @@ class TraceWriter:
             written = os.writev(self._fd, unsent)
         except BlockingIOError:
             return False
-        except OSError:
+        except OSError as exc:  # the writer process died: say so once, then discard
             self._child = None
             unsent.clear()
+            structlog.get_logger("warren").error(
+                "trace writer process gone: trace events are no longer written",
+                directory=self.directory,
+                error=str(exc),
+            )
             return True
         while unsent and written >= len(unsent[0]):
             written -= len(unsent.pop(0))
@@ -568,7 +576,7 @@ class TraceWriter:
             self._timer.cancel()
             self._timer = None
         self.flush()
-        child, self._child = self._child, None
+        child, self._child, self._proc = self._proc, None, None  # reaped even if it died
         if child is not None:
             if child.stdin is not None:
                 child.stdin.close()
@@ -576,6 +584,7 @@ class TraceWriter:
                 child.wait(10)
             except subprocess.TimeoutExpired:
                 child.kill()
+                child.wait()
             if child.stdout is not None:
                 child.stdout.close()
 

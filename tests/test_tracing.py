@@ -32,10 +32,15 @@ QUORUM = {"x-queue-type": "quorum"}
 
 def read_trace(broker: RunningBroker, directory: Path) -> list[dict[str, Any]]:
     broker.call(broker.server.broker.tracing.flush)
-    events = []
-    for path in sorted(directory.glob("warren-trace-*.ndjson")):
-        events.extend(json.loads(line) for line in path.read_text().splitlines())
-    return events
+    return read_lines(directory)
+
+
+def read_lines(directory: Path) -> list[dict[str, Any]]:
+    return [
+        json.loads(line)
+        for path in sorted(directory.glob("warren-trace-*.ndjson"))
+        for line in path.read_text().splitlines()
+    ]
 
 
 def of(events: list[dict[str, Any]], ev: str, **match: Any) -> list[dict[str, Any]]:
@@ -179,7 +184,6 @@ def test_why_messages_come_back(traced: RunningBroker, trace_dir: Path) -> None:
     ]
 
 
-
 def test_every_kind_of_ack_names_exactly_its_deliveries(
     traced: RunningBroker, trace_dir: Path
 ) -> None:
@@ -210,6 +214,7 @@ def test_every_kind_of_ack_names_exactly_its_deliveries(
     assert {e["tag"]: e["msg"] for e in of(events, "acked", queue="acks")} == {
         t: m for t, m in delivered.items() if t != 4
     }
+
 
 def test_missed_heartbeats_are_a_lost_connection(traced: RunningBroker, trace_dir: Path) -> None:
     conn = connect(traced)
@@ -331,6 +336,28 @@ def test_a_stalled_writer_never_stalls_the_broker(trace_dir: Path) -> None:
     assert max(e["dropped"] for e in of(events, "trace_dropped")) == status["events_dropped"]
     published = len(of(events, "published")) + len(of(events, "routed"))
     assert published > 0 and published + status["events_dropped"] >= 40_000
+
+
+def test_a_dead_writer_costs_the_trace_not_the_broker(trace_dir: Path) -> None:
+    with run_broker(trace_enabled=True, trace_dir=str(trace_dir)) as broker:
+        conn = connect(broker)
+        ch = conn.channel()
+        ch.queue_declare("orphan")
+        ch.basic_publish("", "orphan", b"before")
+        read_trace(broker, trace_dir)
+        child = broker.call(lambda: broker.server.broker.tracing.writer._child)
+        child.kill()
+        child.wait()
+        ch.confirm_delivery()
+        for i in range(2_000):  # the pipe breaks on the next hand-over
+            ch.basic_publish("", "orphan", str(i).encode())
+        assert broker.call(lambda: broker.server.broker.tracing.writer._child) is None
+        broker.call(broker.server.broker.tracing.flush)  # returns at once
+        assert ch.basic_get("orphan", auto_ack=True)[2] == b"before"
+        assert broker.queue_depth("orphan") == 2_000
+        conn.close()
+    published = [e for e in read_lines(trace_dir) if e["ev"] == "published"]
+    assert published and published[0]["size"] == len(b"before")
 
 
 def test_files_rotate_by_size_and_lines_stay_whole(trace_dir: Path) -> None:
