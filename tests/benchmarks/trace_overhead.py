@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -117,6 +118,9 @@ def main() -> int:
         help="broker on CPU 0; load generator and trace writer on CPU 1 (a dedicated core)",
     )
     parser.add_argument("--port", type=int, help="first of two AMQP ports (default: any free)")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the trace files (gigabytes) for a look"
+    )
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="warren-trace-bench-")
     trace_dir = os.path.join(work, "trace")
@@ -190,7 +194,10 @@ def main() -> int:
         print(f"\ntrace writer process: {statistics.median(writer_cpu):.2f} us CPU per message")
     share = dropped / (written + dropped) if written + dropped else 0.0
     print(f"\ntraced runs wrote {written:,} events; dropped {dropped:,} ({share:.1%}, buffer full)")
-    print(f"trace files: {trace_dir}")
+    if args.keep:
+        print(f"trace files: {trace_dir}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -179,17 +179,22 @@ def main() -> int:
     parser.add_argument("--only", choices=("off", "on"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     configure_logging("error", "plaintext", False)
-    trace_dir = tempfile.mkdtemp(prefix="warren-trace-path-")
-    if args.only:  # one run, under valgrind (instructions)
-        uvloop.run(run(args.messages, args.only == "on", trace_dir))
-        return 0
     if args.callgrind:
         callgrind()
         return 0
+    with tempfile.TemporaryDirectory(prefix="warren-trace-path-") as trace_dir:
+        if args.only:  # one run, under valgrind (instructions)
+            uvloop.run(run(args.messages, args.only == "on", trace_dir))
+        else:
+            measure(args.messages, args.rounds, trace_dir)
+    return 0
+
+
+def measure(messages: int, rounds: int, trace_dir: str) -> None:
     results: dict[bool, list[Cost]] = {False: [], True: []}
-    for round_ in range(args.rounds):
+    for round_ in range(rounds):
         for traced in (False, True) if round_ % 2 == 0 else (True, False):
-            cost = uvloop.run(run(args.messages, traced, trace_dir))
+            cost = uvloop.run(run(messages, traced, trace_dir))
             results[traced].append(cost)
             print(
                 f"round {round_ + 1}: tracing {'on ' if traced else 'off'} "
@@ -204,8 +209,6 @@ def main() -> int:
         print(f"  {name:<8} off {off:6.2f}   on {on:6.2f}   +{on / off - 1:.0%}")
     writer = statistics.median(c.writer for c in results[True])
     print(f"  trace writer process (another core): {writer:.2f}")
-    print(f"(trace files in {trace_dir})")
-    return 0
 
 
 if __name__ == "__main__":
