@@ -424,23 +424,23 @@ class Channel:
         if self._nacked and upto > self.confirmed:
             self._ack_around_nacks(upto)
         if upto > self.confirmed:
-            if (tracer := self.vhost.tracer) is not None:
-                tracer.confirmed(self, self.confirmed + 1, upto, True)
-            self.stats.confirmed += upto - self.confirmed
-            self.conn.write(ack_frame(self.id, upto, upto - self.confirmed > 1))
-            self.confirmed = upto
+            self._ack_confirms(upto)
 
     def _ack_around_nacks(self, upto: int) -> None:
         """Ack what came before each publish that was nacked ahead of them, then step past it."""
         while self._nacked and self._nacked[0] <= upto:
             nacked = self._nacked.pop(0)
-            last = nacked - 1
-            if last > self.confirmed:
-                if (tracer := self.vhost.tracer) is not None:
-                    tracer.confirmed(self, self.confirmed + 1, last, True)
-                self.stats.confirmed += last - self.confirmed
-                self.conn.write(ack_frame(self.id, last, last - self.confirmed > 1))
+            if nacked - 1 > self.confirmed:
+                self._ack_confirms(nacked - 1)
             self.confirmed = nacked
+
+    def _ack_confirms(self, last: int) -> None:
+        """One basic.ack for every publish after the last confirmed one, up to ``last``."""
+        if (tracer := self.vhost.tracer) is not None:
+            tracer.confirmed(self, self.confirmed + 1, last, True)
+        self.stats.confirmed += last - self.confirmed
+        self.conn.write(ack_frame(self.id, last, last - self.confirmed > 1))
+        self.confirmed = last
 
     # ---- acks ----
 
