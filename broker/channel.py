@@ -112,6 +112,7 @@ class Channel:
         self.flow_active = True
         self.closed = False
         self.last_queue = ""  # the queue name an empty name stands for
+        self.trace_ref = 0  # its id in the trace stream (broker/tracing.py), 0: none yet
         self._allowed: set[tuple[str, str, str]] = set()  # permission checks that passed
         self._allowed_version = -1
         # direct reply-to: the no-ack consumer of the pseudo-queue amq.rabbitmq.reply-to

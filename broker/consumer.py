@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 class Consumer:
     __slots__ = (
+        "__weakref__",  # the trace writer's set of objects with an id
         "arguments",
         "channel",
         "exclusive",
@@ -24,6 +25,7 @@ class Consumer:
         "tag_enc",
         "timed_out",
         "timeout",
+        "trace_ref",
         "unacked",
     )
 
@@ -50,3 +52,4 @@ class Consumer:
         self.unacked = 0
         self.timeout: int | None = queue.consumer_timeout_for(arguments)  # ms, quorum queues
         self.timed_out = 0  # deliveries returned on timeout and not yet settled by the client
+        self.trace_ref = 0  # its id in the trace stream (broker/tracing.py), 0: none yet

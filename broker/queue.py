@@ -127,6 +127,7 @@ class Queue:
         queue_type = self.arguments.get("x-queue-type", "classic")
         self.queue_type: str = queue_type if isinstance(queue_type, str) else "classic"
         self.store_id = 0  # the queue's id in the store when it keeps persistent messages
+        self.trace_ref = 0  # its id in the trace stream (broker/tracing.py), 0: none yet
         self.message_store: MessageStore | None = None
         self.policy: Policy | None = None
         # consumer timeouts (quorum queues): (deadline, n, message, channel, tag), earliest first

@@ -60,6 +60,7 @@ import struct
 import subprocess
 import sys
 import time
+import weakref
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, TYPE_CHECKING, Any
@@ -82,7 +83,7 @@ if TYPE_CHECKING:
 FLUSH_INTERVAL = 0.02  # seconds between hand-overs: small buffers stay in the CPU caches
 FLUSH_TIMEOUT = 5.0  # seconds a flush (tests, shutdown) waits for the writer process
 DRAIN_CHUNK = 8192  # events the writer process formats per file write
-MAX_NAMES = 50_000  # names and objects with an id; past this the ids start again
+MAX_NAMES = 50_000  # (exchange, routing key) pairs with an id; past this the ids start again
 CHILD_NICENESS = 19  # the writer process runs on CPU the broker leaves: busy, it drops
 
 _mono = time.monotonic_ns
@@ -114,8 +115,9 @@ _mono = time.monotonic_ns
 _HEAD = struct.Struct("=II?")  # a batch: bytes of ints, bytes of marshalled side list, sync
 PIPE_SIZE = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 PIPE_BYTES = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
-# markers in the int stream: a side-list tuple follows; a name's id; all names forgotten
-OBJ, DEFINE, DEFINE_NAME, FORGET = 100, 101, 102, 103
+# markers in the int stream: a side-list tuple follows; then, as side tuples: an object's
+# id, a name's id, all names forgotten, an object's id forgotten
+OBJ, DEFINE, DEFINE_NAME, FORGET, UNDEFINE = 100, 101, 102, 103, 104
 # The int stream is native int64s (the child reads it as array("q")), packed by struct:
 # array.extend() of a tuple converts and grows item by item, several times slower.
 _ints = [struct.Struct(f"{n}q").pack for n in range(16)]  # by count of ints
@@ -125,13 +127,12 @@ _pack2, _pack5, _pack6, _pack7, _pack11 = _ints[2], _ints[5], _ints[6], _ints[7]
 class Tracer:
     """One traced vhost's view of the shared writer: the methods the engine calls."""
 
-    __slots__ = ("_ids", "_names", "_objs", "_w", "firehose", "vhost")
+    __slots__ = ("_ids", "_names", "_w", "firehose", "vhost")
 
     def __init__(self, writer: TraceWriter, vhost: str, firehose: Exchange) -> None:
         self._w = writer
         self._ids = writer.ids
         self._names = writer.names  # never replaced, only cleared
-        self._objs = writer.objs
         self.vhost = vhost
         # amq.rabbitmq.trace: the engine builds firehose copies only while it has bindings
         self.firehose = firehose
@@ -166,11 +167,13 @@ class Tracer:
 
     # published, delivered and acked run once per message at full load: they pack plain
     # ints (channels, consumers, queues and routes as ids defined once: TraceWriter.*_id)
-    # and check the buffer inline. An id's definition goes into the stream while the
-    # arguments are evaluated, before the event's own bytes: buf is extended in place.
+    # and check the buffer inline. Channels, consumers and queues hold their id
+    # (trace_ref, 0 until the writer gives one): an attribute costs a fifth of a dict
+    # lookup. An id's definition goes into the stream while the arguments are evaluated,
+    # before the event's own bytes: buf is extended in place.
 
     def published(
-        self, channel: Channel | None, msg: Message, queues: list[Queue], mandatory: bool, seq: int
+        self, channel: Channel, msg: Message, queues: list[Queue], mandatory: bool, seq: int
     ) -> None:
         """Published and routed, in one event (the writer writes both lines)."""
         msg.trace_id = tid = next(self._ids)  # before the queues copy the message
@@ -179,33 +182,36 @@ class Tracer:
         if len(buf) >= w.cap:
             w.dropped += 2
             return
-        if channel is None:  # the management API's publish
-            self._put(
-                (PUBLISHED, _mono(), self.vhost, tid, msg.exchange, msg.routing_key,
-                 len(msg.body), msg.properties, None, 0, seq, tuple([q.name for q in queues]),
-                 mandatory)
-            )  # fmt: skip
-            return
-        objs = self._objs
         props = msg.properties
         if props[0] & 0x14 or props[1] & 0x80:  # delivery_mode, correlation_id, message_id
             extra = len(w.side) + 1
             w.side.append(props)
         else:
             extra = 0
-        # the route as ex_rk: encoded now rather than at the first delivery, one lookup
+        # the route's key: the routing key's hash is cached (the exchange looked it up)
         if len(queues) == 1:
             buf += _pack11(
-                PUBLISHED, _mono(), tid, objs.get(channel) or w.channel_id(channel),
-                self._names.get(msg.ex_rk) or w.route_id(msg), len(msg.body), seq, mandatory,
-                extra, 1, objs.get(queues[0]) or w.queue_id(queues[0]),
+                PUBLISHED, _mono(), tid, channel.trace_ref or w.channel_id(channel),
+                self._names.get((msg.exchange, msg.routing_key)) or w.route_id(msg),
+                len(msg.body), seq, mandatory,
+                extra, 1, queues[0].trace_ref or w.queue_id(queues[0]),
             )  # fmt: skip
             return
-        targets = [objs.get(q) or w.queue_id(q) for q in queues]
-        head = (PUBLISHED, _mono(), tid, objs.get(channel) or w.channel_id(channel),
-                self._names.get(msg.ex_rk) or w.route_id(msg), len(msg.body), seq, mandatory,
-                extra, len(targets))  # fmt: skip
+        targets = [q.trace_ref or w.queue_id(q) for q in queues]
+        head = (PUBLISHED, _mono(), tid, channel.trace_ref or w.channel_id(channel),
+                self._names.get((msg.exchange, msg.routing_key)) or w.route_id(msg),
+                len(msg.body), seq, mandatory, extra, len(targets))  # fmt: skip
         buf += struct.pack(f"{10 + len(targets)}q", *head, *targets)
+
+    def published_by_api(self, msg: Message, queues: list[Queue]) -> None:
+        """Published through the management API: no channel."""
+        msg.trace_id = tid = next(self._ids)
+        if self._full(2):
+            return
+        self._put(
+            (PUBLISHED, _mono(), self.vhost, tid, msg.exchange, msg.routing_key, len(msg.body),
+             msg.properties, None, 0, 0, tuple([q.name for q in queues]), False)
+        )  # fmt: skip
 
     def delivered(self, channel: Channel, consumer: Consumer, msg: Message, tag: int) -> None:
         w = self._w
@@ -215,7 +221,7 @@ class Tracer:
             return
         buf += _pack7(
             DELIVERED, _mono(), msg.trace_id or self._id(msg, consumer.queue.name),
-            self._objs.get(consumer) or w.consumer_id(consumer), tag, msg.redelivered,
+            consumer.trace_ref or w.consumer_id(consumer), tag, msg.redelivered,
             msg.delivery_count,
         )  # fmt: skip
 
@@ -244,7 +250,7 @@ class Tracer:
         if not n:
             return
         first, last = msgs[0].tag, msgs[-1].tag
-        channel_id = self._objs.get(channel) or w.channel_id(channel)
+        channel_id = channel.trace_ref or w.channel_id(channel)
         if last - first + 1 == n:  # tags ascend: no gaps
             buf += _pack5(ACK_RANGE, _mono(), channel_id, first, last)
             return
@@ -268,7 +274,7 @@ class Tracer:
             w.dropped += 1
             return
         buf += _pack6(
-            CONFIRMS, _mono(), self._objs.get(channel) or w.channel_id(channel), first, last, ack
+            CONFIRMS, _mono(), channel.trace_ref or w.channel_id(channel), first, last, ack
         )
 
     # ---- settling ----
@@ -438,8 +444,9 @@ class TraceWriter:
         self.side: list[Any] = []
         # ids grow from the start time in microseconds: unique across restarts
         self.ids = itertools.count(time.time_ns() // 1000)
-        self.names: dict[bytes, int] = {}  # (exchange, routing key) as Message.ex_rk -> id
-        self.objs: dict[object, int] = {}  # channels, consumers, queues -> id, while they live
+        self.names: dict[tuple[str, str], int] = {}  # (exchange, routing key) -> id
+        # channels, consumers and queues holding an id (trace_ref) from this writer
+        self.defined: weakref.WeakSet[Channel | Consumer | Queue] = weakref.WeakSet()
         self._next = itertools.count(1)
         self.dropped = 0
         self._dropped_noted = 0
@@ -461,34 +468,37 @@ class TraceWriter:
         if len(self.names) >= MAX_NAMES:  # routing keys may all differ: start again
             self.names.clear()
             self._define((FORGET,))
-        self.names[msg.ex_rk] = n = next(self._next)
+        self.names[msg.exchange, msg.routing_key] = n = next(self._next)
         self._define((DEFINE_NAME, n, (msg.exchange, msg.routing_key)))
         return n
 
-    def queue_id(self, queue: Queue) -> int:
-        self.objs[queue] = n = next(self._next)
-        self._define((DEFINE, n, (queue.vhost.name, queue.name)))
+    def _ref(self, obj: Channel | Consumer | Queue, definition: tuple[Any, ...]) -> int:
+        obj.trace_ref = n = next(self._next)
+        self.defined.add(obj)
+        self._define((DEFINE, n, definition))
         return n
+
+    def queue_id(self, queue: Queue) -> int:
+        return self._ref(queue, (queue.vhost.name, queue.name))
 
     def channel_id(self, channel: Channel) -> int:
-        self.objs[channel] = n = next(self._next)
-        self._define((DEFINE, n, (channel.vhost.name, channel.conn.peer, channel.id)))
-        return n
+        return self._ref(channel, (channel.vhost.name, channel.conn.peer, channel.id))
 
     def consumer_id(self, consumer: Consumer) -> int:
-        self.objs[consumer] = n = next(self._next)
         channel, queue = consumer.channel, consumer.queue
-        self._define(
-            (DEFINE, n, (queue.vhost.name, queue.name, consumer.tag, consumer.no_ack,
-                         channel.conn.peer, channel.id))
+        return self._ref(
+            consumer,
+            (queue.vhost.name, queue.name, consumer.tag, consumer.no_ack, channel.conn.peer,
+             channel.id),
         )  # fmt: skip
-        return n
 
-    def forget(self, obj: object) -> None:
-        """A channel, consumer or queue ended: drop it (a new object may reuse its address)."""
-        self.objs.pop(obj, None)
-        if len(self.objs) > MAX_NAMES:  # consumers cancelled without a hook: start again
-            self.objs.clear()
+    def forget(self, obj: Channel | Consumer | Queue) -> None:
+        """A channel, consumer or queue ended: the writer process drops its definition (an
+        event for it after all, a late confirm say, defines it again)."""
+        if obj.trace_ref:
+            self._define((UNDEFINE, obj.trace_ref))
+            obj.trace_ref = 0
+            self.defined.discard(obj)
 
     # ---- shipping, on the loop ----
 
@@ -576,6 +586,9 @@ class TraceWriter:
             self._timer.cancel()
             self._timer = None
         self.flush()
+        for obj in list(self.defined):  # their ids mean nothing to a later writer process
+            obj.trace_ref = 0
+        self.defined.clear()
         child, self._child, self._proc = self._proc, None, None  # reaped even if it died
         if child is not None:
             if child.stdin is not None:
@@ -643,7 +656,6 @@ class _Decoder:
     """
 
     def __init__(self) -> None:
-        self.defs: dict[int, Any] = {}
         self.pieces: dict[int, tuple[Any, ...]] = {}  # def id -> its JSON pieces
         self.names: dict[int, tuple[str, str]] = {}
         self.routes: dict[int, str] = {}  # name id -> ',"exchange":..,"rk":..'
@@ -651,7 +663,6 @@ class _Decoder:
         self.unacked: dict[tuple[Any, int], dict[int, tuple[int, str, str]]] = {}
 
     def _define(self, n: int, definition: tuple[Any, ...]) -> None:
-        self.defs[n] = definition
         vhost = _s(definition[0])
         if len(definition) == 2:  # a queue: (vhost, name)
             self.pieces[n] = (_s(definition[1]),)
@@ -696,6 +707,8 @@ class _Decoder:
         elif what == FORGET:
             self.names.clear()
             self.routes.clear()
+        elif what == UNDEFINE:
+            self.pieces.pop(event[1], None)
         elif what == DELIVERED:  # basic.get
             yield from self._delivered(event, off)
         elif what == CHANNEL_CLOSED:

@@ -439,7 +439,7 @@ class VirtualHost:
         msg = Message(exchange_name, routing_key, properties, body)
         queues = self.route(exchange, msg)
         if (tracer := self.tracer) is not None:
-            tracer.published(None, msg, queues, False, 0)
+            tracer.published_by_api(msg, queues)
         accepted = False
         for i, queue in enumerate(queues):
             accepted = queue.publish(msg if i == 0 else msg.copy(), None) or accepted

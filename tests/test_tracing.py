@@ -434,6 +434,51 @@ def test_on_and_off_at_run_time(trace_dir: Path) -> None:
     assert [e["size"] for e in of(events, "published")] == [len(b"during")]
 
 
+def test_reused_names_and_a_new_writer_keep_events_right(trace_dir: Path) -> None:
+    """Channels, consumers and queues are ids in the stream: a closed channel's number
+    reused, a queue deleted and declared again, and a writer process started anew (its
+    ids mean nothing to the next one) all still give the right names."""
+    with run_broker(trace_enabled=True, trace_dir=str(trace_dir)) as broker:
+        tracing = broker.server.broker.tracing
+        conn = connect(broker)
+        first = conn.channel()
+        first.queue_declare("a")
+        first.basic_publish("", "a", b"1")
+        first.close()
+        second = conn.channel()  # pika reuses the lowest free number
+        assert second.channel_number == first.channel_number
+        second.queue_delete("a")
+        second.queue_declare("a")
+        second.queue_declare("b")
+        second.basic_publish("", "b", b"2")
+        got: list[int] = []
+        second.basic_consume("b", lambda c, m, p, b: got.append(m.delivery_tag), consumer_tag="x")
+        while not got:
+            conn.process_data_events(0.05)
+        second.basic_ack(got[0])
+        broker.call(tracing.close)  # the writer process ends; the next one starts afresh
+        broker.call(lambda: tracing.enable(broker.server.broker.vhosts["/"]))
+        second.basic_publish("", "a", b"3")
+        second.basic_publish("", "b", b"4")
+        while len(got) < 2:
+            conn.process_data_events(0.05)
+        second.basic_ack(got[1])
+        conn.close()
+        events = read_trace(broker, trace_dir)
+    routed = [(e["queues"], e["rk"]) for e in of(events, "routed")]
+    assert routed == [(["a"], "a"), (["b"], "b"), (["a"], "a"), (["b"], "b")]
+    assert {(e["conn"], e["ch"]) for e in of(events, "published")} == {
+        (of(events, "published")[0]["conn"], first.channel_number)
+    }
+    delivered = of(events, "delivered")
+    assert [(e["queue"], e["consumer"], e["tag"]) for e in delivered] == [
+        ("b", "x", 1),
+        ("b", "x", 2),
+    ]
+    assert [e["msg"] for e in of(events, "acked")] == [e["msg"] for e in delivered]
+    assert of(events, "queue_deleted", queue="a")[0]["messages"] == 1
+
+
 def test_config_keys() -> None:
     settings = parse_config(
         "trace.enabled = true\ntrace.dir = /var/log/warren-trace\ntrace.vhosts = /, orders\n"
