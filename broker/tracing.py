@@ -414,9 +414,11 @@ class TraceWriter:
     needs. So the broker's side only records ints: the frequent events (published,
     delivered, acked, confirmed) as runs of int64s packed into a ``bytearray``, with
     channels, consumers, queues and routes as small ids defined once in the stream
-    (``channel_id``...), the rare events as tuples on a side list, marked in their place
-    in the int stream. Every ``FLUSH_INTERVAL`` a timer on the loop swaps in fresh
-    buffers (small ones stay in the CPU caches) and writes the old ones to
+    (``channel_id``...; ``forget`` drops one when its object ends, so that the writer
+    process does not keep every channel ever opened), the rare events as tuples on a side
+    list, marked in their place in the int stream. Every ``FLUSH_INTERVAL`` a timer on
+    the loop swaps in fresh buffers (small ones stay in the CPU caches) and writes the old
+    ones to
     ``python -m broker.tracing`` through a non-blocking pipe: the ints as they are (one
     ``writev``, no copy, no Python per event), the side list ``marshal``-encoded. No
     thread: one would take the GIL from the loop at every hand-over. The child decodes,

@@ -1,6 +1,6 @@
 """What message-lifecycle tracing costs at full load: bench.py against Warren, tracing off and on.
 
-    python tests/benchmarks/trace_overhead.py [--seconds 3] [--rounds 10] [--port N]
+    python tests/benchmarks/trace_overhead.py [--seconds 3] [--rounds 10] [--port N] [--same]
 
 For each scenario, starts two brokers side by side (``trace.enabled = false`` / ``true``
 in a config file), and runs bench.py ``--rounds`` times against each, alternating
@@ -10,7 +10,8 @@ round's two runs are back to back, so they share the machine's mood), the broker
 message, and how many events the traced runs wrote and dropped (the buffer is never
 allowed to slow the broker: when the writer falls behind, events are dropped and counted).
 On a shared machine single runs swing by a third: trust many short rounds, not a few
-long ones.
+long ones. ``--same`` traces on neither broker (an A/A run): the spread of the per-round
+ratio when nothing differs, to read the traced runs' spread against.
 """
 
 from __future__ import annotations
@@ -121,6 +122,11 @@ def main() -> int:
     parser.add_argument(
         "--keep", action="store_true", help="keep the trace files (gigabytes) for a look"
     )
+    parser.add_argument(
+        "--same",
+        action="store_true",
+        help="trace on neither broker: the spread of the ratio when nothing differs",
+    )
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="warren-trace-bench-")
     trace_dir = os.path.join(work, "trace")
@@ -128,7 +134,8 @@ def main() -> int:
     for mode in ("off", "on"):
         path = os.path.join(work, f"{mode}.conf")
         with open(path, "w", encoding="utf-8") as f:
-            f.write(f"trace.enabled = {'true' if mode == 'on' else 'false'}\n")
+            traced = mode == "on" and not args.same
+            f.write(f"trace.enabled = {'true' if traced else 'false'}\n")
             f.write(f"trace.dir = {trace_dir}\n")
         configs[mode] = path
     ports = {"off": args.port or free_port(), "on": args.port + 1 if args.port else free_port()}
@@ -172,9 +179,10 @@ def main() -> int:
                         f"{cpu[(label, mode)][-1]:6.2f} us CPU/msg",
                         file=sys.stderr,
                     )
-    written, dropped = trace_counts(trace_dir)
+    written, dropped = trace_counts(trace_dir) if os.path.isdir(trace_dir) else (0, 0)
     print(
-        f"{args.rounds} rounds of {args.seconds:g} s per mode and scenario\n\n"
+        f"{args.rounds} rounds of {args.seconds:g} s per mode and scenario"
+        f"{' (--same: the on broker does not trace either)' if args.same else ''}\n\n"
         "| scenario | off: msg/s | on: msg/s | on/off | per round: quartiles "
         "| off: broker CPU/msg | on: broker CPU/msg | CPU on/off |\n"
         "|---|---|---|---|---|---|---|---|"
