@@ -193,8 +193,8 @@ class Tracer:
             buf += _pack11(
                 PUBLISHED, _mono(), tid, channel.trace_ref or w.channel_id(channel),
                 self._names.get((msg.exchange, msg.routing_key)) or w.route_id(msg),
-                len(msg.body), seq, mandatory,
-                extra, 1, queues[0].trace_ref or w.queue_id(queues[0]),
+                len(msg.body), seq, mandatory, extra, 1,
+                queues[0].trace_ref or w.queue_id(queues[0]),
             )  # fmt: skip
             return
         targets = [q.trace_ref or w.queue_id(q) for q in queues]
@@ -418,9 +418,8 @@ class TraceWriter:
     process does not keep every channel ever opened), the rare events as tuples on a side
     list, marked in their place in the int stream. Every ``FLUSH_INTERVAL`` a timer on
     the loop swaps in fresh buffers (small ones stay in the CPU caches) and writes the old
-    ones to
-    ``python -m broker.tracing`` through a non-blocking pipe: the ints as they are (one
-    ``writev``, no copy, no Python per event), the side list ``marshal``-encoded. No
+    ones to ``python -m broker.tracing`` through a non-blocking pipe: the ints as they are
+    (one ``writev``, no copy, no Python per event), the side list ``marshal``-encoded. No
     thread: one would take the GIL from the loop at every hand-over. The child decodes,
     formats (the frequent events from JSON pieces made once per channel, consumer and
     route), writes and rotates on another core, at the lowest priority. If it falls
