@@ -176,7 +176,7 @@ class Channel:
         if (tracer := self.vhost.tracer) is not None:
             tracer.delivered(self, consumer, msg, tag)
             if tracer.firehose.bindings:
-                firehose.delivered(self, consumer.queue.name, msg)
+                firehose.delivered(tracer.firehose, self, consumer.queue.name, msg)
         stats = self.stats
         stats.delivered += 1
         if msg.redelivered:
@@ -353,7 +353,7 @@ class Channel:
         if (tracer := self.vhost.tracer) is not None:
             tracer.published(self, msg, queues, mandatory, seq)
             if tracer.firehose.bindings:
-                firehose.published(self, msg, queues)
+                firehose.published(tracer.firehose, self, msg, queues)
         store = self._store
         stored_before = store.published if store is not None else 0
         accepted = True
@@ -668,7 +668,7 @@ class Channel:
         if (tracer := self.vhost.tracer) is not None:
             tracer.got(self, queue, msg, tag)
             if tracer.firehose.bindings:
-                firehose.delivered(self, queue.name, msg)
+                firehose.delivered(tracer.firehose, self, queue.name, msg)
         if method.no_ack:
             queue.settled(msg)
         else:

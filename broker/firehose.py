@@ -20,6 +20,7 @@ from protocol.tables import join_entries
 
 if TYPE_CHECKING:
     from broker.channel import Channel
+    from broker.exchange import Exchange
     from broker.queue import Queue
     from broker.vhost import VirtualHost
 
@@ -32,28 +33,27 @@ _i32 = struct.Struct(">i")
 _u32 = struct.Struct(">I")
 
 
-# The engine calls these only while something is bound to the trace exchange
-# (``Tracer.firehose.bindings``): with nothing listening a copy is never built.
+# The engine calls these with the vhost's trace exchange (``Tracer.firehose``), and only
+# while something is bound to it: with nothing listening a copy is never built.
 
 
-def published(channel: Channel, msg: Message, queues: list[Queue]) -> None:
+def published(exchange: Exchange, channel: Channel, msg: Message, queues: list[Queue]) -> None:
     """basic.publish seen: ``publish.<exchange>`` with the queues it reached."""
     extra = {**_who(channel), "routed_queues": _array([q.name for q in queues])}
-    _tap(channel.vhost, "publish." + msg.exchange, msg, extra)
+    _tap(exchange, channel.vhost, "publish." + msg.exchange, msg, extra)
 
 
-def delivered(channel: Channel, queue: str, msg: Message) -> None:
+def delivered(exchange: Exchange, channel: Channel, queue: str, msg: Message) -> None:
     """basic.deliver or basic.get-ok sent: ``deliver.<queue>``."""
     if msg.exchange == TRACE_EXCHANGE:
         return  # a trace copy is not traced again
     extra = {"redelivered": _signedint(1 if msg.redelivered else 0), **_who(channel)}
-    _tap(channel.vhost, "deliver." + queue, msg, extra)
+    _tap(exchange, channel.vhost, "deliver." + queue, msg, extra)
 
 
-def _tap(vhost: VirtualHost, routing_key: str, msg: Message, extra: dict[str, bytes]) -> None:
-    exchange = vhost.exchanges.get(TRACE_EXCHANGE)
-    if exchange is None:
-        return
+def _tap(
+    exchange: Exchange, vhost: VirtualHost, routing_key: str, msg: Message, extra: dict[str, bytes]
+) -> None:
     copy = Message(TRACE_EXCHANGE, routing_key, NO_PROPERTIES, msg.body)
     targets = vhost.route(exchange, copy)
     if not targets:

@@ -188,20 +188,21 @@ class Tracer:
             w.side.append(props)
         else:
             extra = 0
+        channel_id = channel.trace_ref or w.channel_id(channel)
         # the route's key: the routing key's hash is cached (the exchange looked it up)
-        if len(queues) == 1:
+        route = self._names.get((msg.exchange, msg.routing_key)) or w.route_id(msg)
+        if len(queues) == 1:  # the usual case: a precompiled struct, no list of ids
+            queue = queues[0]
             buf += _pack11(
-                PUBLISHED, _mono(), tid, channel.trace_ref or w.channel_id(channel),
-                self._names.get((msg.exchange, msg.routing_key)) or w.route_id(msg),
-                len(msg.body), seq, mandatory, extra, 1,
-                queues[0].trace_ref or w.queue_id(queues[0]),
+                PUBLISHED, _mono(), tid, channel_id, route, len(msg.body), seq, mandatory,
+                extra, 1, queue.trace_ref or w.queue_id(queue),
             )  # fmt: skip
             return
         targets = [q.trace_ref or w.queue_id(q) for q in queues]
-        head = (PUBLISHED, _mono(), tid, channel.trace_ref or w.channel_id(channel),
-                self._names.get((msg.exchange, msg.routing_key)) or w.route_id(msg),
-                len(msg.body), seq, mandatory, extra, len(targets))  # fmt: skip
-        buf += struct.pack(f"{10 + len(targets)}q", *head, *targets)
+        buf += struct.pack(
+            f"{10 + len(targets)}q", PUBLISHED, _mono(), tid, channel_id, route, len(msg.body),
+            seq, mandatory, extra, len(targets), *targets,
+        )  # fmt: skip
 
     def published_by_api(self, msg: Message, queues: list[Queue]) -> None:
         """Published through the management API: no channel."""
