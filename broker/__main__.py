@@ -1,4 +1,4 @@
-"""``warren-server`` / ``python -m broker``: run the broker until SIGTERM or SIGINT.
+"""``warren-server`` / ``python -m warren``: run the broker until SIGTERM or SIGINT.
 
 The engine, structlog and uvloop are imported only once the arguments are
 parsed, so ``--help`` and configuration errors answer at once; start-up time
@@ -12,7 +12,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from config import Settings
+    from warren.config import Settings
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -43,7 +43,7 @@ def _port_or_none(text: str) -> int | None:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    from config import Listener, load_settings
+    from warren.config import Listener, load_settings
 
     settings = load_settings(args.config)
     changes: dict[str, object] = {}
@@ -70,7 +70,7 @@ async def serve(settings: Settings) -> None:
     import asyncio
     import signal
 
-    from broker.server import Server
+    from warren.broker.server import Server
 
     # handlers first: whoever reads the first log line may send SIGTERM at once
     stop = asyncio.Event()
@@ -99,14 +99,14 @@ async def serve(settings: Settings) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from config import ConfigError
+    from warren.config import ConfigError
 
     try:
         settings = settings_from_args(args)
     except ConfigError as exc:
         print(f"warren-server: configuration error: {exc}", file=sys.stderr)
         return 2
-    from broker.logging import configure_logging
+    from warren.broker.logging import configure_logging
 
     configure_logging(settings.log_level, settings.log_formatter, settings.log_console)
     try:

@@ -13,8 +13,8 @@ import shutil
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
-    from broker.timers import TimerHandle
+    from warren.broker.broker import Broker
+    from warren.broker.timers import TimerHandle
 
 CHECK_INTERVAL = 1.0  # seconds
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.retry import RETRY_TYPES, RetryConfigError, parse_schedule
-from protocol.constants import PRECONDITION_FAILED
-from protocol.errors import ChannelError
-from protocol.tables import TypedTable
+from warren.broker.retry import RETRY_TYPES, RetryConfigError, parse_schedule
+from warren.protocol.constants import PRECONDITION_FAILED
+from warren.protocol.errors import ChannelError
+from warren.protocol.tables import TypedTable
 
 MAX_UINT32 = 2**32 - 1
 # RabbitMQ's ceiling for TTLs and expiry (ten years, ms); Celery's delayed delivery needs more

@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.constants import ACCESS_REFUSED
-from protocol.errors import ChannelError
+from warren.protocol.constants import ACCESS_REFUSED
+from warren.protocol.errors import ChannelError
 
 HASHING_ALGORITHM = "rabbit_password_hashing_sha256"
 TAGS = ("administrator", "monitoring", "management", "policymaker", "impersonator")

@@ -7,17 +7,17 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from broker.alarms import ResourceMonitor
-from broker.auth import AccessControl
-from broker.persistence import Persistence
-from broker.timers import Timers
-from broker.tracing import Tracing
-from broker.vhost import VirtualHost
-from config import Settings
+from warren.broker.alarms import ResourceMonitor
+from warren.broker.auth import AccessControl
+from warren.broker.persistence import Persistence
+from warren.broker.timers import Timers
+from warren.broker.tracing import Tracing
+from warren.broker.vhost import VirtualHost
+from warren.config import Settings
 
 if TYPE_CHECKING:
-    from broker.channel import Channel
-    from broker.connection import Connection
+    from warren.broker.channel import Channel
+    from warren.broker.connection import Connection
 
 
 class BrokerStats:

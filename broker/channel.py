@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from broker import firehose
-from broker.arguments import MAX_TTL, validate_consumer_arguments
-from broker.consumer import Consumer
-from broker.exchange import Exchange
-from broker.message import Message
-from protocol.connection import Content
-from protocol.constants import (
+from warren.broker import firehose
+from warren.broker.arguments import MAX_TTL, validate_consumer_arguments
+from warren.broker.consumer import Consumer
+from warren.broker.exchange import Exchange
+from warren.broker.message import Message
+from warren.protocol.connection import Content
+from warren.protocol.constants import (
     ACCESS_REFUSED,
     NO_ROUTE,
     NOT_ALLOWED,
@@ -28,9 +28,9 @@ from protocol.constants import (
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
 )
-from protocol.errors import ChannelError, ConnectionError_
-from protocol.frames import content_frames
-from protocol.methods import (
+from warren.protocol.errors import ChannelError, ConnectionError_
+from warren.protocol.frames import content_frames
+from warren.protocol.methods import (
     AccessRequest,
     BasicAck,
     BasicNack,
@@ -45,7 +45,7 @@ from protocol.methods import (
     return_frame,
     shortstr,
 )
-from protocol.properties import (
+from warren.protocol.properties import (
     FLAG_EXPIRATION,
     FLAG_REPLY_TO,
     FLAG_USER_ID,
@@ -56,9 +56,9 @@ from protocol.properties import (
 )
 
 if TYPE_CHECKING:
-    from broker.connection import Connection
-    from broker.queue import Queue
-    from broker.store import MessageStore
+    from warren.broker.connection import Connection
+    from warren.broker.queue import Queue
+    from warren.broker.store import MessageStore
 
 
 def parse_expiration(value: str) -> int:

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pamqp import commands
 
-from broker.channel import HANDLERS, Channel
-from protocol.connection import Content, ProtocolConnection, Sentinel
-from protocol.constants import (
+from warren.broker.channel import HANDLERS, Channel
+from warren.protocol.connection import Content, ProtocolConnection, Sentinel
+from warren.protocol.constants import (
     ACCESS_REFUSED,
     CHANNEL_ERROR,
     COMMAND_INVALID,
@@ -24,16 +24,16 @@ from protocol.constants import (
     NOT_ALLOWED,
     PROTOCOL_HEADER,
 )
-from protocol.errors import AMQPError, ChannelError, ConnectionError_, truncate_reply_text
-from protocol.frames import HEARTBEAT_FRAME
-from protocol.methods import make, method_frame
-from protocol.tables import TableError, decode_table
+from warren.protocol.errors import AMQPError, ChannelError, ConnectionError_, truncate_reply_text
+from warren.protocol.frames import HEARTBEAT_FRAME
+from warren.protocol.methods import make, method_frame
+from warren.protocol.tables import TableError, decode_table
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
-    from broker.queue import Queue
-    from broker.timers import TimerHandle
-    from broker.vhost import VirtualHost
+    from warren.broker.broker import Broker
+    from warren.broker.queue import Queue
+    from warren.broker.timers import TimerHandle
+    from warren.broker.vhost import VirtualHost
 
 VERSION = "0.1.0"
 LOGIN_REFUSAL_DELAY = 1.0  # seconds before a refused login is answered (RabbitMQ waits too)

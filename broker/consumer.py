@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from protocol.methods import shortstr
+from warren.protocol.methods import shortstr
 
 if TYPE_CHECKING:
-    from broker.channel import Channel
-    from broker.queue import Queue
+    from warren.broker.channel import Channel
+    from warren.broker.queue import Queue
 
 
 class Consumer:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from broker.message import Message
-from protocol.properties import decode_field, join_properties, split_properties
-from protocol.tables import decode_table, encode_value, join_entries, table_entries
+from warren.broker.message import Message
+from warren.protocol.properties import decode_field, join_properties, split_properties
+from warren.protocol.tables import decode_table, encode_value, join_entries, table_entries
 
 
 def dead_letter_copy(

@@ -13,16 +13,16 @@ import platform
 import struct
 from typing import TYPE_CHECKING
 
-from broker.message import Message
-from protocol.errors import SURROGATES
-from protocol.properties import join_properties, split_properties
-from protocol.tables import join_entries
+from warren.broker.message import Message
+from warren.protocol.errors import SURROGATES
+from warren.protocol.properties import join_properties, split_properties
+from warren.protocol.tables import join_entries
 
 if TYPE_CHECKING:
-    from broker.channel import Channel
-    from broker.exchange import Exchange
-    from broker.queue import Queue
-    from broker.vhost import VirtualHost
+    from warren.broker.channel import Channel
+    from warren.broker.exchange import Exchange
+    from warren.broker.queue import Queue
+    from warren.broker.vhost import VirtualHost
 
 TRACE_EXCHANGE = "amq.rabbitmq.trace"
 NODE = "warren@" + platform.node()
@@ -84,7 +84,7 @@ def _flush() -> None:
 
 
 def _who(channel: Channel) -> dict[str, bytes]:
-    from broker.management.formats import connection_name
+    from warren.broker.management.formats import connection_name
 
     conn = channel.conn
     return {

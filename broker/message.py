@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from protocol.methods import shortstr
-from protocol.properties import FLAG_HEADERS, decode_field, has_flag, split_properties
+from warren.protocol.methods import shortstr
+from warren.protocol.properties import FLAG_HEADERS, decode_field, has_flag, split_properties
 
 if TYPE_CHECKING:
-    from broker.channel import Channel
-    from broker.consumer import Consumer
-    from broker.queue import Queue
+    from warren.broker.channel import Channel
+    from warren.broker.consumer import Consumer
+    from warren.broker.queue import Queue
 
 READY = 0
 UNACKED = 1

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from broker.management.formats import channel_name, connection_name
+from warren.broker.management.formats import channel_name, connection_name
 
 if TYPE_CHECKING:
-    from broker.channel import Channel
-    from broker.management.core import Management
-    from broker.queue import Queue
+    from warren.broker.channel import Channel
+    from warren.broker.management.core import Management
+    from warren.broker.queue import Queue
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 QUEUE_TYPES = {"classic": "rabbit_classic_queue", "quorum": "rabbit_quorum_queue"}

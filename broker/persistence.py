@@ -12,15 +12,15 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from broker.policy import Policy, PolicyError
-from broker.store import DefinitionStore, MessageStore
-from protocol.properties import FLAG_DELIVERY_MODE
+from warren.broker.policy import Policy, PolicyError
+from warren.broker.store import DefinitionStore, MessageStore
+from warren.protocol.properties import FLAG_DELIVERY_MODE
 
 if TYPE_CHECKING:
-    from broker.auth import User
-    from broker.broker import Broker
-    from broker.exchange import Exchange
-    from broker.queue import Queue
+    from warren.broker.auth import User
+    from warren.broker.broker import Broker
+    from warren.broker.exchange import Exchange
+    from warren.broker.queue import Queue
 
 
 def is_persistent(properties: bytes) -> bool:
@@ -114,7 +114,7 @@ class Persistence:
         arguments: dict[str, Any],
         added: bool,
     ) -> None:
-        from broker.exchange import Exchange
+        from warren.broker.exchange import Exchange
 
         if not source.durable or not destination.durable:
             return

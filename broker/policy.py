@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.retry import RETRY_TYPES, RetryConfigError, parse_schedule
+from warren.broker.retry import RETRY_TYPES, RetryConfigError, parse_schedule
 
 APPLY_TO = ("queues", "classic_queues", "quorum_queues", "exchanges", "all")
 

@@ -14,19 +14,34 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from broker.message import DELAYED, GONE, READY, UNACKED, Message, PagedMessage, page_out, unpage
-from broker.persistence import is_persistent
-from broker.ready import PriorityReady, merge_in_order
-from broker.retry import RetryPolicy, parse_schedule
-from broker.timers import Deadline
-from protocol.properties import FLAG_PRIORITY, decode_field, has_flag, set_header, split_properties
+from warren.broker.message import (
+    DELAYED,
+    GONE,
+    READY,
+    UNACKED,
+    Message,
+    PagedMessage,
+    page_out,
+    unpage,
+)
+from warren.broker.persistence import is_persistent
+from warren.broker.ready import PriorityReady, merge_in_order
+from warren.broker.retry import RetryPolicy, parse_schedule
+from warren.broker.timers import Deadline
+from warren.protocol.properties import (
+    FLAG_PRIORITY,
+    decode_field,
+    has_flag,
+    set_header,
+    split_properties,
+)
 
 if TYPE_CHECKING:
-    from broker.channel import Channel
-    from broker.consumer import Consumer
-    from broker.policy import Policy
-    from broker.store import MessageStore, StoredMessage
-    from broker.vhost import VirtualHost
+    from warren.broker.channel import Channel
+    from warren.broker.consumer import Consumer
+    from warren.broker.policy import Policy
+    from warren.broker.store import MessageStore, StoredMessage
+    from warren.broker.vhost import VirtualHost
 
 
 class QueueStats:

@@ -11,7 +11,7 @@ import heapq
 from collections import deque
 from collections.abc import Iterator
 
-from broker.message import Message
+from warren.broker.message import Message
 
 
 def _seq(msg: Message) -> int:

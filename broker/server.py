@@ -11,11 +11,11 @@ import socket
 import ssl
 from typing import Any
 
-from broker.broker import Broker
-from broker.connection import Connection
-from broker.management.core import Management
-from broker.timers import Timers
-from config import Settings
+from warren.broker.broker import Broker
+from warren.broker.connection import Connection
+from warren.broker.management.core import Management
+from warren.broker.timers import Timers
+from warren.config import Settings
 
 
 class AMQPServerProtocol(asyncio.Protocol):
@@ -88,7 +88,7 @@ class Server:
         self.broker.open_store()  # recover before the first client can see anything
         self.broker.monitor.start()
         if self.settings.load_definitions:
-            from broker.management.definitions import load_definitions
+            from warren.broker.management.definitions import load_definitions
 
             load_definitions(self.management, self.settings.load_definitions)
         for listener in self.settings.listeners:
@@ -122,7 +122,7 @@ class Server:
         mgmt = self.management
         mgmt.listeners = self.addresses
         if settings.management_port is not None:
-            from broker.management.api import management_app  # aiohttp only when used
+            from warren.broker.management.api import management_app  # aiohttp only when used
 
             site = management_app(mgmt)
             self.http_sites.append(site)
@@ -130,8 +130,8 @@ class Server:
                 settings.management_ip, settings.management_port
             )
         if settings.prometheus_port is not None:
-            from broker.management.app import HttpSite
-            from broker.metrics import MetricsApp
+            from warren.broker.management.app import HttpSite
+            from warren.broker.metrics import MetricsApp
 
             site = HttpSite(MetricsApp(mgmt).app)
             self.http_sites.append(site)

@@ -67,18 +67,18 @@ from typing import IO, TYPE_CHECKING, Any
 
 import structlog
 
-from broker.firehose import TRACE_EXCHANGE
-from protocol.properties import split_properties
+from warren.broker.firehose import TRACE_EXCHANGE
+from warren.protocol.properties import split_properties
 
 if TYPE_CHECKING:
-    from broker.channel import Channel
-    from broker.consumer import Consumer
-    from broker.exchange import Exchange
-    from broker.message import Message
-    from broker.queue import Queue
-    from broker.timers import Timers
-    from broker.vhost import VirtualHost
-    from config import Settings
+    from warren.broker.channel import Channel
+    from warren.broker.consumer import Consumer
+    from warren.broker.exchange import Exchange
+    from warren.broker.message import Message
+    from warren.broker.queue import Queue
+    from warren.broker.timers import Timers
+    from warren.broker.vhost import VirtualHost
+    from warren.config import Settings
 
 FLUSH_INTERVAL = 0.02  # seconds between hand-overs: small buffers stay in the CPU caches
 FLUSH_TIMEOUT = 5.0  # seconds a flush (tests, shutdown) waits for the writer process
@@ -327,7 +327,7 @@ class Tracer:
 
     def purged(self, queue: Queue) -> None:
         """Ready and delayed messages are about to go (purge, or the queue's deletion)."""
-        from broker.message import DELAYED, READY
+        from warren.broker.message import DELAYED, READY
 
         reason = "queue_deleted" if queue.deleted else "purged"
         for msg in queue.ready:
@@ -419,7 +419,7 @@ class TraceWriter:
     process does not keep every channel ever opened), the rare events as tuples on a side
     list, marked in their place in the int stream. Every ``FLUSH_INTERVAL`` a timer on
     the loop swaps in fresh buffers (small ones stay in the CPU caches) and writes the old
-    ones to ``python -m broker.tracing`` through a non-blocking pipe: the ints as they are
+    ones to ``python -m warren.broker.tracing`` through a non-blocking pipe: the ints as they are
     (one ``writev``, no copy, no Python per event), the side list ``marshal``-encoded. No
     thread: one would take the GIL from the loop at every hand-over. The child decodes,
     formats (the frequent events from JSON pieces made once per channel, consumer and
@@ -508,7 +508,7 @@ class TraceWriter:
         os.makedirs(self.directory, exist_ok=True)
         offset = time.time_ns() - time.monotonic_ns()
         self._child = self._proc = child = subprocess.Popen(
-            [sys.executable, "-m", "broker.tracing", self.directory, str(self.rotate_bytes),
+            [sys.executable, "-m", "warren.broker.tracing", self.directory, str(self.rotate_bytes),
              str(self.rotate_seconds), str(offset)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )  # fmt: skip
@@ -793,7 +793,7 @@ class _Decoder:
 
 
 def _child_main(argv: list[str]) -> int:
-    """``python -m broker.tracing DIR ROTATE_BYTES ROTATE_SECONDS OFFSET_NS``: the writer."""
+    """``python -m warren.broker.tracing DIR ROTATE_BYTES ROTATE_SECONDS OFFSET_NS``: the writer."""
     directory, rotate_bytes, rotate_seconds, offset = argv
     # below the broker: on a saturated machine the broker keeps the CPU, this process falls
     # behind, the broker's buffers fill and events are dropped (and counted)

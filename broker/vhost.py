@@ -8,25 +8,25 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from broker.arguments import check_equivalent_arguments, validate_queue_arguments
-from broker.dead_letter import dead_letter_copy
-from broker.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exchange
-from broker.firehose import TRACE_EXCHANGE
-from broker.message import Message
-from broker.policy import Policy, pick
-from broker.queue import Queue
-from protocol.constants import (
+from warren.broker.arguments import check_equivalent_arguments, validate_queue_arguments
+from warren.broker.dead_letter import dead_letter_copy
+from warren.broker.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exchange
+from warren.broker.firehose import TRACE_EXCHANGE
+from warren.broker.message import Message
+from warren.broker.policy import Policy, pick
+from warren.broker.queue import Queue
+from warren.protocol.constants import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
     NOT_FOUND,
     PRECONDITION_FAILED,
     RESOURCE_LOCKED,
 )
-from protocol.errors import ChannelError, ConnectionError_, erlang_binary
+from warren.protocol.errors import ChannelError, ConnectionError_, erlang_binary
 
 if TYPE_CHECKING:
-    from broker.timers import Timers
-    from broker.tracing import Tracer
+    from warren.broker.timers import Timers
+    from warren.broker.tracing import Tracer
 
 STANDARD_EXCHANGES = (
     ("amq.direct", "direct"),

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from config.settings import Listener, Settings
+from warren.config.settings import Listener, Settings
 
 __all__ = ["ConfigError", "load_settings", "parse_config"]
 

@@ -1,7 +1,7 @@
-"""``python -m pipeline``: the same as ``warren-report``."""
+"""``python -m warren.pipeline``: the same as ``warren-report``."""
 
 import sys
 
-from pipeline.cli import main
+from warren.pipeline.cli import main
 
 sys.exit(main())

@@ -1,4 +1,4 @@
-"""``warren-report`` (also ``python -m pipeline``): run the job, write the tables and the report.
+"""``warren-report`` (also ``python -m warren.pipeline``): run the job, write tables and report.
 
     warren-report --trace ./trace --out ./report                 # embedded Spark, local[*]
     warren-report --trace ./trace --out ./report --queue orders  # + why orders is slow
@@ -134,7 +134,7 @@ def run(
     spark: SparkSession, trace: str, out: str, bucket_seconds: int = 60, max_deliveries: int = 3
 ) -> None:
     """The job on an existing session: Parquet tables and report.html in ``out``."""
-    from pipeline import job, report
+    from warren.pipeline import job, report
 
     tables = job.analyse(job.load_events(spark, trace), bucket_seconds, max_deliveries)
     job.write(tables, out)
@@ -144,14 +144,14 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from pipeline import report
+    from warren.pipeline import report
 
     if args.render:
         path, tables = report.write_report(args.out, args.trace)
         print(report.terminal_summary(tables, args.queue))
         print(f"\nreport: {path}")
         return 0
-    from pipeline import job
+    from warren.pipeline import job
 
     started = time.monotonic()
     partitions = args.partitions or auto_partitions(args.trace)

@@ -1,6 +1,6 @@
 """A synthetic trace in the broker's own format, for scale runs and the job's tests.
 
-    python -m pipeline.generate --out /tmp/trace10m --messages 2000000   # about 10M events
+    python -m warren.pipeline.generate --out /tmp/trace10m --messages 2000000   # about 10M events
 
 Lines are made by broker.tracing's formatters, so they are byte for byte what a broker
 writes. The workload: ``orders`` with three consumers of which one is slow and a fan-out
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from broker import tracing as t
+from warren.broker import tracing as t
 
 VHOST = "/"
 PUBLISHER = ("10.0.0.5", 50000)
@@ -218,7 +218,7 @@ def _dead_letter(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipeline.generate", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m warren.pipeline.generate", description=__doc__)
     p.add_argument("--out", required=True)
     p.add_argument("--messages", type=int, default=2_000_000)
     p.add_argument("--seed", type=int, default=1)

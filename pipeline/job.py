@@ -19,7 +19,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from pipeline.schema import DEAD_LETTER_REASONS, TRACE_SCHEMA
+from warren.pipeline.schema import DEAD_LETTER_REASONS, TRACE_SCHEMA
 
 # order of events that share a microsecond (published and routed always do)
 RANK = {

@@ -4,8 +4,8 @@ Nothing here imports asyncio or touches a socket; feed it bytes with
 ``ProtocolConnection.receive_data`` and read events with ``next_event``.
 """
 
-from protocol.connection import NEED_DATA, Content, ProtocolConnection, Sentinel
-from protocol.errors import AMQPError, ChannelError, ConnectionError_
+from warren.protocol.connection import NEED_DATA, Content, ProtocolConnection, Sentinel
+from warren.protocol.errors import AMQPError, ChannelError, ConnectionError_
 
 __all__ = [
     "NEED_DATA",

@@ -17,7 +17,7 @@ from struct import Struct
 
 from pamqp import commands
 
-from protocol.constants import (
+from warren.protocol.constants import (
     CHANNEL_ERROR,
     FRAME_BODY,
     FRAME_ERROR,
@@ -30,9 +30,9 @@ from protocol.constants import (
     SYNTAX_ERROR,
     UNEXPECTED_FRAME,
 )
-from protocol.errors import ChannelError, ConnectionError_, erlang_binary
-from protocol.methods import BasicPublish, Method, decode_method
-from protocol.properties import PropertiesError, check_properties
+from warren.protocol.errors import ChannelError, ConnectionError_, erlang_binary
+from warren.protocol.methods import BasicPublish, Method, decode_method
+from warren.protocol.properties import PropertiesError, check_properties
 
 _frame_head = Struct(">BHI")
 _content_head = Struct(">HHQ")

@@ -6,7 +6,7 @@ RabbitMQ words it) and the class/method ids of the method that caused it.
 
 from __future__ import annotations
 
-from protocol.constants import REPLY_NAMES
+from warren.protocol.constants import REPLY_NAMES
 
 # Short strings from clients need not be UTF-8: they are decoded and encoded with this
 # error handler, so that a name comes back to the client octet for octet.

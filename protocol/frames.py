@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from struct import Struct
 
-from protocol.constants import FRAME_BODY, FRAME_HEADER
+from warren.protocol.constants import FRAME_BODY, FRAME_HEADER
 
 frame_head = Struct(">BHI")
 _content_head = Struct(">BHIHHQ")  # frame head + class, weight, body size

@@ -15,9 +15,9 @@ from typing import Any
 
 from pamqp import commands, encode
 
-from protocol.constants import FRAME_ERROR, FRAME_METHOD, NOT_IMPLEMENTED
-from protocol.errors import SURROGATES, ConnectionError_, erlang_binary
-from protocol.tables import TableError, decode_table, encode_table
+from warren.protocol.constants import FRAME_ERROR, FRAME_METHOD, NOT_IMPLEMENTED
+from warren.protocol.errors import SURROGATES, ConnectionError_, erlang_binary
+from warren.protocol.tables import TableError, decode_table, encode_table
 
 _HH = Struct(">HH")
 _frame_head = Struct(">BHI")

@@ -12,8 +12,8 @@ from __future__ import annotations
 from struct import Struct
 from typing import Any
 
-from protocol.errors import SURROGATES
-from protocol.tables import (
+from warren.protocol.errors import SURROGATES
+from warren.protocol.tables import (
     FieldValue,
     TableError,
     decode_table,

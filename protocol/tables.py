@@ -14,8 +14,8 @@ import decimal
 from struct import Struct
 from typing import Any
 
-from protocol.constants import SYNTAX_ERROR
-from protocol.errors import SURROGATES, ConnectionError_
+from warren.protocol.constants import SYNTAX_ERROR
+from warren.protocol.errors import SURROGATES, ConnectionError_
 
 MAX_DEPTH = 64  # nesting of tables/arrays; deeper input is rejected, not recursed into
 

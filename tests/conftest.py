@@ -20,7 +20,7 @@ def amqp_url() -> Iterator[str]:
     if external:
         yield external
         return
-    from broker.testing import run_broker
+    from warren.broker.testkit import run_broker
 
     with run_broker() as running:
         yield running.url

@@ -43,12 +43,12 @@ with atheris.instrument_imports():
         split_frames,
     )
 
-    import broker.connection  # noqa: F401
-    import protocol.connection  # noqa: F401
-    from broker.broker import Broker
-    from broker.connection import Connection
-    from broker.timers import Timers
-    from config import Settings
+    import warren.broker.connection
+    import warren.protocol.connection  # noqa: F401
+    from warren.broker.broker import Broker
+    from warren.broker.connection import Connection
+    from warren.broker.timers import Timers
+    from warren.config import Settings
 
 SEEDS = load_seeds()
 HANDSHAKES = []

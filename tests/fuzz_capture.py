@@ -25,7 +25,7 @@ sys.path.insert(0, str(SEEDS.parent.parent))
 import aio_pika  # noqa: E402
 import pika  # noqa: E402
 
-from broker.testing import run_broker  # noqa: E402
+from warren.broker.testkit import run_broker  # noqa: E402
 
 HEADERS = {
     "trace": "abc",

@@ -19,11 +19,11 @@ from typing import Any
 from hypothesis import strategies as st
 from pamqp import commands
 
-from protocol.connection import NEED_DATA, Content, ProtocolConnection, Sentinel
-from protocol.constants import FRAME_MIN_SIZE, PROTOCOL_HEADER, REPLY_NAMES
-from protocol.errors import AMQPError, ChannelError, ConnectionError_
-from protocol.properties import read_properties
-from protocol.tables import MAX_DEPTH
+from warren.protocol.connection import NEED_DATA, Content, ProtocolConnection, Sentinel
+from warren.protocol.constants import FRAME_MIN_SIZE, PROTOCOL_HEADER, REPLY_NAMES
+from warren.protocol.errors import AMQPError, ChannelError, ConnectionError_
+from warren.protocol.properties import read_properties
+from warren.protocol.tables import MAX_DEPTH
 
 SEEDS_DIR = Path(__file__).resolve().parent / "fuzz_seeds"
 

@@ -338,8 +338,8 @@ def policy_broker() -> Iterator[Policies]:
             policies.clear_all()
         return
 
-    from broker.policy import Policy
-    from broker.testing import run_broker
+    from warren.broker.policy import Policy
+    from warren.broker.testkit import run_broker
 
     with run_broker() as running:
         vhost = running.call(lambda: running.server.broker.vhosts["/"])

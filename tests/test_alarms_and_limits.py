@@ -9,7 +9,6 @@ import pika
 import pytest
 from pamqp import commands
 
-from broker.testing import RunningBroker, run_broker
 from tests.amqp_raw import (
     FRAME_BODY,
     FRAME_HEADER,
@@ -20,6 +19,7 @@ from tests.amqp_raw import (
     header_payload,
     method_payload,
 )
+from warren.broker.testkit import RunningBroker, run_broker
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from broker.testing import run_broker
+from warren.broker.testkit import run_broker
 
 SCRIPT = Path(__file__).resolve().parent / "benchmarks" / "compare_extra.py"
 

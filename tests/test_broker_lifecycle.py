@@ -14,11 +14,11 @@ from collections.abc import Iterator
 import pytest
 from pamqp import commands
 
-from broker.channel import Channel
-from broker.connection import Connection
-from broker.testing import RunningBroker, run_broker
-from protocol.constants import PROTOCOL_HEADER
 from tests.amqp_raw import RawClient, build, frame_bytes, header_payload, method_payload
+from warren.broker.channel import Channel
+from warren.broker.connection import Connection
+from warren.broker.testkit import RunningBroker, run_broker
+from warren.protocol.constants import PROTOCOL_HEADER
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +206,7 @@ def test_bad_config_stops_before_listening_with_exit_2(tmp_path: object) -> None
     with open(conf, "w") as fh:
         fh.write("heartbeat = 30\nconsumer_timeout = 0\n")
     result = subprocess.run(
-        [sys.executable, "-m", "broker", "--config", conf, "--data-dir", str(tmp_path)],
+        [sys.executable, "-m", "warren", "--config", conf, "--data-dir", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=30,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from config import ConfigError, Listener, Settings, load_settings, parse_config
-from config import parser as config_parser
+from warren.config import ConfigError, Listener, Settings, load_settings, parse_config
+from warren.config import parser as config_parser
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "rabbitmq.conf.example"
 DEFAULTS = Settings()

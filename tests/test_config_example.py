@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from config import load_settings
-from config import parser as config_parser
+from warren.config import load_settings
+from warren.config import parser as config_parser
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "rabbitmq.conf.example"
 IGNORED_SECTION = "## RabbitMQ keys that Warren accepts and ignores"

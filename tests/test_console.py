@@ -19,8 +19,8 @@ import pika
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from broker.testing import RunningBroker, run_broker
 from tests.http_api import HttpApi, q
+from warren.broker.testkit import RunningBroker, run_broker
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

@@ -15,9 +15,9 @@ import pika
 import pytest
 from pamqp import commands
 
-from broker.policy import Policy
-from broker.testing import RunningBroker, run_broker
 from tests.amqp_raw import DEFAULT_CAPABILITIES, RawClient, build
+from warren.broker.policy import Policy
+from warren.broker.testkit import RunningBroker, run_broker
 
 NO_CANCEL_NOTIFY = {k: v for k, v in DEFAULT_CAPABILITIES.items() if k != "consumer_cancel_notify"}
 QUORUM = {"x-queue-type": "quorum"}

@@ -32,10 +32,10 @@ import pika.exceptions
 import pytest
 import yaml
 
-from broker.healthcheck import Unhealthy, check
-from broker.healthcheck import main as healthcheck_main
-from broker.testing import RunningBroker, run_broker
-from config import Listener, load_settings
+from warren.broker.testkit import RunningBroker, run_broker
+from warren.broker.tools.healthcheck import Unhealthy, check
+from warren.broker.tools.healthcheck import main as healthcheck_main
+from warren.config import Listener, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKER = ROOT / "docker"
@@ -159,7 +159,7 @@ def test_healthcheck_command_exit_status(app_broker: RunningBroker) -> None:
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.startswith(f"warren-healthcheck: healthy (127.0.0.1:{app_broker.port}")
     bad = subprocess.run(
-        [sys.executable, "-m", "broker.healthcheck", *args, "--vhost", "nope"],
+        [sys.executable, "-m", "warren.broker.tools.healthcheck", *args, "--vhost", "nope"],
         capture_output=True,
         text=True,
     )

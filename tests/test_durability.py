@@ -14,7 +14,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from broker.testing import run_broker
+from warren.broker.testkit import run_broker
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
@@ -106,7 +106,7 @@ def test_topology_and_persistent_messages_survive_restart(tmp_path: Path) -> Non
 
 
 def test_users_vhosts_permissions_and_policies_survive(tmp_path: Path) -> None:
-    from broker.policy import Policy
+    from warren.broker.policy import Policy
 
     data = str(tmp_path)
     with run_broker(data_dir=data) as running:
@@ -209,7 +209,7 @@ def free_port() -> int:
 
 def start_server(data: str, port: int, config: str | None = None) -> subprocess.Popen[str]:
     extra = ["--config", config] if config else []
-    command = [sys.executable, "-m", "broker", "--port", str(port), "--bind", "127.0.0.1"]
+    command = [sys.executable, "-m", "warren", "--port", str(port), "--bind", "127.0.0.1"]
     # no HTTP endpoints: their default ports may be taken on the test machine
     command += ["--management-port", "none", "--prometheus-port", "none"]
     proc = subprocess.Popen(

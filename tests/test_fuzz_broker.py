@@ -43,10 +43,10 @@ from fuzz_support import (
 from hypothesis import HealthCheck, event, given, settings
 from pamqp import commands
 
-import broker.connection
-from broker.testing import RunningBroker, run_broker
-from protocol.constants import PROTOCOL_HEADER, REPLY_NAMES
-from protocol.methods import decode_method
+import warren.broker.connection
+from warren.broker.testkit import RunningBroker, run_broker
+from warren.protocol.constants import PROTOCOL_HEADER, REPLY_NAMES
+from warren.protocol.methods import decode_method
 
 SEEDS = load_seeds()
 LONG_RUN = int(os.environ.get("WARREN_FUZZ_EXAMPLES", "0"))
@@ -313,17 +313,17 @@ def check_close(method: Any, codes: frozenset[int]) -> None:
 @pytest.fixture(scope="module")
 def target() -> Iterator[FuzzTarget]:
     closed: dict[int, Closed] = {}
-    original: Callable[[broker.connection.Connection], None] = (
-        broker.connection.Connection.connection_lost
+    original: Callable[[warren.broker.connection.Connection], None] = (
+        warren.broker.connection.Connection.connection_lost
     )
 
-    def connection_lost(self: broker.connection.Connection) -> None:
+    def connection_lost(self: warren.broker.connection.Connection) -> None:
         if self.peer is not None and not self.closed:
             closed[self.peer[1]] = Closed(self.tuned, self._close_reason)
         original(self)
 
     with pytest.MonkeyPatch.context() as patch, run_broker(handshake_timeout=3000) as running:
-        patch.setattr(broker.connection.Connection, "connection_lost", connection_lost)
+        patch.setattr(warren.broker.connection.Connection, "connection_lost", connection_lost)
         running.add_vhost("witness")
         fuzz = FuzzTarget(running, closed)
         logging.getLogger().addHandler(fuzz.errors)

@@ -42,12 +42,17 @@ from fuzz_support import (
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from protocol.connection import NEED_DATA, ProtocolConnection
-from protocol.constants import FRAME_ERROR, PROTOCOL_HEADER
-from protocol.errors import ConnectionError_, truncate_reply_text
-from protocol.methods import decode_method
-from protocol.properties import PropertiesError, read_properties, set_header, split_properties
-from protocol.tables import (
+from warren.protocol.connection import NEED_DATA, ProtocolConnection
+from warren.protocol.constants import FRAME_ERROR, PROTOCOL_HEADER
+from warren.protocol.errors import ConnectionError_, truncate_reply_text
+from warren.protocol.methods import decode_method
+from warren.protocol.properties import (
+    PropertiesError,
+    read_properties,
+    set_header,
+    split_properties,
+)
+from warren.protocol.tables import (
     MAX_DEPTH,
     TableError,
     decode_table,

@@ -26,10 +26,11 @@ from amqp_raw import (
 )
 from pamqp import commands
 
-import broker.auth
-import broker.channel
-import broker.management.app
-from broker.testing import RunningBroker, run_broker
+import warren.broker.auth
+import warren.broker.channel
+import warren.broker.connection
+import warren.broker.management.app
+from warren.broker.testkit import RunningBroker, run_broker
 
 CONFIRMS_FIX = (
     "broker/connection.py: confirms owed when a channel or connection closes are written "
@@ -158,7 +159,7 @@ def test_an_internal_error_answers_a_generic_text(
     def broken(channel: Any, method: Any) -> None:
         raise RuntimeError(SECRET)
 
-    monkeypatch.setitem(broker.channel.HANDLERS, commands.Basic.Qos, broken)
+    monkeypatch.setitem(warren.broker.channel.HANDLERS, commands.Basic.Qos, broken)
     with RawClient.connect(addr(running)) as c, caplog.at_level(logging.ERROR):
         c.send_method(1, commands.Basic.Qos(prefetch_count=1))
         code, text, _, _ = c.expect_close()
@@ -177,7 +178,7 @@ def test_a_management_api_bug_answers_a_generic_500(monkeypatch: pytest.MonkeyPa
     async def broken(self: Any, request: Any) -> Any:
         raise RuntimeError(SECRET)
 
-    monkeypatch.setattr(broker.management.app.ManagementApp, "_handle", broken)
+    monkeypatch.setattr(warren.broker.management.app.ManagementApp, "_handle", broken)
     with run_broker(management_port=0) as b:
         assert b.management_url is not None
         request = urllib.request.Request(b.management_url.replace("guest:guest@", "") + "/api/")
@@ -201,8 +202,8 @@ def test_passwords_are_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch
         calls.append((a, b))
         return COMPARE_DIGEST(a, b)
 
-    monkeypatch.setattr(broker.auth.hmac, "compare_digest", compare)
-    access = broker.auth.AccessControl()
+    monkeypatch.setattr(warren.broker.auth.hmac, "compare_digest", compare)
+    access = warren.broker.auth.AccessControl()
     access.add_user("alice", "right")
     assert access.authenticate("alice", "right") is not None
     assert access.authenticate("alice", "wrong") is None
@@ -218,8 +219,8 @@ def test_an_unknown_user_costs_what_a_wrong_password_costs(
         calls.append(a)
         return COMPARE_DIGEST(a, b)
 
-    monkeypatch.setattr(broker.auth.hmac, "compare_digest", compare)
-    access = broker.auth.AccessControl()
+    monkeypatch.setattr(warren.broker.auth.hmac, "compare_digest", compare)
+    access = warren.broker.auth.AccessControl()
     access.add_user("alice", "right")
     assert access.authenticate("mallory", "right") is None
     assert len(calls) == 1
@@ -339,11 +340,10 @@ def test_a_handshake_method_on_a_running_connection_is_refused(
 def test_a_closed_connection_is_not_kept_alive_by_its_timers(running: RunningBroker) -> None:
     import gc
 
-    import broker.connection
 
     def alive() -> int:
         gc.collect()
-        return sum(type(o) is broker.connection.Connection for o in gc.get_objects())
+        return sum(type(o) is warren.broker.connection.Connection for o in gc.get_objects())
 
     before = running.call(alive)
     c = RawClient(addr(running))

@@ -32,9 +32,9 @@ from lifecycle import (
 )
 from pamqp import commands
 
-from broker.policy import Policy, PolicyError
-from broker.queue import Queue
-from broker.testing import RunningBroker, run_broker
+from warren.broker.policy import Policy, PolicyError
+from warren.broker.queue import Queue
+from warren.broker.testkit import RunningBroker, run_broker
 
 QUORUM = {"x-queue-type": "quorum"}
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pika
 
-from broker.healthcheck import Unhealthy, check
+from warren.broker.tools.healthcheck import Unhealthy, check
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,7 +33,7 @@ def server(tmp_path: Path, config: str, port: int = 0) -> Iterator[subprocess.Po
         "prometheus.tcp.port = none\n" + config
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker", "--config", str(conf)],
+        [sys.executable, "-m", "warren", "--config", str(conf)],
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
@@ -133,7 +133,7 @@ def test_none_and_console_off_log_nothing(tmp_path: Path) -> None:
 
 STDLIB = """
 import logging, sys
-from broker.logging import configure_logging
+from warren.broker.logging import configure_logging
 configure_logging("info", sys.argv[1])
 logging.getLogger("asyncio").debug("filtered out")
 try:

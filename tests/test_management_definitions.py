@@ -15,9 +15,9 @@ from typing import Any
 import pika
 import pytest
 
-from broker.management.definitions import DefinitionsError
-from broker.testing import RunningBroker, run_broker
 from tests.http_api import HttpApi, q
+from warren.broker.management.definitions import DefinitionsError
+from warren.broker.testkit import RunningBroker, run_broker
 
 RABBITMQ_FILE = Path(__file__).parent / "data" / "rabbitmq-3.10-definitions.json"
 

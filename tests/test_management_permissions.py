@@ -16,11 +16,11 @@ import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel
 
-from broker.management import auth
-from broker.management.core import Management
-from broker.management.errors import ApiError
-from broker.testing import RunningBroker, run_broker
 from tests.http_api import HttpApi, q
+from warren.broker.management import auth
+from warren.broker.management.core import Management
+from warren.broker.management.errors import ApiError
+from warren.broker.testkit import RunningBroker, run_broker
 
 PERMS = {"configure": "^c", "write": "^w", "read": "^r"}
 FULL = {"configure": ".*", "write": ".*", "read": ".*"}

@@ -11,9 +11,9 @@ import pika
 import pytest
 from pamqp import commands
 
-from broker.testing import RunningBroker, run_broker
 from tests.amqp_raw import RawClient
 from tests.http_api import HttpApi
+from warren.broker.testkit import RunningBroker, run_broker
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (-?[0-9.e+]+)$")
 

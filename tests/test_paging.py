@@ -14,8 +14,8 @@ from typing import Any
 import pika
 import pytest
 
-from broker.testing import RunningBroker, run_broker
 from tests.http_api import HttpApi
+from warren.broker.testkit import RunningBroker, run_broker
 
 LIMIT = 64 * 1024
 N = 3000
@@ -274,7 +274,7 @@ def test_paged_messages_that_expire_are_dead_lettered_byte_exact(tmp_path: Path)
 
 
 def test_the_limit_is_configured_like_rabbitmqs_sizes() -> None:
-    from config import ConfigError, parse_config
+    from warren.config import ConfigError, parse_config
 
     assert parse_config("").queue_body_memory_limit == 64 * 1024 * 1024
     assert parse_config("queue_body_memory_limit = 1MiB").queue_body_memory_limit == 1024**2

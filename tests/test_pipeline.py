@@ -16,9 +16,9 @@ from typing import Any
 import pika
 import pytest
 
-from broker.testing import RunningBroker, run_broker
-from pipeline import cli, generate, report
 from tests.trace_reference import load, nearest_rank, reference
+from warren.broker.testkit import RunningBroker, run_broker
+from warren.pipeline import cli, generate, report
 
 # JIT and code generation cost more than they save on a few thousand events
 FAST_START = {
@@ -32,7 +32,7 @@ TO_DEAD = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead"}
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    from pipeline.job import spark_session
+    from warren.pipeline.job import spark_session
 
     session = spark_session("local[2]", "1g", 2, conf=FAST_START)
     yield session
@@ -256,7 +256,7 @@ def test_the_job_on_a_real_broker(spark: Any, tmp_path: Path) -> None:
 def test_message_history(spark: Any, tmp_path: Path) -> None:
     trace = tmp_path / "trace"
     generate.generate(str(trace), 200, seed=3)
-    from pipeline import job
+    from warren.pipeline import job
 
     events = job.load_events(spark, str(trace))
     rows = [r.asDict() for r in job.message_events(events, "m-7").collect()]

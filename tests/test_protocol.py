@@ -7,7 +7,7 @@ import struct
 import pytest
 from pamqp import commands
 
-from protocol import (
+from warren.protocol import (
     NEED_DATA,
     ChannelError,
     ConnectionError_,
@@ -15,9 +15,9 @@ from protocol import (
     ProtocolConnection,
     Sentinel,
 )
-from protocol.constants import PROTOCOL_HEADER
-from protocol.frames import content_frames
-from protocol.methods import (
+from warren.protocol.constants import PROTOCOL_HEADER
+from warren.protocol.frames import content_frames
+from warren.protocol.methods import (
     BasicAck,
     BasicPublish,
     decode_method,
@@ -26,8 +26,8 @@ from protocol.methods import (
     method_frame,
     shortstr,
 )
-from protocol.properties import join_properties, read_properties, split_properties
-from protocol.tables import decode_table, encode_table, join_entries, table_entries
+from warren.protocol.properties import join_properties, read_properties, split_properties
+from warren.protocol.tables import decode_table, encode_table, join_entries, table_entries
 
 
 def frame(ftype: int, channel: int, payload: bytes, end: int = 0xCE) -> bytes:

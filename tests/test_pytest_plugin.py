@@ -1,4 +1,4 @@
-"""broker.testing.run_broker (sync and async) and the pytest plugin's fixtures.
+"""warren.broker.testkit.run_broker (sync and async) and the pytest plugin's fixtures.
 
 The plugin is exercised the way a user meets it: pytest runs in a separate
 process on a project of its own, finding the fixtures through the
@@ -26,8 +26,8 @@ import pika
 import pika.exceptions
 import pytest
 
-from broker.testing import QueueDepth, RunningBroker, run_broker, run_broker_async
-from config import Listener, Settings
+from warren.broker.testkit import QueueDepth, RunningBroker, run_broker, run_broker_async
+from warren.config import Listener, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -410,7 +410,7 @@ def test_plugin_does_not_import_the_broker_until_used(project: pytest.Pytester) 
 
         def test_no_broker_imported(pytestconfig):
             assert pytestconfig.pluginmanager.has_plugin("warren")
-            assert "broker.server" not in sys.modules
+            assert "warren.broker.server" not in sys.modules
         """
     )
     project.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
@@ -463,10 +463,18 @@ def test_installed_wheel_gives_the_fixture_to_another_project(tmp_path: Path) ->
     other.mkdir()
     (other / "pyproject.toml").write_text('[tool.pytest.ini_options]\nasyncio_mode = "auto"\n')
     (other / "test_readme.py").write_text(README_EXAMPLE)
+    # the project's own modules named like Warren's folders stay the project's
+    for name in ("config", "broker", "protocol", "pipeline"):
+        (other / f"{name}.py").write_text(f"OWNER = 'other-project:{name}'\n")
     (other / "test_where.py").write_text(
-        "import broker\n\n"
+        "import broker, config, pipeline, protocol\n"
+        "import warren, warren.broker.server\n\n"
         "def test_warren_comes_from_the_wheel():\n"
-        f"    assert broker.__file__.startswith({str(env_dir)!r})\n"
+        f"    assert warren.__file__.startswith({str(env_dir)!r})\n"
+        f"    assert warren.broker.server.__file__.startswith({str(env_dir)!r})\n\n"
+        "def test_the_project_keeps_its_module_names(warren_broker):\n"
+        "    for module in (broker, config, pipeline, protocol):\n"
+        "        assert module.OWNER == 'other-project:' + module.__name__\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     result = subprocess.run(
@@ -478,4 +486,7 @@ def test_installed_wheel_gives_the_fixture_to_another_project(tmp_path: Path) ->
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 passed" in result.stdout
+    assert "3 passed" in result.stdout
+    # nothing but the one package (and its metadata) lands at the top of site-packages
+    mine = {p.name for p in Path(site).iterdir()} - {"test-deps.pth", "_virtualenv.pth"}
+    assert {n for n in mine if not n.startswith(("warren", "__pycache__"))} == set(), mine

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from broker.testing import run_broker
+from warren.broker.testkit import run_broker
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
@@ -46,16 +46,17 @@ def test_help_and_config_errors_do_not_load_the_engine(tmp_path: Path) -> None:
     bad.write_text("heartbeat = often\n")
     code = (
         "import sys\n"
-        "from broker.__main__ import main\n"
+        "from warren.broker.__main__ import main\n"
         f"status = main(['--config', {str(bad)!r}])\n"
-        "loaded = [m for m in ('broker.server', 'structlog', 'uvloop') if m in sys.modules]\n"
+        "mods = ('warren.broker.server', 'structlog', 'uvloop')\n"
+        "loaded = [m for m in mods if m in sys.modules]\n"
         "print(status, loaded)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "2 []"
     assert "configuration error" in out.stderr and "heartbeat = often" in out.stderr
     help_ = subprocess.run(
-        [sys.executable, "-m", "broker", "--help"], capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-m", "warren", "--help"], capture_output=True, text=True, cwd=ROOT
     )
     assert help_.returncode == 0 and "--config" in help_.stdout
 
@@ -67,7 +68,7 @@ def test_a_taken_port_exits_1(tmp_path: Path) -> None:
         args = ["--port", str(taken.getsockname()[1]), "--bind", "127.0.0.1"]
         args += ["--management-port", "none", "--prometheus-port", "none"]
         out = subprocess.run(
-            [sys.executable, "-m", "broker", *args, "--data-dir", str(tmp_path)],
+            [sys.executable, "-m", "warren", *args, "--data-dir", str(tmp_path)],
             capture_output=True,
             text=True,
             timeout=30,
@@ -80,7 +81,7 @@ def test_http_endpoint_ports_from_the_command_line(tmp_path: Path) -> None:
     args = ["--port", "0", "--bind", "127.0.0.1", "--data-dir", str(tmp_path)]
     args += ["--management-port", "0", "--prometheus-port", "none"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker", *args], stderr=subprocess.PIPE, text=True, cwd=tmp_path
+        [sys.executable, "-m", "warren", *args], stderr=subprocess.PIPE, text=True, cwd=tmp_path
     )
     try:
         assert proc.stderr is not None

@@ -20,8 +20,8 @@ import pika.exceptions
 import pytest
 from tls_certs import Pki, make_pki
 
-from broker.testing import RunningBroker, run_broker
-from config import ConfigError, Listener, Settings, load_settings, parse_config
+from warren.broker.testkit import RunningBroker, run_broker
+from warren.config import ConfigError, Listener, Settings, load_settings, parse_config
 
 TLS_LISTENER = (Listener("tls", "127.0.0.1", 0),)
 

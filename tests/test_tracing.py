@@ -22,9 +22,9 @@ import pika
 import pytest
 from pamqp import commands
 
-from broker.testing import RunningBroker, run_broker
-from config import ConfigError, parse_config
 from tests.amqp_raw import RawClient, build
+from warren.broker.testkit import RunningBroker, run_broker
+from warren.config import ConfigError, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
 QUORUM = {"x-queue-type": "quorum"}
@@ -398,7 +398,7 @@ def test_on_and_off_at_run_time(trace_dir: Path) -> None:
 
         def ctl(*args: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
-                [sys.executable, "-m", "broker.warrenctl", "--url", url, *args],
+                [sys.executable, "-m", "warren.broker.tools.warrenctl", "--url", url, *args],
                 capture_output=True,
                 text=True,
                 env=env,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pika
 import pytest
 
-from broker.testing import RunningBroker, run_broker
 from tests.http_api import HttpApi
+from warren.broker.testkit import RunningBroker, run_broker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,7 +44,7 @@ def ctl(
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("RABBITMQ_CONFIG_FILE", None)
     return subprocess.run(
-        [sys.executable, "-m", "broker.warrenctl", "--url", url, *args],
+        [sys.executable, "-m", "warren.broker.tools.warrenctl", "--url", url, *args],
         capture_output=True,
         text=True,
         input=stdin,
@@ -136,7 +136,7 @@ def test_default_url_comes_from_the_config(warren: RunningBroker, tmp_path: Path
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
-        [sys.executable, "-m", "broker.warrenctl", "--config", str(conf), "ping"],
+        [sys.executable, "-m", "warren.broker.tools.warrenctl", "--config", str(conf), "ping"],
         capture_output=True,
         text=True,
         timeout=30,

@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from broker.auth import HASHING_ALGORITHM, hash_password
-from broker.management import auth
-from broker.management.app import Ctx, Router, created, no_content, reply, reply_list
-from broker.management.errors import bad_request, not_found
-from broker.management.formats import parse_bool, with_details
+from warren.broker.auth import HASHING_ALGORITHM, hash_password
+from warren.broker.management import auth
+from warren.broker.management.app import Ctx, Router, created, no_content, reply, reply_list
+from warren.broker.management.errors import bad_request, not_found
+from warren.broker.management.formats import parse_bool, with_details
 
 if TYPE_CHECKING:
-    from broker.auth import User
-    from broker.management.core import Management
+    from warren.broker.auth import User
+    from warren.broker.management.core import Management
 
 
 # ---- users ----

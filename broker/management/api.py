@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.management import (
+from warren.broker.management import (
     access,
     bindings,
     connections,
@@ -13,8 +13,8 @@ from broker.management import (
     queues,
     trace,
 )
-from broker.management.app import HttpSite, ManagementApp, Router
-from broker.management.core import Management
+from warren.broker.management.app import HttpSite, ManagementApp, Router
+from warren.broker.management.core import Management
 
 
 def build_router() -> Router:

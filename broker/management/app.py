@@ -18,21 +18,21 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from broker import console
-from broker.management import auth
-from broker.management.errors import (
+from warren.broker import console
+from warren.broker.management import auth
+from warren.broker.management.errors import (
     ApiError,
     bad_request,
     from_operation,
     method_not_allowed,
     not_found,
 )
-from protocol.errors import AMQPError
+from warren.protocol.errors import AMQPError
 
 if TYPE_CHECKING:
-    from broker.auth import User
-    from broker.management.core import Management
-    from broker.vhost import VirtualHost
+    from warren.broker.auth import User
+    from warren.broker.management.core import Management
+    from warren.broker.vhost import VirtualHost
 
 MAX_BODY = 20 * 1024 * 1024  # RabbitMQ's management.http.max_body_size default (definitions)
 

@@ -16,12 +16,12 @@ import binascii
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from broker.management.errors import login_failed, not_authorised
+from warren.broker.management.errors import login_failed, not_authorised
 
 if TYPE_CHECKING:
-    from broker.auth import User
-    from broker.management.app import Ctx
-    from broker.management.core import Management
+    from warren.broker.auth import User
+    from warren.broker.management.app import Ctx
+    from warren.broker.management.core import Management
 
 MANAGEMENT_TAGS = frozenset(("administrator", "monitoring", "policymaker", "management"))
 

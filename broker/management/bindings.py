@@ -12,12 +12,12 @@ from urllib.parse import quote, unquote_plus
 
 from aiohttp import web
 
-from broker.exchange import Exchange
-from broker.management import auth, operations
-from broker.management.app import Ctx, Router, created, no_content, reply, reply_list
-from broker.management.errors import bad_request, not_found
-from broker.management.exchanges import exchange_name
-from broker.management.formats import props_key, table_from_json, vhost_bindings
+from warren.broker.exchange import Exchange
+from warren.broker.management import auth, operations
+from warren.broker.management.app import Ctx, Router, created, no_content, reply, reply_list
+from warren.broker.management.errors import bad_request, not_found
+from warren.broker.management.exchanges import exchange_name
+from warren.broker.management.formats import props_key, table_from_json, vhost_bindings
 
 SORT = ("vhost", "source", "destination", "destination_type", "routing_key", "properties_key")
 

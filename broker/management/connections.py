@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from broker.management import auth
-from broker.management.app import Ctx, Router, no_content, reply, reply_list
-from broker.management.errors import not_found
-from broker.management.formats import (
+from warren.broker.management import auth
+from warren.broker.management.app import Ctx, Router, no_content, reply, reply_list
+from warren.broker.management.errors import not_found
+from warren.broker.management.formats import (
     channel_json,
     channel_name,
     connection_json,
@@ -23,8 +23,8 @@ from broker.management.formats import (
 )
 
 if TYPE_CHECKING:
-    from broker.channel import Channel
-    from broker.connection import Connection
+    from warren.broker.channel import Channel
+    from warren.broker.connection import Connection
 
 CLOSE_REASON = "Closed via management plugin"
 

@@ -15,12 +15,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from broker.connection import VERSION
-from broker.queue import Queue
+from warren.broker.connection import VERSION
+from warren.broker.queue import Queue
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
-    from broker.connection import Connection
+    from warren.broker.broker import Broker
+    from warren.broker.connection import Connection
 
 SAMPLE_INTERVAL = 5.0  # seconds, RabbitMQ's default collect_statistics_interval
 HISTORY = 121  # global samples kept: 10 minutes at the default interval, for the console's chart

@@ -18,19 +18,30 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from broker.management import auth, operations
-from broker.management.access import permissions, put_user, put_vhost, set_permissions, user_json
-from broker.management.app import Ctx, Router, json_response, no_content
-from broker.management.errors import ApiError, bad_request, from_operation, not_found
-from broker.management.formats import exchange_json, json_value, table_from_json, vhost_bindings
-from broker.management.overview import API_VERSION
-from broker.management.policies import set_policy
-from config import ConfigError
-from protocol.errors import AMQPError
+from warren.broker.management import auth, operations
+from warren.broker.management.access import (
+    permissions,
+    put_user,
+    put_vhost,
+    set_permissions,
+    user_json,
+)
+from warren.broker.management.app import Ctx, Router, json_response, no_content
+from warren.broker.management.errors import ApiError, bad_request, from_operation, not_found
+from warren.broker.management.formats import (
+    exchange_json,
+    json_value,
+    table_from_json,
+    vhost_bindings,
+)
+from warren.broker.management.overview import API_VERSION
+from warren.broker.management.policies import set_policy
+from warren.config import ConfigError
+from warren.protocol.errors import AMQPError
 
 if TYPE_CHECKING:
-    from broker.management.core import Management
-    from broker.vhost import VirtualHost
+    from warren.broker.management.core import Management
+    from warren.broker.vhost import VirtualHost
 
 
 class DefinitionsError(ConfigError):

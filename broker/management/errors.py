@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.constants import ACCESS_REFUSED, NOT_ALLOWED, NOT_FOUND
-from protocol.errors import AMQPError
+from warren.protocol.constants import ACCESS_REFUSED, NOT_ALLOWED, NOT_FOUND
+from warren.protocol.errors import AMQPError
 
 AUTH_REALM = 'Basic realm="RabbitMQ Management"'
 

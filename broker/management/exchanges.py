@@ -8,19 +8,19 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from broker.channel import REPLY_TO_PREFIX, parse_expiration
-from broker.management import auth, operations
-from broker.management.app import Ctx, Router, created, no_content, reply, reply_list
-from broker.management.errors import ApiError, bad_request, not_found
-from broker.management.formats import exchange_json, properties_from_json
-from broker.message import Message
-from protocol.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
-from protocol.errors import AMQPError, ChannelError
-from protocol.properties import decode_field, split_properties
+from warren.broker.channel import REPLY_TO_PREFIX, parse_expiration
+from warren.broker.management import auth, operations
+from warren.broker.management.app import Ctx, Router, created, no_content, reply, reply_list
+from warren.broker.management.errors import ApiError, bad_request, not_found
+from warren.broker.management.formats import exchange_json, properties_from_json
+from warren.broker.message import Message
+from warren.protocol.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
+from warren.protocol.errors import AMQPError, ChannelError
+from warren.protocol.properties import decode_field, split_properties
 
 if TYPE_CHECKING:
-    from broker.exchange import Exchange
-    from broker.vhost import VirtualHost
+    from warren.broker.exchange import Exchange
+    from warren.broker.vhost import VirtualHost
 
 
 def exchange_name(ctx: Ctx, key: str = "exchange") -> str:

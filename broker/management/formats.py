@@ -15,18 +15,18 @@ import json
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote_plus
 
-from broker.exchange import Exchange
-from broker.management.errors import bad_request
-from protocol.properties import PROPERTIES, PropertiesError, encode_shortstr, read_properties
-from protocol.tables import encode_table
+from warren.broker.exchange import Exchange
+from warren.broker.management.errors import bad_request
+from warren.protocol.properties import PROPERTIES, PropertiesError, encode_shortstr, read_properties
+from warren.protocol.tables import encode_table
 
 if TYPE_CHECKING:
-    from broker.channel import Channel
-    from broker.connection import Connection
-    from broker.consumer import Consumer
-    from broker.management.core import Management
-    from broker.queue import Queue
-    from broker.vhost import VirtualHost
+    from warren.broker.channel import Channel
+    from warren.broker.connection import Connection
+    from warren.broker.consumer import Consumer
+    from warren.broker.management.core import Management
+    from warren.broker.queue import Queue
+    from warren.broker.vhost import VirtualHost
 
 
 def json_value(value: Any) -> Any:

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from broker.exchange import Exchange
-from broker.management.errors import bad_request
-from broker.management.formats import parse_bool, table_from_json
+from warren.broker.exchange import Exchange
+from warren.broker.management.errors import bad_request
+from warren.broker.management.formats import parse_bool, table_from_json
 
 if TYPE_CHECKING:
-    from broker.management.core import Management
-    from broker.queue import Queue
-    from broker.vhost import VirtualHost
+    from warren.broker.management.core import Management
+    from warren.broker.queue import Queue
+    from warren.broker.vhost import VirtualHost
 
 # The "connection" the API declares on: it owns no exclusive queue, so exclusive
 # queues of AMQP clients are locked to it (RabbitMQ's 405 RESOURCE_LOCKED, as a 400).

@@ -7,17 +7,17 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from broker.management import auth
-from broker.management.app import Ctx, Router, json_response, reply
-from broker.management.core import GLOBAL_FIELDS
-from broker.management.errors import bad_request, from_channel, not_found
-from broker.management.formats import message_stats, with_details
-from broker.management.operations import API_OWNER, allow
-from broker.message import Message
-from protocol.errors import AMQPError
+from warren.broker.management import auth
+from warren.broker.management.app import Ctx, Router, json_response, reply
+from warren.broker.management.core import GLOBAL_FIELDS
+from warren.broker.management.errors import bad_request, from_channel, not_found
+from warren.broker.management.formats import message_stats, with_details
+from warren.broker.management.operations import API_OWNER, allow
+from warren.broker.message import Message
+from warren.protocol.errors import AMQPError
 
 if TYPE_CHECKING:
-    from broker.management.core import Management
+    from warren.broker.management.core import Management
 
 # RabbitMQ's own answer for the version its API speaks; Warren follows 3.10's management API
 API_VERSION = "3.10.8"

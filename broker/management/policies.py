@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from broker.management import auth
-from broker.management.app import Ctx, Router, created, no_content, reply, reply_list
-from broker.management.errors import bad_request, not_found
-from broker.policy import Policy, PolicyError
+from warren.broker.management import auth
+from warren.broker.management.app import Ctx, Router, created, no_content, reply, reply_list
+from warren.broker.management.errors import bad_request, not_found
+from warren.broker.policy import Policy, PolicyError
 
 if TYPE_CHECKING:
-    from broker.management.core import Management
+    from warren.broker.management.core import Management
 
 
 def validation_failed(text: str) -> str:

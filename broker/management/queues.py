@@ -8,16 +8,16 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from broker.management import auth, operations
-from broker.management.app import Ctx, Lazy, Router, created, no_content, reply, reply_list
-from broker.management.errors import bad_request, from_channel, not_found
-from broker.management.formats import properties_json, queue_json
-from protocol.errors import AMQPError
+from warren.broker.management import auth, operations
+from warren.broker.management.app import Ctx, Lazy, Router, created, no_content, reply, reply_list
+from warren.broker.management.errors import bad_request, from_channel, not_found
+from warren.broker.management.formats import properties_json, queue_json
+from warren.protocol.errors import AMQPError
 
 if TYPE_CHECKING:
-    from broker.message import Message
-    from broker.queue import Queue
-    from broker.vhost import VirtualHost
+    from warren.broker.message import Message
+    from warren.broker.queue import Queue
+    from warren.broker.vhost import VirtualHost
 
 ACK_MODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
 

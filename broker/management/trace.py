@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from broker.management import auth
-from broker.management.app import Ctx, Router, created, no_content, reply
+from warren.broker.management import auth
+from warren.broker.management.app import Ctx, Router, created, no_content, reply
 
 
 def trace_status(ctx: Ctx) -> web.StreamResponse:

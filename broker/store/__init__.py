@@ -1,6 +1,6 @@
 """Durable state under the data directory: definitions in SQLite, messages in segment files."""
 
-from broker.store.definitions import DefinitionStore
-from broker.store.segments import MessageStore, StoredMessage
+from warren.broker.store.definitions import DefinitionStore
+from warren.broker.store.segments import MessageStore, StoredMessage
 
 __all__ = ["DefinitionStore", "MessageStore", "StoredMessage"]

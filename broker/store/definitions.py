@@ -13,7 +13,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.tables import decode_table, encode_table
+from warren.protocol.tables import decode_table, encode_table
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS vhosts (name TEXT PRIMARY KEY);

@@ -23,8 +23,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from broker.message import READY, Message, PagedMessage, page_out, unpage
-from broker.store import records
+from warren.broker.message import READY, Message, PagedMessage, page_out, unpage
+from warren.broker.store import records
 
 SEGMENT_SIZE = 16 * 1024 * 1024
 COMPACT_BELOW = 0.5  # live share under which the oldest segment is rewritten

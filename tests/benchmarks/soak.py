@@ -51,8 +51,8 @@ sys.path.insert(0, str(ROOT))
 
 from pamqp import commands  # noqa: E402
 
-from protocol.frames import content_frames  # noqa: E402
-from protocol.methods import ack_frame, decode_method, make, method_frame  # noqa: E402
+from warren.protocol.frames import content_frames  # noqa: E402
+from warren.protocol.methods import ack_frame, decode_method, make, method_frame  # noqa: E402
 
 SAMPLE_EVERY = 10.0  # seconds between broker RSS samples
 PREFETCH = 100

@@ -1,6 +1,6 @@
 """How fast Warren is ready: ``python tests/benchmarks/startup.py [-n 20] [--rabbitmq]``.
 
-* in-process: entering ``broker.testing.run_broker()`` until a TCP connect
+* in-process: entering ``broker.testkit.run_broker()`` until a TCP connect
   to its port succeeds (what a test fixture waits for);
 * fresh process: spawning ``warren-server`` until the first AMQP
   connection.start arrives in reply to the protocol header (what a CI job
@@ -62,7 +62,7 @@ def wait_for_amqp(port: int, timeout: float = 30.0) -> None:
 
 
 def in_process() -> float:
-    from broker.testing import run_broker
+    from warren.broker.testkit import run_broker
 
     started = time.perf_counter()
     with run_broker() as b, socket.create_connection((b.host, b.port), timeout=1):
@@ -74,7 +74,7 @@ def in_process() -> float:
 COLD = """
 import socket, time
 started = time.perf_counter()
-from broker.testing import run_broker
+from warren.broker.testkit import run_broker
 with run_broker() as b, socket.create_connection((b.host, b.port), timeout=1):
     took = time.perf_counter() - started
 print("startup", took)
@@ -136,7 +136,7 @@ def main() -> int:
     parser.add_argument("--rabbitmq", action="store_true", help="also time a RabbitMQ restart")
     parser.add_argument("--rabbitmq-runs", type=int, default=3)
     args = parser.parse_args()
-    from broker.logging import configure_logging
+    from warren.broker.logging import configure_logging
 
     configure_logging("none")  # the in-process brokers' connection logs are noise here
     server_script = shutil.which("warren-server", path=os.path.dirname(sys.executable))
@@ -153,8 +153,8 @@ def main() -> int:
             server = fresh_process([server_script], config)
             report("fresh process: warren-server", server, args.runs)
         report(
-            "fresh process: python -m broker",
-            fresh_process([sys.executable, "-m", "broker"], config),
+            "fresh process: python -m warren",
+            fresh_process([sys.executable, "-m", "warren"], config),
             args.runs,
         )
     ctl = shutil.which("rabbitmqctl")

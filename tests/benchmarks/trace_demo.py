@@ -22,7 +22,7 @@ from typing import Any
 
 import pika
 
-from broker.testing import RunningBroker, run_broker
+from warren.broker.testkit import RunningBroker, run_broker
 
 DLX = {"x-dead-letter-exchange": "dlx"}
 

@@ -32,11 +32,11 @@ import uvloop
 from pamqp import body as pbody
 from pamqp import commands, frame, header
 
-from broker.broker import Broker
-from broker.connection import Connection
-from broker.logging import configure_logging
-from broker.timers import Timers
-from config import Settings
+from warren.broker.broker import Broker
+from warren.broker.connection import Connection
+from warren.broker.logging import configure_logging
+from warren.broker.timers import Timers
+from warren.config import Settings
 
 BATCH = 500  # messages per data_received: what one socket read might carry
 

@@ -1,6 +1,6 @@
 """Run a command against a Warren started for it: ``with_broker.py --port N -- CMD ARGS``.
 
-Starts ``python -m broker`` on 127.0.0.1:N, waits for its ready line, runs
+Starts ``python -m warren`` on 127.0.0.1:N, waits for its ready line, runs
 CMD with WARREN_PID set, stops the broker with SIGTERM and exits with CMD's status.
 """
 
@@ -24,7 +24,7 @@ def warren(
 ) -> Iterator[subprocess.Popen[str]]:
     """A fresh broker with its own temporary data directory."""
     data_dir = tempfile.mkdtemp(prefix="warren-bench-")
-    command = [sys.executable, "-m", "broker", "--port", str(port), "--bind", "127.0.0.1"]
+    command = [sys.executable, "-m", "warren", "--port", str(port), "--bind", "127.0.0.1"]
     # by default no HTTP ports: a RabbitMQ on the same machine may hold 15672 and 15692
     proc = subprocess.Popen(
         [

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from broker.testing import RunningBroker
-    from config import Settings
+    from warren.broker.testkit import RunningBroker
+    from warren.config import Settings
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -95,7 +95,7 @@ def _data_dir(config: pytest.Config, name: str) -> str | None:
 
 def _changes(config: pytest.Config, **changes: Any) -> dict[str, Any]:
     """Settings changes for run_broker, checked as config/ checks overrides."""
-    from config import ConfigError, load_settings
+    from warren.config import ConfigError, load_settings
 
     if config.getini("warren_management"):
         changes.setdefault("management_port", 0)
@@ -109,7 +109,7 @@ def _changes(config: pytest.Config, **changes: Any) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def warren_settings(pytestconfig: pytest.Config) -> Settings:
     """The settings the warren fixtures start from: ``warren_config`` or RabbitMQ's defaults."""
-    from config import ConfigError, load_settings
+    from warren.config import ConfigError, load_settings
 
     path = _one_path(pytestconfig, "warren_config")
     try:
@@ -124,7 +124,7 @@ def warren_broker(
     request: pytest.FixtureRequest, warren_settings: Settings
 ) -> Iterator[RunningBroker]:
     """A broker of this test's own, started for it and stopped after it."""
-    from broker.testing import run_broker
+    from warren.broker.testkit import run_broker
 
     marked: dict[str, Any] = {}
     # the closest marker wins: apply module/class markers first
@@ -142,7 +142,7 @@ def warren_broker(
 def _warren_session_broker(
     pytestconfig: pytest.Config, warren_settings: Settings
 ) -> Iterator[RunningBroker]:
-    from broker.testing import run_broker
+    from warren.broker.testkit import run_broker
 
     data_dir = _data_dir(pytestconfig, "session")
     with run_broker(warren_settings, **_changes(pytestconfig, data_dir=data_dir)) as broker:

@@ -733,7 +733,7 @@ def _connection(args: argparse.Namespace) -> Api:
     """--url and credentials, else the local config's management port and default user."""
     url, user, password = args.url, args.api_user, args.api_password
     if url is None or user is None or password is None:
-        from config import ConfigError, load_settings
+        from warren.config import ConfigError, load_settings
 
         try:
             settings = load_settings(args.config)

@@ -29,8 +29,8 @@ from types import TracebackType
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from broker.server import Server
-from config import Listener, Settings
+from warren.broker.server import Server
+from warren.config import Listener, Settings
 
 __all__ = ["BrokerRunner", "QueueDepth", "RunningBroker", "run_broker", "run_broker_async"]
 

@@ -1,4 +1,4 @@
-"""``warren-healthcheck`` / ``python -m broker.healthcheck``: is the broker really serving AMQP?
+"""``warren-healthcheck`` (``python -m warren.broker.tools.healthcheck``): is AMQP served?
 
 A port probe says only that something listens. This does what a client
 does: protocol header, connection.start/start-ok (PLAIN), tune/tune-ok,
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing when healthy")
     args = parser.parse_args(argv)
 
-    from config import ConfigError, load_settings
+    from warren.config import ConfigError, load_settings
 
     try:
         settings = load_settings(args.config)

@@ -1,0 +1,1 @@
+"""Client tools that talk to a running broker: ``warrenctl`` and ``warren-healthcheck``."""
