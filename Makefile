@@ -30,12 +30,12 @@ run: $(RUN_STAMP)
 	$(BIN)/warren-server --port $(PORT)
 
 test: $(STAMP) $(CHROMIUM)
-	$(BIN)/ruff check broker protocol config tests pipeline
+	$(BIN)/ruff check broker protocol config tests pipeline warren
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check broker protocol config tests pipeline
+	$(BIN)/ruff check broker protocol config tests pipeline warren
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
