@@ -14,28 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from warren.broker.policy import Policy, PolicyError
 from warren.broker.store import DefinitionStore, MessageStore
-from warren.protocol.properties import FLAG_DELIVERY_MODE
 
 if TYPE_CHECKING:
     from warren.broker.auth import User
     from warren.broker.broker import Broker
     from warren.broker.exchange import Exchange
     from warren.broker.queue import Queue
-
-
-def is_persistent(properties: bytes) -> bool:
-    """delivery_mode = 2, read without decoding the other properties."""
-    flags = (properties[0] << 8) | properties[1]
-    if not flags & FLAG_DELIVERY_MODE:
-        return False
-    off = 2
-    if flags & 0x8000:  # content-type
-        off += 1 + properties[off]
-    if flags & 0x4000:  # content-encoding
-        off += 1 + properties[off]
-    if flags & 0x2000:  # headers
-        off += 4 + int.from_bytes(properties[off : off + 4], "big")
-    return off < len(properties) and properties[off] == 2
 
 
 FREEZE_AFTER = 100_000  # recovered messages

@@ -24,7 +24,6 @@ from warren.broker.message import (
     page_out,
     unpage,
 )
-from warren.broker.persistence import is_persistent
 from warren.broker.ready import PriorityReady, merge_in_order
 from warren.broker.retry import RetryPolicy, parse_schedule
 from warren.broker.timers import Deadline
@@ -32,6 +31,7 @@ from warren.protocol.properties import (
     FLAG_PRIORITY,
     decode_field,
     has_flag,
+    is_persistent,
     set_header,
     split_properties,
 )

@@ -68,7 +68,7 @@ from typing import IO, TYPE_CHECKING, Any
 import structlog
 
 from warren.broker.firehose import TRACE_EXCHANGE
-from warren.protocol.properties import split_properties
+from warren.protocol.properties import TRACED_FLAGS_HI, TRACED_FLAGS_LO, split_properties
 
 if TYPE_CHECKING:
     from warren.broker.channel import Channel
@@ -183,7 +183,7 @@ class Tracer:
             w.dropped += 2
             return
         props = msg.properties
-        if props[0] & 0x14 or props[1] & 0x80:  # delivery_mode, correlation_id, message_id
+        if props[0] & TRACED_FLAGS_HI or props[1] & TRACED_FLAGS_LO:
             extra = len(w.side) + 1
             w.side.append(props)
         else:
@@ -931,8 +931,8 @@ _BOOL = ("false", "true")  # by a 0 or 1 from the int stream
 
 def _props(raw: bytes) -> str:
     """message-id, correlation-id and persistence, read from the publisher's bytes."""
-    if len(raw) < 2 or not (raw[0] & 0x14 or raw[1] & 0x80):
-        return ""  # none of delivery_mode (1<<12), correlation_id (1<<10), message_id (1<<7)
+    if len(raw) < 2 or not (raw[0] & TRACED_FLAGS_HI or raw[1] & TRACED_FLAGS_LO):
+        return ""
     try:
         fields = split_properties(raw)
     except ValueError:

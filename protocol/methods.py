@@ -161,8 +161,8 @@ def _unmarshal(method: Any, data: bytes) -> int:
     off = 0
     bit_index = 8
     bits = 0
-    for attr in method.__slots__:
-        kind = getattr(type(method), "_" + attr)
+    for attr in method.attributes():
+        kind = method.amqp_type(attr)
         value: Any
         if kind == "bit":
             if bit_index == 8:
@@ -197,8 +197,8 @@ def encode_method_payload(method: Any) -> bytes:
     out = [_HH.pack(method.index >> 16, method.index & 0xFFFF)]
     bit_index = -1
     byte = 0
-    for attr in method.__slots__:
-        kind = getattr(type(method), "_" + attr)
+    for attr in method.attributes():
+        kind = method.amqp_type(attr)
         value: Any = getattr(method, attr, 0)
         if kind == "bit":
             if bit_index == -1:

@@ -39,16 +39,39 @@ PROPERTIES: tuple[tuple[str, int, str], ...] = (
     ("app_id", 1 << 3, "shortstr"),
     ("cluster_id", 1 << 2, "shortstr"),
 )
+FLAG_CONTENT_TYPE = 1 << 15
+FLAG_CONTENT_ENCODING = 1 << 14
 FLAG_HEADERS = 1 << 13
 FLAG_DELIVERY_MODE = 1 << 12
 FLAG_PRIORITY = 1 << 11
+FLAG_CORRELATION_ID = 1 << 10
 FLAG_REPLY_TO = 1 << 9
 FLAG_EXPIRATION = 1 << 8
+FLAG_MESSAGE_ID = 1 << 7
 FLAG_USER_ID = 1 << 4
+# the trace's message fields (delivery_mode, correlation_id, message_id) as a test of the two
+# flag bytes, so the per-publish check needs no unpacking: raw[0] & HI or raw[1] & LO
+TRACED_FLAGS_HI = (FLAG_DELIVERY_MODE | FLAG_CORRELATION_ID) >> 8
+TRACED_FLAGS_LO = FLAG_MESSAGE_ID
 _FLAGS = {name: flag for name, flag, _ in PROPERTIES}
 
 _u16 = Struct(">H")
 _u32 = Struct(">I")
+
+
+def is_persistent(raw: bytes) -> bool:
+    """delivery_mode = 2, read without decoding the other properties."""
+    flags = (raw[0] << 8) | raw[1]
+    if not flags & FLAG_DELIVERY_MODE:
+        return False
+    off = 2
+    if flags & FLAG_CONTENT_TYPE:
+        off += 1 + raw[off]
+    if flags & FLAG_CONTENT_ENCODING:
+        off += 1 + raw[off]
+    if flags & FLAG_HEADERS:
+        off += 4 + int.from_bytes(raw[off : off + 4], "big")
+    return off < len(raw) and raw[off] == 2
 
 
 class PropertiesError(ValueError):

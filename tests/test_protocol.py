@@ -6,6 +6,7 @@ import struct
 
 import pytest
 from pamqp import commands
+from pamqp.header import ContentHeader
 
 from warren.protocol import (
     NEED_DATA,
@@ -26,7 +27,12 @@ from warren.protocol.methods import (
     method_frame,
     shortstr,
 )
-from warren.protocol.properties import join_properties, read_properties, split_properties
+from warren.protocol.properties import (
+    is_persistent,
+    join_properties,
+    read_properties,
+    split_properties,
+)
 from warren.protocol.tables import decode_table, encode_table, join_entries, table_entries
 
 
@@ -326,3 +332,27 @@ def test_properties_split_and_join_are_exact() -> None:
     assert len(fields) == 14
     assert join_properties(fields) == props
     assert read_properties(props)["expiration"] == "100"
+
+
+@pytest.mark.parametrize(
+    ("props", "persistent"),
+    [
+        (commands.Basic.Properties(delivery_mode=2), True),
+        (commands.Basic.Properties(delivery_mode=1), False),
+        (commands.Basic.Properties(), False),
+        # the fields before delivery_mode are skipped by their lengths, not decoded
+        (
+            commands.Basic.Properties(
+                content_type="x/y", content_encoding="gzip", headers={"h": "v" * 300},
+                delivery_mode=2,
+            ),
+            True,
+        ),
+        (commands.Basic.Properties(content_type="\x02", headers={"a": 2}), False),
+    ],
+)
+def test_is_persistent_reads_delivery_mode_from_the_raw_bytes(
+    props: commands.Basic.Properties, persistent: bool
+) -> None:
+    raw = ContentHeader(0, 0, props).marshal()[12:]  # after class id, weight and body size
+    assert is_persistent(raw) is persistent
