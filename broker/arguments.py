@@ -57,7 +57,8 @@ def type_name(value: Any) -> str:
     return "void" if value is None else type(value).__name__
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """An AMQP integer: Python's bool is an int, but a field-table boolean is not one."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -70,7 +71,7 @@ def _invalid(arg: str, queue: str, vhost: str, reason: str) -> ChannelError:
 def _non_negative(
     arg: str, value: Any, queue: str, vhost: str, maximum: int | None, kind: str = ""
 ) -> None:
-    if not _is_int(value):
+    if not is_int(value):
         raise _invalid(arg, queue, vhost, f'"expected integer, got {kind or type_name(value)}"')
     if value < 0:
         raise _invalid(arg, queue, vhost, f"{{value_negative,{value}}}")
@@ -119,7 +120,7 @@ def validate_queue_arguments(
             if value > 255:
                 raise _invalid(arg, queue, vhost, f"{{max_value_exceeded,{value}}}")
         elif arg == "x-delivery-limit":
-            if not _is_int(value):
+            if not is_int(value):
                 raise _invalid(arg, queue, vhost, f'"expected integer, got {kind}"')
         elif arg == "x-delayed-retry-multiplier":
             _positive(arg, value, queue, vhost, kind)
@@ -164,7 +165,7 @@ def validate_queue_arguments(
 
 def validate_consumer_arguments(args: dict[str, Any], queue: str, vhost: str) -> None:
     priority = args.get("x-priority")
-    if priority is not None and not _is_int(priority):
+    if priority is not None and not is_int(priority):
         raise _invalid("x-priority", queue, vhost, f'"expected integer, got {type_name(priority)}"')
     timeout = args.get("x-consumer-timeout")
     if timeout is not None:

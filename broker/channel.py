@@ -27,6 +27,7 @@ from warren.protocol.constants import (
     NOT_FOUND,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
+    SYNTAX_ERROR,
 )
 from warren.protocol.errors import ChannelError, ConnectionError_
 from warren.protocol.frames import content_frames
@@ -305,7 +306,8 @@ class Channel:
         try:
             fields = split_properties(props)
         except ValueError as exc:
-            raise ConnectionError_(502, f"content header properties: {exc}", 60, 40) from None
+            text = f"content header properties: {exc}"
+            raise ConnectionError_(SYNTAX_ERROR, text, 60, 40) from None
         reply_to = fields.get("reply_to")
         if reply_to is not None and decode_field("reply_to", reply_to) == REPLY_TO:
             if self.reply_tag is None:

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from warren.broker.arguments import is_int
 from warren.broker.retry import RETRY_TYPES, RetryConfigError, parse_schedule
 
 APPLY_TO = ("queues", "classic_queues", "quorum_queues", "exchanges", "all")
@@ -23,19 +24,15 @@ class PolicyError(ValueError):
     """A policy that cannot be set; the text says why (the HTTP API answers 400 with it)."""
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def validate_definition(definition: dict[str, Any]) -> None:
     if not isinstance(definition, dict) or not definition:
         raise PolicyError("a policy definition must be a non-empty JSON object")
     for key, value in definition.items():
         if key in _POSITIVE_INT_KEYS:
-            if not _is_int(value) or value <= 0:
+            if not is_int(value) or value <= 0:
                 raise PolicyError(f"{key} must be a positive integer (milliseconds), got {value!r}")
         elif key in _NON_NEGATIVE_INT_KEYS:
-            if not _is_int(value) or value < 0:
+            if not is_int(value) or value < 0:
                 raise PolicyError(f"{key} must be a non-negative integer, got {value!r}")
         elif key in ("dead-letter-exchange", "dead-letter-routing-key", "alternate-exchange"):
             if not isinstance(value, str):
@@ -46,10 +43,10 @@ def validate_definition(definition: dict[str, Any]) -> None:
                     "overflow must be drop-head, reject-publish or reject-publish-dlx"
                 )
         elif key in ("delayed-retry-min", "delayed-retry-max"):
-            if not _is_int(value) or value < 0:
+            if not is_int(value) or value < 0:
                 raise PolicyError(f"{key} must be a non-negative integer (ms), got {value!r}")
         elif key == "delayed-retry-multiplier":
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise PolicyError(f"{key} must be a positive integer, got {value!r}")
         elif key == "delayed-retry-type":
             if value not in RETRY_TYPES:
@@ -60,7 +57,7 @@ def validate_definition(definition: dict[str, Any]) -> None:
             except RetryConfigError as exc:
                 raise PolicyError(f"{key}: {exc}") from None
         elif key == "delivery-limit":
-            if not _is_int(value) or value < -1:
+            if not is_int(value) or value < -1:
                 raise PolicyError(f"delivery-limit must be an integer >= -1, got {value!r}")
         else:
             raise PolicyError(f"unknown policy key '{key}'")
@@ -81,7 +78,7 @@ class Policy:
             raise PolicyError(
                 f"apply-to must be one of {', '.join(APPLY_TO)}, got '{self.apply_to}'"
             )
-        if not _is_int(self.priority):
+        if not is_int(self.priority):
             raise PolicyError(f"priority must be an integer, got {self.priority!r}")
         try:
             self.regex = re.compile(self.pattern)

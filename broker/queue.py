@@ -803,7 +803,3 @@ def _locked(entry: tuple[float, int, Message, Channel, int, int]) -> bool:
 
 def _seq(msg: Message) -> int:
     return msg.seq
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -39,11 +39,6 @@ class ConnectionError_(AMQPError):  # the underscore avoids shadowing the builti
     """Closes the whole connection (hard error)."""
 
 
-# Aliases that read well at raise sites.
-AMQPChannelError = ChannelError
-AMQPConnectionError = ConnectionError_
-
-
 def erlang_binary(data: bytes) -> str:
     """Octets as RabbitMQ prints them in its reply texts: ``<<"abc">>`` or ``<<0,20,0,10>>``."""
     if not data:
