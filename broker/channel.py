@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import os
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +15,7 @@ from pamqp import commands
 
 from warren.broker import firehose
 from warren.broker.arguments import MAX_TTL, validate_consumer_arguments
+from warren.broker.confirms import Confirms
 from warren.broker.consumer import Consumer
 from warren.broker.exchange import Exchange
 from warren.broker.message import Message
@@ -119,21 +119,16 @@ class Channel:
         # direct reply-to: the no-ack consumer of the pseudo-queue amq.rabbitmq.reply-to
         self.reply_tag: str | None = None
         self.reply_token = ""
-        # publisher confirms
+        # publisher confirms: the order of acks and nacks is Confirms' (broker/confirms.py)
         self.confirm = False
-        self.publish_seq = 0
-        self.confirmed = 0  # highest sequence number acked or nacked to the client
-        self.confirm_upto = 0  # highest sequence number ready to be acked
+        self.confirms = Confirms()
         # transactions
         self.tx = False
         self.tx_publishes: list[tuple[Exchange, Message, bool, int | None]] = []
         self.tx_settles: list[tuple[str, list[Message], bool]] = []
         persistence = connection.broker.persistence
         self._store: MessageStore | None = persistence.messages if persistence else None
-        self._sync_waits: deque[tuple[int, int]] = deque()  # (last seq, store batch) to confirm
         self._max_unconfirmed = connection.broker.settings.max_unconfirmed_per_channel
-        # nacked at once while earlier publishes still waited for the disk: acks skip them
-        self._nacked: list[int] = []
 
     def allow(self, kind: str, resource: str, name: str) -> None:
         """RabbitMQ's permission check: configure, write or read on a queue or exchange."""
@@ -296,9 +291,7 @@ class Channel:
         if self.tx:
             self.tx_publishes.append((exchange, msg, method.mandatory, ttl))
             return
-        seq = 0
-        if self.confirm:
-            self.publish_seq = seq = self.publish_seq + 1
+        seq = self.confirms.published() if self.confirm else 0
         self._route(exchange, msg, method.mandatory, ttl, seq)
 
     def _check_properties(self, props: bytes) -> tuple[int | None, bytes]:
@@ -331,9 +324,7 @@ class Channel:
     def _publish_reply(self, msg: Message, mandatory: bool) -> None:
         """A reply to a direct reply-to address goes straight to the waiting consumer."""
         target = self.conn.broker.reply_channels.get(msg.routing_key[len(REPLY_TO_PREFIX) :])
-        seq = 0
-        if self.confirm:
-            self.publish_seq = seq = self.publish_seq + 1
+        seq = self.confirms.published() if self.confirm else 0
         if target is not None and target.reply_tag is not None and not target.closed:
             target.next_tag = tag = target.next_tag + 1
             out = target.conn
@@ -345,7 +336,7 @@ class Channel:
                 content_frames(self.id, msg.properties, msg.body, self.conn.frame_max)
             )
         if seq:
-            self.confirm_upto = seq
+            self.confirms.accepted(seq)
             self.conn.pending_confirms.add(self)
 
     def _route(
@@ -375,75 +366,49 @@ class Channel:
         else:
             self.stats.unroutable_dropped += 1
         if seq:
-            if accepted:
-                if store is not None and (store.published != stored_before or self._sync_waits):
-                    self._wait_for_disk(store, seq)
-                else:
-                    self.confirm_upto = seq
-                    self.conn.pending_confirms.add(self)
-            else:
+            if not accepted:
+                self.confirms.nacked(seq)  # RabbitMQ too nacks at once, acks the rest later
                 self.flush_confirms()
-                if (tracer := self.vhost.tracer) is not None:
-                    tracer.confirmed(self, seq, seq, False)
-                self.conn.write(nack_frame(self.id, seq, False))
-                if self._sync_waits:
-                    self._nacked.append(seq)  # RabbitMQ too nacks first, acks the rest later
-                else:
-                    self.confirmed = seq  # everything before it is settled
-                    self._nacked.clear()
+            elif store is not None and store.published != stored_before:
+                self._wait_for_disk(store, seq)
+            else:
+                self.confirms.accepted(seq)  # waits behind earlier publishes' disk writes
+                self.conn.pending_confirms.add(self)
 
     def _wait_for_disk(self, store: MessageStore, seq: int) -> None:
         """The confirm of ``seq`` (and of everything after it) waits for the open batch's fsync."""
-        waits = self._sync_waits
-        batch = store.open_batch
-        if waits and waits[-1][1] == batch:
-            waits[-1] = (seq, batch)
-        else:
-            waits.append((seq, batch))
+        self.confirms.wait_disk(seq, store.open_batch)
         store.waiters.add(self)
         limit = self._max_unconfirmed
-        if limit is not None and seq - max(self.confirm_upto, self.confirmed) > limit:
+        if limit is not None and self.confirms.waiting() > limit:
             self.conn.hold(self)  # this publish is taken, the next waits for the disk
 
     def store_synced(self, batch: int) -> None:
         """The store made batches up to ``batch`` durable: confirm what waited for them."""
-        waits = self._sync_waits
-        upto = 0
-        while waits and waits[0][1] <= batch:
-            upto = waits.popleft()[0]
-        if upto:
-            self.confirm_upto = max(self.confirm_upto, upto)
+        confirms = self.confirms
+        if confirms.synced(batch):
             self.conn.pending_confirms.add(self)
             self.conn.schedule_flush()
             limit = self._max_unconfirmed
-            waiting = self.publish_seq - max(self.confirm_upto, self.confirmed)
-            if limit is not None and waiting < limit and self in self.conn.held:
+            if limit is not None and confirms.waiting() < limit and self in self.conn.held:
                 self.conn.release(self)
-        if not waits and self._store is not None:
+        if not confirms.waiting_for_disk and self._store is not None:
             self._store.waiters.discard(self)
 
     def flush_confirms(self) -> None:
-        upto = self.confirm_upto
-        if self._nacked and upto > self.confirmed:
-            self._ack_around_nacks(upto)
-        if upto > self.confirmed:
-            self._ack_confirms(upto)
-
-    def _ack_around_nacks(self, upto: int) -> None:
-        """Ack what came before each publish that was nacked ahead of them, then step past it."""
-        while self._nacked and self._nacked[0] <= upto:
-            nacked = self._nacked.pop(0)
-            if nacked - 1 > self.confirmed:
-                self._ack_confirms(nacked - 1)
-            self.confirmed = nacked
-
-    def _ack_confirms(self, last: int) -> None:
-        """One basic.ack for every publish after the last confirmed one, up to ``last``."""
-        if (tracer := self.vhost.tracer) is not None:
-            tracer.confirmed(self, self.confirmed + 1, last, True)
-        self.stats.confirmed += last - self.confirmed
-        self.conn.write(ack_frame(self.id, last, last - self.confirmed > 1))
-        self.confirmed = last
+        """Write the acks and nacks that are due, each covering a run of publishes."""
+        due = self.confirms.due()
+        if not due:
+            return
+        tracer = self.vhost.tracer
+        for ack, first, last in due:
+            if tracer is not None:
+                tracer.confirmed(self, first, last, ack)
+            if ack:
+                self.stats.confirmed += last - first + 1
+                self.conn.write(ack_frame(self.id, last, last > first))
+            else:
+                self.conn.write(nack_frame(self.id, last, last > first))
 
     # ---- acks ----
 

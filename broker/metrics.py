@@ -211,7 +211,7 @@ def render(mgmt: Management, per_object: bool) -> str:
         (
             "rabbitmq_channel_messages_unconfirmed",
             "Published but not yet confirmed messages",
-            lambda ch: ch.publish_seq - ch.confirmed if ch.confirm else 0,
+            lambda ch: ch.confirms.unconfirmed if ch.confirm else 0,
         ),
         (
             "rabbitmq_channel_messages_uncommitted",

@@ -139,7 +139,7 @@ def unconfirmed_now(running: RunningBroker) -> tuple[int, int]:
 
     def look() -> tuple[int, int]:
         conns = running.server.broker.connections
-        waiting = [ch.publish_seq - ch.confirmed for c in conns for ch in c.channels.values()]
+        waiting = [ch.confirms.unconfirmed for c in conns for ch in c.channels.values()]
         return max(waiting, default=0), sum(c.holds for c in conns)
 
     return running.call(look)

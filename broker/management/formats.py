@@ -163,7 +163,7 @@ def channel_json(mgmt: Management, channel: Channel, full: bool = False) -> dict
         "transactional": channel.tx,
         "consumer_count": len(channel.consumers),
         "messages_unacknowledged": len(channel.unacked),
-        "messages_unconfirmed": channel.publish_seq - channel.confirmed if channel.confirm else 0,
+        "messages_unconfirmed": channel.confirms.unconfirmed if channel.confirm else 0,
         "messages_uncommitted": len(channel.tx_publishes),
         "acks_uncommitted": sum(len(msgs) for _, msgs, _ in channel.tx_settles),
         "prefetch_count": channel.prefetch_count,

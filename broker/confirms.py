@@ -1,0 +1,140 @@
+"""Publisher confirms of one channel: what to ack or nack, and when (RabbitMQ's rabbit_confirms).
+
+Everything that decides the order of basic.ack and basic.nack lives here:
+
+* a publish is confirmed once every queue took it, and once it is on disk if a
+  queue stored it: ``accepted(seq)`` or ``wait_disk(seq, batch)``, then
+  ``synced(batch)`` when the store's fsync of that batch returns;
+* an ack says ``multiple=true`` whenever it covers more than one publish, so
+  acks coalesce: one frame per loop turn for a whole window;
+* a refused publish is nacked at once (``nacked(seq)``), even while earlier
+  publishes still wait for the disk, as RabbitMQ does; the acks that follow
+  step around it, since an ack with multiple=true must not cover a nacked one;
+* a publish accepted while earlier ones wait for the disk waits behind them,
+  because its ack would cover them.
+
+``due()`` returns the frames to send, in order, as (ack or nack, first, last):
+one frame with delivery tag ``last``, multiple=true when ``last > first``.
+Nothing here writes, so every ordering is unit-tested without a socket
+(tests/test_confirms.py).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+ACK = True
+NACK = False
+
+
+class Confirms:
+    __slots__ = ("_disk", "_nacked", "_out", "confirmed", "ready", "seq")
+
+    def __init__(self) -> None:
+        self.seq = 0  # the last publish's sequence number
+        self.confirmed = 0  # every publish up to here was acked or nacked to the client
+        self.ready = 0  # every publish up to here may be acked (save the nacked ones)
+        self._disk: deque[tuple[int, int]] = deque()  # (last seq, store batch) waiting
+        self._nacked: list[int] = []  # nacked ahead of publishes waiting for the disk
+        self._out: list[tuple[bool, int, int]] = []  # frames owed ahead of the acks, in order
+
+    def published(self) -> int:
+        """The next publish's sequence number."""
+        self.seq += 1
+        return self.seq
+
+    @property
+    def unconfirmed(self) -> int:
+        """Publishes not yet acked or nacked to the client."""
+        return self.seq - self.confirmed
+
+    @property
+    def waiting_for_disk(self) -> bool:
+        return bool(self._disk)
+
+    def waiting(self) -> int:
+        """Publishes whose confirm waits for the disk (max_unconfirmed_per_channel counts them)."""
+        return self.seq - max(self.ready, self.confirmed)
+
+    def accepted(self, seq: int) -> None:
+        """Every queue took ``seq`` and none has to store it."""
+        if self._disk:
+            self._wait(seq, self._disk[-1][1])  # its ack would cover those still waiting
+        else:
+            self.ready = seq
+
+    def wait_disk(self, seq: int, batch: int) -> None:
+        """``seq`` (and everything before it) is confirmed once ``batch`` is on disk."""
+        self._wait(seq, batch)
+
+    def _wait(self, seq: int, batch: int) -> None:
+        disk = self._disk
+        if disk and disk[-1][1] == batch:
+            disk[-1] = (seq, batch)
+        else:
+            disk.append((seq, batch))
+
+    def synced(self, batch: int) -> bool:
+        """The store made batches up to ``batch`` durable; True if acks became due."""
+        disk = self._disk
+        upto = 0
+        while disk and disk[0][1] <= batch:
+            upto = disk.popleft()[0]
+        if upto > self.ready:
+            self.ready = upto
+            return True
+        return False
+
+    def nacked(self, seq: int) -> None:
+        """A queue refused ``seq``: the acks due now go first, then its nack."""
+        self._out.extend(self._acks())
+        self._out.append((NACK, seq, seq))
+        if self._disk:
+            self._nacked.append(seq)  # later acks step around it
+        else:
+            self.confirmed = seq  # everything before it is settled
+            self._nacked.clear()
+
+    def disk_failed(self) -> None:
+        """The store cannot write: nack every publish that waits for it, in order."""
+        self._out.extend(self._acks())
+        disk = self._disk
+        while disk:
+            last = disk.popleft()[0]
+            first = self.confirmed + 1
+            for nacked in [n for n in self._nacked if n <= last]:
+                if nacked > first:
+                    self._out.append((NACK, first, nacked - 1))
+                self._nacked.remove(nacked)
+                first = nacked + 1
+            if last >= first:
+                self._out.append((NACK, first, last))
+            self.confirmed = last
+        self.ready = max(self.ready, self.confirmed)
+
+    def due(self) -> list[tuple[bool, int, int]]:
+        """(ack or nack, first, last) to send now, in order."""
+        out = self._out
+        if out:
+            self._out = []
+            out.extend(self._acks())
+            return out
+        return self._acks()
+
+    def _acks(self) -> list[tuple[bool, int, int]]:
+        upto = self.ready
+        if upto <= self.confirmed:
+            return []
+        acks = []
+        nacked = self._nacked
+        while nacked and nacked[0] <= upto:
+            skip = nacked.pop(0)
+            if skip - 1 > self.confirmed:
+                acks.append((ACK, self.confirmed + 1, skip - 1))
+            self.confirmed = skip
+        if upto > self.confirmed:
+            acks.append((ACK, self.confirmed + 1, upto))
+            self.confirmed = upto
+        while nacked and nacked[0] == self.confirmed + 1:  # nacked already: settled
+            self.confirmed = nacked.pop(0)
+        return acks
