@@ -1,6 +1,7 @@
 """The message path's own cost with tracing off and on, without sockets or other processes.
 
     python tests/benchmarks/trace_path.py [--messages 200000] [--rounds 5] [--callgrind]
+        [--confirm] [--modes off,on]
 
 One broker ``Connection`` on a uvloop loop is fed bytes as a socket would feed it:
 publishes (one 16-byte message per frame set), and the acks of a consumer with prefetch
@@ -11,6 +12,8 @@ production), and prints the microseconds per message of the loop's thread. Load 
 other processes on the machine cancels out of the ratio better than it does out of a
 throughput test, where a publisher and a consumer compete with the broker for the CPUs.
 ``--callgrind`` counts instructions instead (valgrind): slower, but exactly repeatable.
+``--confirm`` puts the publisher's channel in confirm mode (one coalesced basic.ack per
+batch); ``--modes off`` measures the untraced path only (to compare two commits).
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ def _m(value: Any, channel: int = 1) -> bytes:
     return bytes(frame.marshal(value, channel))
 
 
-def handshake() -> bytes:
+def handshake(confirm: bool = False) -> bytes:
     out = _m(header.ProtocolHeader(), 0)
     login = "\0guest\0guest"
     out += _m(commands.Connection.StartOk(mechanism="PLAIN", response=login, locale="en_US"), 0)
@@ -75,6 +78,8 @@ def handshake() -> bytes:
     out += _m(commands.Queue.Declare(queue="q"))
     out += _m(commands.Basic.Qos(prefetch_count=BATCH * 2))
     out += _m(commands.Basic.Consume(queue="q", consumer_tag="c"))
+    if confirm:
+        out += _m(commands.Confirm.Select())
     return out
 
 
@@ -105,7 +110,7 @@ class Cost:
     writer: float  # CPU of the trace writer process
 
 
-async def run(messages: int, traced: bool, trace_dir: str) -> Cost:
+async def run(messages: int, traced: bool, trace_dir: str, confirm: bool = False) -> Cost:
     settings = Settings(
         data_dir=None, trace_enabled=traced, trace_dir=trace_dir, management_port=None
     )
@@ -113,7 +118,7 @@ async def run(messages: int, traced: bool, trace_dir: str) -> Cost:
     broker = Broker(settings, Timers(asyncio.get_running_loop()))
     transport = NullTransport()
     conn = Connection(broker, transport, ("127.0.0.1", 1))
-    conn.data_received(handshake())
+    conn.data_received(handshake(confirm))
     await asyncio.sleep(0.3)  # the writer process has started
     queue = broker.vhosts["/"].queues["q"]
     batch = publishes(BATCH)
@@ -141,14 +146,15 @@ async def run(messages: int, traced: bool, trace_dir: str) -> Cost:
     return Cost(wall * scale, loop * scale, process * scale, writer * scale)
 
 
-def instructions(mode: str, messages: int) -> int:
+def instructions(mode: str, messages: int, confirm: bool) -> int:
     """Instructions the broker's process executes for one run (the writer process not
     counted), as valgrind's callgrind counts them: the same whatever else the machine does."""
     with tempfile.TemporaryDirectory() as work:
         out = os.path.join(work, "callgrind.out")
         subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
-             __file__, "--only", mode, "--messages", str(messages)],
+             __file__, "--only", mode, "--messages", str(messages)]
+            + (["--confirm"] if confirm else []),
             check=True, capture_output=True,
         )  # fmt: skip
         with open(out, encoding="ascii") as f:
@@ -158,15 +164,16 @@ def instructions(mode: str, messages: int) -> int:
     raise SystemExit("no totals in callgrind's output")
 
 
-def callgrind() -> None:
+def callgrind(modes: list[str], confirm: bool) -> None:
     """Instructions per message, off and on: the slope between 5,000 and 25,000 messages,
     so that start-up and handshake cancel out."""
     per = {}
-    for mode in ("off", "on"):
-        small, large = instructions(mode, 5_000), instructions(mode, 25_000)
+    for mode in modes:
+        small, large = instructions(mode, 5_000, confirm), instructions(mode, 25_000, confirm)
         per[mode] = (large - small) / 20_000
         print(f"tracing {mode:<3} {per[mode]:9,.0f} instructions per message", flush=True)
-    print(f"tracing adds {per['on'] - per['off']:,.0f} (+{per['on'] / per['off'] - 1:.1%})")
+    if len(per) == 2:
+        print(f"tracing adds {per['on'] - per['off']:,.0f} (+{per['on'] / per['off'] - 1:.1%})")
 
 
 def main() -> int:
@@ -176,15 +183,17 @@ def main() -> int:
     parser.add_argument(
         "--callgrind", action="store_true", help="count instructions with valgrind instead"
     )
+    parser.add_argument("--confirm", action="store_true", help="publish in confirm mode")
+    parser.add_argument("--modes", default="off,on", help="with --callgrind: off, on or both")
     parser.add_argument("--only", choices=("off", "on"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     configure_logging("error", "plaintext", False)
     if args.callgrind:
-        callgrind()
+        callgrind(args.modes.split(","), args.confirm)
         return 0
     with tempfile.TemporaryDirectory(prefix="warren-trace-path-") as trace_dir:
         if args.only:  # one run, under valgrind (instructions)
-            uvloop.run(run(args.messages, args.only == "on", trace_dir))
+            uvloop.run(run(args.messages, args.only == "on", trace_dir, args.confirm))
         else:
             measure(args.messages, args.rounds, trace_dir)
     return 0
