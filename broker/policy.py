@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from warren.broker.deprecated import HA_KEYS
 from warren.broker.retry import RETRY_TYPES, RetryConfigError, parse_schedule
 
 APPLY_TO = ("queues", "classic_queues", "quorum_queues", "exchanges", "all")
@@ -17,6 +18,7 @@ APPLY_TO = ("queues", "classic_queues", "quorum_queues", "exchanges", "all")
 # definition keys Warren understands, with their validators (value -> error text or None)
 _POSITIVE_INT_KEYS = ("consumer-timeout", "expires")
 _NON_NEGATIVE_INT_KEYS = ("message-ttl", "max-length", "max-length-bytes")
+_DEPRECATED_KEYS = ("queue-master-locator", *HA_KEYS)
 
 
 class PolicyError(ValueError):
@@ -59,6 +61,8 @@ def validate_definition(definition: dict[str, Any]) -> None:
                 parse_schedule(value if isinstance(value, str) else "?")
             except RetryConfigError as exc:
                 raise PolicyError(f"{key}: {exc}") from None
+        elif key in _DEPRECATED_KEYS:
+            pass  # accepted only when permitted: DeprecatedFeatures.policy_error checks first
         elif key == "delivery-limit":
             if not _is_int(value) or value < -1:
                 raise PolicyError(f"delivery-limit must be an integer >= -1, got {value!r}")
