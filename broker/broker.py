@@ -9,6 +9,7 @@ import structlog
 
 from warren.broker.alarms import ResourceMonitor
 from warren.broker.auth import AccessControl
+from warren.broker.deprecated import DeprecatedFeatures
 from warren.broker.persistence import Persistence
 from warren.broker.timers import Timers
 from warren.broker.tracing import Tracing
@@ -61,6 +62,7 @@ class Broker:
         self.settings = settings or Settings()
         self.timers = timers or Timers()
         self.log: Any = structlog.get_logger("warren")
+        self.deprecated = DeprecatedFeatures(self.settings.deprecated_features_permit, self.log)
         self.vhosts: dict[str, VirtualHost] = {}
         self.access = AccessControl()
         settings = self.settings
@@ -88,6 +90,7 @@ class Broker:
             )
             vhost.persistence = self.persistence
             vhost.stats = self.stats
+            vhost.deprecated = self.deprecated
             self.tracing.attach(vhost)
             if persist and self.persistence is not None:
                 self.persistence.vhost_added(name)

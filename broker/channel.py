@@ -535,7 +535,9 @@ class Channel:
             raise ConnectionError_(
                 NOT_IMPLEMENTED, f"prefetch_size!=0 ({method.prefetch_size})", 60, 10
             )
-        if method.global_:
+        # RabbitMQ 4.3 (rabbit_channel, basic.qos): a denied global qos is applied as
+        # global=false, with no error to the client
+        if method.global_ and self.vhost.deprecated.is_permitted("global_qos"):
             self.prefetch_global = method.prefetch_count
         else:
             self.prefetch_count = method.prefetch_count

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warren.broker.arguments import is_int
+from warren.broker.deprecated import HA_KEYS
 from warren.broker.retry import RETRY_TYPES, RetryConfigError, parse_schedule
 
 APPLY_TO = ("queues", "classic_queues", "quorum_queues", "exchanges", "all")
@@ -18,6 +19,7 @@ APPLY_TO = ("queues", "classic_queues", "quorum_queues", "exchanges", "all")
 # definition keys Warren understands, with their validators (value -> error text or None)
 _POSITIVE_INT_KEYS = ("consumer-timeout", "expires")
 _NON_NEGATIVE_INT_KEYS = ("message-ttl", "max-length", "max-length-bytes")
+_DEPRECATED_KEYS = ("queue-master-locator", *HA_KEYS)
 
 
 class PolicyError(ValueError):
@@ -56,6 +58,8 @@ def validate_definition(definition: dict[str, Any]) -> None:
                 parse_schedule(value if isinstance(value, str) else "?")
             except RetryConfigError as exc:
                 raise PolicyError(f"{key}: {exc}") from None
+        elif key in _DEPRECATED_KEYS:
+            pass  # accepted only when permitted: DeprecatedFeatures.policy_error checks first
         elif key == "delivery-limit":
             if not is_int(value) or value < -1:
                 raise PolicyError(f"delivery-limit must be an integer >= -1, got {value!r}")

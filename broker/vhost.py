@@ -64,6 +64,7 @@ class VirtualHost:
         self.limits: dict[str, int] = {}  # max-connections, max-queues (negative: no limit)
         self.stats: Any = None  # the broker's BrokerStats, for node-wide lifecycle counters
         self.persistence: Any = None  # broker.persistence.Persistence, with a data directory
+        self.deprecated: Any = None  # the broker's DeprecatedFeatures (RabbitMQ 4.3's refusals)
         self.log: Any = structlog.get_logger("warren")
         self.tracer: Tracer | None = None  # set while this vhost traces (broker/tracing.py)
         self.queues: dict[str, Queue] = {}
@@ -291,6 +292,8 @@ class VirtualHost:
             exclusive=exclusive,
             auto_delete=auto_delete,
         )
+        if self.deprecated is not None:
+            self.deprecated.check_new_queue(durable, exclusive, arguments)
         queue = Queue(
             self,
             name,

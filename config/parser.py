@@ -373,6 +373,7 @@ _FAMILIES: Mapping[str, Converter] = {
     "listeners.ssl": _listener_address,
     "default_user_tags": _boolean,
     "loopback_users": _boolean,
+    "deprecated_features.permit": _boolean,
 }
 
 # RabbitMQ keys (and key prefixes) that Warren accepts without using them.
@@ -437,7 +438,6 @@ _IGNORED: tuple[str, ...] = (
     "queue_leader_locator",
     "mirroring_sync_batch_size",
     "mirroring_sync_max_throughput",
-    "deprecated_features",
     "raft",
     "quorum_queue",
     "classic_queue",
@@ -500,6 +500,7 @@ _KNOWN_NAMES: tuple[str, ...] = (
     "listeners.ssl.default",
     "default_user_tags.administrator",
     "loopback_users.guest",
+    "deprecated_features.permit.transient_nonexcl_queues",
 )
 
 
@@ -734,6 +735,13 @@ def _flags(family: str, none_key: str | None, fieldname: str) -> Translation:
     return translate
 
 
+def _permits(conf: _Conf) -> dict[str, object]:
+    members = conf.members("deprecated_features.permit")
+    if not members:
+        return {}
+    return {"deprecated_features_permit": tuple((s.name, s.value is True) for s in members)}
+
+
 def _memory_watermark(conf: _Conf) -> dict[str, object]:
     # as in RabbitMQ, the absolute limit wins when both are set
     absolute = conf.value("vm_memory_high_watermark.absolute")
@@ -757,6 +765,7 @@ _TRANSLATIONS: tuple[Translation, ...] = (
     _default_permissions,
     _flags("default_user_tags", None, "default_user_tags"),
     _flags("loopback_users", "loopback_users", "loopback_users"),
+    _permits,
     _memory_watermark,
 )
 

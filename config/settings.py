@@ -66,6 +66,9 @@ class Settings:
     trace_rotate_size: int = 64 * 1024 * 1024  # bytes
     trace_rotate_interval: int = 3600  # seconds
     trace_buffer: int = 262144  # events held for the writer; past this they are dropped
+    # deprecated_features.permit.<name> = true|false: (name, permitted) in file order; a
+    # feature not named keeps RabbitMQ 4.3's default for its phase (broker/deprecated.py)
+    deprecated_features_permit: tuple[tuple[str, bool], ...] = ()
     # keys of a real rabbitmq.conf that Warren accepts but does not use
     ignored_keys: tuple[str, ...] = field(default=(), compare=False)
     # the files these settings were read from, in the order they were applied

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from warren.broker.management import auth
-from warren.broker.management.app import Ctx, Router, json_response, reply
+from warren.broker.management.app import Ctx, Router, json_response, reply, reply_list
 from warren.broker.management.core import GLOBAL_FIELDS
 from warren.broker.management.errors import bad_request, from_channel, not_found
 from warren.broker.management.formats import message_stats, with_details
@@ -227,6 +227,19 @@ def get_node(ctx: Ctx) -> web.StreamResponse:
     return reply(ctx, node_json(ctx.mgmt))
 
 
+def deprecated_features(ctx: Ctx) -> web.StreamResponse:
+    """RabbitMQ 4.3's /api/deprecated-features (rabbit_depr_ff_extra:cli_info(all))."""
+    return reply_list(ctx, ctx.mgmt.broker.deprecated.listing(), sort=("name",))
+
+
+def deprecated_features_used(ctx: Ctx) -> web.StreamResponse:
+    broker = ctx.mgmt.broker
+    queues = (q for vhost in broker.vhosts.values() for q in vhost.queues.values())
+    return reply_list(
+        ctx, broker.deprecated.listing(broker.deprecated.used(queues)), sort=("name",)
+    )
+
+
 def routes(router: Router) -> None:
     router.add("GET", "nodes", list_nodes, auth.monitor)
     router.add("GET", "nodes/{node}", get_node, auth.monitor)
@@ -236,3 +249,5 @@ def routes(router: Router) -> None:
     router.add("GET", "health/checks/alarms", health_alarms, auth.any_user)
     router.add("GET", "health/checks/local-alarms", health_alarms, auth.any_user)
     router.add("GET", "aliveness-test/{vhost}", aliveness, auth.vhost)
+    router.add("GET", "deprecated-features", deprecated_features, auth.any_user)
+    router.add("GET", "deprecated-features/used", deprecated_features_used, auth.any_user)

@@ -52,6 +52,11 @@ def set_policy(mgmt: Management, vhost: str, name: str, body: dict[str, Any]) ->
     target = mgmt.broker.vhosts.get(vhost)
     if target is None:
         raise not_found("vhost_not_found")
+    definition = body.get("definition") if isinstance(body, dict) else None
+    if isinstance(definition, dict) and (
+        refused := mgmt.broker.deprecated.policy_error(definition)
+    ):
+        raise bad_request(validation_failed(refused))
     policy = make_policy(vhost, name, body)
     existed = name in target.policies
     target.set_policy(policy)

@@ -296,6 +296,21 @@ _list("list_users", "users", lambda a: "users", ["user", "tags"], {"user": "name
 _list("list_vhosts", "vhosts", lambda a: "vhosts", ["name"], per_vhost=False)
 
 
+def _deprecated_args(p: argparse.ArgumentParser) -> None:
+    _columns_arg(["name", "deprecation_phase", "state"])(p)
+    p.add_argument("--used", action="store_true", help="only the deprecated features in use")
+
+
+@command("list_deprecated_features", "list deprecated features", _deprecated_args)
+def list_deprecated_features(api: Api, args: argparse.Namespace, out: Output) -> None:
+    # rabbitmqctl's verb: without --used a `state` column (permitted or denied)
+    out.info(
+        "Listing deprecated features in use ..." if args.used else "Listing deprecated features ..."
+    )
+    path = "deprecated-features/used" if args.used else "deprecated-features"
+    out.rows(api.get(path), args.columns or args.default_columns, {})
+
+
 @command(
     "list_user_permissions",
     "list a user's permissions in every vhost",

@@ -1,0 +1,304 @@
+"""RabbitMQ 4.3's deprecated features over real sockets, denied by default and permitted by
+``deprecated_features.permit.<name>``.
+
+RabbitMQ 3.10 on this machine has no deprecated features, so the reference is the 4.3
+source (rabbitmq-server v4.3.5), cited next to each test. The reply texts are cut to
+255 octets as 4.3 cuts them (rabbit_binary_generator:amqp_exception_explanation/2, io_lib
+chars_limit 255: the text ends in "..."); the log line carries the whole text.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pika
+import pytest
+from pika.exceptions import ConnectionClosedByBroker
+
+from tests.http_api import HttpApi
+from warren.broker.testkit import RunningBroker, run_broker
+from warren.config import parse_config
+
+ROOT = Path(__file__).resolve().parent.parent
+PERMIT_ALL = (
+    ("transient_nonexcl_queues", True),
+    ("global_qos", True),
+    ("queue_master_locator", True),
+    ("classic_queue_mirroring", True),
+)
+
+# rabbit_deprecated_features:generate_warnings1/3, denied_by_default, when_denied
+TRANSIENT_DENIED = (
+    "Feature `transient_nonexcl_queues` is deprecated.\n"
+    "By default, this feature is not permitted anymore.\n"
+    "The feature will be removed from a future major RabbitMQ version, regardless of the "
+    "configuration; actual version to be determined.\n"
+    "To continue using this feature when it is not permitted by default, set the following "
+    "parameter in your configuration:\n"
+    '    "deprecated_features.permit.transient_nonexcl_queues = true"'
+)
+# the same, when_permitted
+TRANSIENT_PERMITTED = (
+    "Feature `transient_nonexcl_queues` is deprecated.\n"
+    "Its use is permitted per the configuration (overriding the default, which is not "
+    "permitted):\n"
+    '    "deprecated_features.permit.transient_nonexcl_queues = true"\n'
+    "The feature will be removed from a future major RabbitMQ version, regardless of the "
+    "configuration."
+)
+GLOBAL_QOS_DENIED = TRANSIENT_DENIED.replace("transient_nonexcl_queues", "global_qos")
+LOCATOR_DENIED = TRANSIENT_DENIED.replace("transient_nonexcl_queues", "queue_master_locator")
+
+
+def reply_text(detail: str) -> str:
+    """``INTERNAL_ERROR - <detail>`` as 4.3 sends it: at most 255 characters."""
+    text = f"INTERNAL_ERROR - {detail}"
+    return text if len(text) <= 255 else text[:252] + "..."
+
+
+@pytest.fixture(scope="module")
+def default() -> Iterator[RunningBroker]:
+    with run_broker(management_port=0) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def permitted() -> Iterator[RunningBroker]:
+    with run_broker(management_port=0, deprecated_features_permit=PERMIT_ALL) as running:
+        yield running
+
+
+def api(broker: RunningBroker) -> HttpApi:
+    port = broker.server.management_port
+    assert port
+    return HttpApi(port)
+
+
+def channel(broker: RunningBroker) -> pika.adapters.blocking_connection.BlockingChannel:
+    return pika.BlockingConnection(pika.URLParameters(broker.url)).channel()
+
+
+# ---- transient_nonexcl_queues ----
+
+
+def test_transient_non_exclusive_queue_is_refused_with_541(
+    default: RunningBroker, name: str
+) -> None:
+    # rabbit_amqqueue:declare/7 -> is_queue_args_combination_permitted/1 -> protocol_error
+    # internal_error "~ts" with get_warning(transient_nonexcl_queues): a connection close
+    ch = channel(default)
+    with pytest.raises(ConnectionClosedByBroker) as caught:
+        ch.queue_declare(name)
+    assert caught.value.reply_code == 541
+    assert caught.value.reply_text == reply_text(TRANSIENT_DENIED)
+    assert name not in default.queues()
+
+
+def test_exclusive_durable_and_existing_queues_stay_allowed(
+    default: RunningBroker, permitted: RunningBroker, name: str
+) -> None:
+    ch = channel(default)
+    ch.queue_declare(f"{name}.excl", exclusive=True)  # transient but exclusive
+    ch.queue_declare("", exclusive=True)  # server-named
+    ch.queue_declare(f"{name}.durable", durable=True)
+    ch.queue_declare(f"{name}.durable", durable=True, passive=True)
+    ch.queue_delete(f"{name}.durable")
+    ch.connection.close()
+
+
+def test_transient_queue_is_declared_once_permitted(
+    permitted: RunningBroker, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    permitted.server.broker.deprecated._logged.clear()  # logged once a day: make it now
+    ch = channel(permitted)
+    with caplog.at_level(logging.WARNING, logger="warren"):
+        assert ch.queue_declare(name).method.queue == name
+    # rabbit_deprecated_features:maybe_log_warning/2: a warning when permitted
+    logged = [r for r in caplog.records if "Deprecated features" in r.getMessage()]
+    assert logged and logged[0].levelno == logging.WARNING
+    text = f"Deprecated features: `transient_nonexcl_queues`: {TRANSIENT_PERMITTED}"
+    assert f"event={text!r}" in logged[0].getMessage()  # the test's KeyValueRenderer
+    ch.queue_delete(name)
+    ch.connection.close()
+
+
+def test_management_api_refuses_a_transient_queue(default: RunningBroker, name: str) -> None:
+    reply = api(default).request("PUT", f"/api/queues/%2F/{name}", {"durable": False})
+    assert reply.status == 400
+    assert "transient_nonexcl_queues" in reply.body["reason"]
+    assert api(default).request("PUT", f"/api/queues/%2F/{name}", {"durable": True}).status == 201
+
+
+# ---- global_qos ----
+
+
+def _deliveries_with_global_qos(broker: RunningBroker, name: str) -> int:
+    """Deliveries to two consumers under basic.qos(prefetch_count=1, global=true)."""
+    ch = channel(broker)
+    got: list[str] = []
+    ch.basic_qos(prefetch_count=1, global_qos=True)
+    for i in range(2):
+        queue = f"{name}.{i}"
+        ch.queue_declare(queue, durable=True)
+        ch.basic_publish("", queue, b"m")
+        ch.basic_consume(queue, lambda c, m, p, b: got.append(m.routing_key))
+    ch.basic_publish("", f"{name}.0", b"m")  # a round trip: both consumers had their turn
+    ch.connection.process_data_events(time_limit=0.3)
+    for i in range(2):
+        ch.queue_delete(f"{name}.{i}")
+    ch.connection.close()
+    return len(got)
+
+
+def test_global_qos_is_applied_per_consumer_by_default(default: RunningBroker, name: str) -> None:
+    # rabbit_channel:handle_method/3 basic.qos global=true: not permitted -> the same method
+    # with global=false, basic.qos-ok and no error (the use is logged at error level)
+    assert _deliveries_with_global_qos(default, name) == 2
+
+
+def test_global_qos_is_shared_once_permitted(permitted: RunningBroker, name: str) -> None:
+    assert _deliveries_with_global_qos(permitted, name) == 1
+
+
+def test_denied_global_qos_is_logged_as_an_error(
+    default: RunningBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    default.server.broker.deprecated._logged.clear()
+    ch = channel(default)
+    with caplog.at_level(logging.WARNING, logger="warren"):
+        ch.basic_qos(prefetch_count=10, global_qos=True)
+    ch.connection.close()
+    logged = [r for r in caplog.records if "`global_qos`" in r.getMessage()]
+    assert logged[0].levelno == logging.ERROR
+    text = f"Deprecated features: `global_qos`: {GLOBAL_QOS_DENIED}"
+    assert f"event={text!r}" in logged[0].getMessage()
+
+
+# ---- queue_master_locator ----
+
+
+def test_queue_master_locator_argument_is_refused_with_541(
+    default: RunningBroker, name: str
+) -> None:
+    # rabbit_classic_queue:validate_arguments/1 (from declare/2)
+    ch = channel(default)
+    with pytest.raises(ConnectionClosedByBroker) as caught:
+        ch.queue_declare(name, durable=True, arguments={"x-queue-master-locator": "min-masters"})
+    assert (caught.value.reply_code, caught.value.reply_text) == (541, reply_text(LOCATOR_DENIED))
+
+
+def test_queue_master_locator_argument_once_permitted(permitted: RunningBroker, name: str) -> None:
+    ch = channel(permitted)
+    ch.queue_declare(name, durable=True, arguments={"x-queue-master-locator": "min-masters"})
+    ch.queue_delete(name)
+    ch.connection.close()
+
+
+def test_queue_master_locator_policy_key(
+    default: RunningBroker, permitted: RunningBroker, name: str
+) -> None:
+    # rabbit_classic_queue:validate_policy/1
+    body = {"pattern": "^x$", "definition": {"queue-master-locator": "min-masters"}}
+    reply = api(default).request("PUT", f"/api/policies/%2F/{name}", body)
+    assert reply.status == 400
+    assert reply.body["reason"] == (
+        "Validation failed\n\nuse of deprecated queue-master-locator argument is not permitted\n"
+    )
+    assert api(permitted).request("PUT", f"/api/policies/%2F/{name}", body).status == 201
+    bad = {"pattern": "^x$", "definition": {"queue-master-locator": "nearest"}}
+    reply = api(permitted).request("PUT", f"/api/policies/%2F/{name}.bad", bad)
+    assert (
+        reply.body["reason"] == 'Validation failed\n\n<<"nearest">> is not a valid master locator\n'
+    )
+
+
+# ---- classic_queue_mirroring ----
+
+
+def test_ha_policy_keys_are_not_recognised(
+    default: RunningBroker, permitted: RunningBroker, name: str
+) -> None:
+    # removed in 4.x: no validator for ha-*, so rabbit_policy:validation0/2 lists them
+    body = {"pattern": "^x$", "definition": {"ha-mode": "exactly", "ha-params": 2}}
+    reply = api(default).request("PUT", f"/api/policies/%2F/{name}", body)
+    assert reply.status == 400
+    assert reply.body["reason"] == (
+        'Validation failed\n\n[{<<"ha-mode">>,<<"exactly">>},{<<"ha-params">>,2}] are not '
+        "recognised policy settings\n"
+    )
+    # Warren's 3.x allowance (README "Where Warren differs"): accepted, no effect on one node
+    assert api(permitted).request("PUT", f"/api/policies/%2F/{name}", body).status == 201
+
+
+# ---- configuration, listing ----
+
+
+def test_permit_keys_are_read_from_rabbitmq_conf() -> None:
+    settings = parse_config(
+        "deprecated_features.permit.transient_nonexcl_queues = true\n"
+        "deprecated_features.permit.global_qos = false\n"
+    )
+    assert settings.deprecated_features_permit == (
+        ("transient_nonexcl_queues", True),
+        ("global_qos", False),
+    )
+    assert settings.ignored_keys == ()  # no more "config key not used by Warren"
+
+
+def test_api_lists_deprecated_features_as_4_3(
+    default: RunningBroker, permitted: RunningBroker, name: str
+) -> None:
+    # rabbit_depr_ff_extra:cli_info/1 via rabbit_mgmt_wm_deprecated_features
+    listed = api(default).ok("GET", "/api/deprecated-features")
+    assert [f["name"] for f in listed] == [
+        "amqp_address_v1",
+        "amqp_filter_set_bug",
+        "classic_queue_mirroring",
+        "global_qos",
+        "management_metrics_collection",
+        "queue_master_locator",
+        "ram_node_type",
+        "transient_nonexcl_queues",
+    ]
+    by_name = {f["name"]: f for f in listed}
+    assert by_name["transient_nonexcl_queues"] == {
+        "name": "transient_nonexcl_queues",
+        "desc": "",
+        "deprecation_phase": "denied_by_default",
+        "doc_url": "https://blog.rabbitmq.com/posts/2021/08/4.0-deprecation-announcements/"
+        "#removal-of-transient-non-exclusive-queues",
+        "provided_by": "rabbit",
+        "state": "denied",
+    }
+    assert by_name["management_metrics_collection"]["state"] == "permitted"
+    assert by_name["classic_queue_mirroring"]["deprecation_phase"] == "removed"
+    states = {f["name"]: f["state"] for f in api(permitted).ok("GET", "/api/deprecated-features")}
+    assert states["transient_nonexcl_queues"] == states["global_qos"] == "permitted"
+    assert api(default).ok("GET", "/api/deprecated-features/used") == []
+    ch = channel(permitted)
+    ch.queue_declare(name)
+    used = api(permitted).ok("GET", "/api/deprecated-features/used")
+    assert [f["name"] for f in used] == ["transient_nonexcl_queues"] and "state" not in used[0]
+    ch.queue_delete(name)
+    ch.connection.close()
+
+
+def test_warrenctl_list_deprecated_features(default: RunningBroker) -> None:
+    url = f"http://127.0.0.1:{default.server.management_port}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("RABBITMQ_CONFIG_FILE", None)
+    ctl = [sys.executable, "-m", "warren.broker.tools.warrenctl", "--url", url]
+    result = subprocess.run(
+        [*ctl, "list_deprecated_features"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "global_qos\tdenied_by_default\tdenied" in result.stdout.splitlines()
