@@ -349,13 +349,16 @@ class Channel:
     def _route(
         self, exchange: Exchange, msg: Message, mandatory: bool, ttl: int | None, seq: int
     ) -> None:
-        queues = self.vhost.route(exchange, msg)
+        store = self._store
+        stored_before = store.published if store is not None else 0
+        # x-delayed-message keeps a delayed message back: no queue now, as the plugin
+        queues = (
+            [] if exchange.delays and exchange.hold(msg, ttl) else self.vhost.route(exchange, msg)
+        )
         if (tracer := self.vhost.tracer) is not None:
             tracer.published(self, msg, queues, mandatory, seq)
             if tracer.firehose.bindings:
                 firehose.published(tracer.firehose, self, msg, queues)
-        store = self._store
-        stored_before = store.published if store is not None else 0
         accepted = True
         if queues:
             self.stats.routed += 1
