@@ -79,9 +79,9 @@ class Exchange:
     def close(self) -> None:
         """The exchange was deleted."""
 
-    def hold(self, msg: Any, ttl: int | None) -> bool:
-        """Keep a published message back instead of routing it now (delays only)."""
-        return False
+    def hold(self, msg: Any, ttl: int | None) -> int:
+        """Keep a published message back instead of routing it now: its delay in ms, or 0."""
+        return 0
 
     @property
     def alternate_exchange(self) -> str | None:

@@ -319,11 +319,12 @@ class DelayedMessageExchange(Exchange):
 
     # ---- holding ----
 
-    def hold(self, msg: Message, ttl: int | None) -> bool:
-        """Keep ``msg`` if it asks for a delay; False: route it now."""
+    def hold(self, msg: Message, ttl: int | None) -> int:
+        """Keep ``msg`` if it asks for a delay (return it, in ms); 0: route it now."""
         delay = delay_of(msg.headers)
         if delay is None or self.vhost is None:
-            return False
+            return 0
+        msg._headers = None  # held for long: the decoded table would cost more than the bytes
         timers = self.vhost.timers
         due = timers.now() + delay / 1000
         store = self.message_store
@@ -335,9 +336,7 @@ class DelayedMessageExchange(Exchange):
                 msg.queue = cast("Queue", self)  # the log asks a message's holder for its id
                 store.publish(self.store_id, msg, time.time() + delay / 1000)
         self._push(due, msg, ttl)
-        if (tracer := self.vhost.tracer) is not None:
-            tracer.mark(f"delayed {self.name} {delay}")
-        return True
+        return delay
 
     def _push(self, due: float, msg: Message, ttl: int | None) -> None:
         self._seq += 1
@@ -393,7 +392,7 @@ class DelayedMessageExchange(Exchange):
         self.released += 1
         queues = vhost.route(self, msg)
         if (tracer := vhost.tracer) is not None:
-            tracer.mark(f"released {self.name} {len(queues)}")
+            tracer.released(msg, self.name, queues)
         for i, queue in enumerate(queues):
             queue.publish(msg if i == 0 else msg.copy(), ttl)
 

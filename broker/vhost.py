@@ -446,7 +446,10 @@ class VirtualHost:
         """Publish from outside AMQP (management API); True if any queue took the message."""
         exchange = self.exchange(exchange_name)
         msg = Message(exchange_name, routing_key, properties, body)
-        if exchange.delays and exchange.hold(msg, None):
+        if exchange.delays and (delay := exchange.hold(msg, None)):
+            if (tracer := self.tracer) is not None:
+                tracer.published_by_api(msg, [])
+                tracer.delayed(msg, exchange.name, delay)
             return True  # the plugin's route/2 returns no queues, but it took the message
         queues = self.route(exchange, msg)
         if (tracer := self.tracer) is not None:

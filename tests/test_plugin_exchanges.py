@@ -430,6 +430,27 @@ def test_api_counts_held_messages_and_delete_drops_them(warren: RunningBroker, n
     conn.close()
 
 
+def test_lifecycle_trace_records_delayed_and_released(tmp_path: Path) -> None:
+    from tests.test_tracing import history, of, read_trace
+
+    trace_dir = tmp_path / "trace"
+    with run_broker(trace_enabled=True, trace_dir=str(trace_dir)) as running:
+        conn = pika.BlockingConnection(pika.URLParameters(running.url))
+        ch = conn.channel()
+        delayed_exchange(ch, "tr.x")
+        ch.queue_declare("tr.q")
+        ch.queue_bind("tr.q", "tr.x", "k")
+        ch.basic_publish("tr.x", "k", b"m", pika.BasicProperties(headers={"x-delay": 100}))
+        get_one(ch, "tr.q", 5)
+        conn.close()
+        events = read_trace(running, trace_dir)
+    delayed = of(events, "delayed", exchange="tr.x")[0]
+    assert delayed["delay_ms"] == 100
+    assert of(events, "released", exchange="tr.x", msg=delayed["msg"])[0]["queues"] == ["tr.q"]
+    steps = history(events, delayed["msg"])
+    assert steps[steps.index("delayed:"):][:3] == ["delayed:", "released:", "delivered:tr.q"]
+
+
 # ---- durability ----
 
 PERSISTENT_DELAY = 1500  # ms: long enough to restart within it
