@@ -342,13 +342,17 @@ class Channel:
     def _route(
         self, exchange: Exchange, msg: Message, mandatory: bool, ttl: int | None, seq: int
     ) -> None:
-        queues = self.vhost.route(exchange, msg)
-        if (tracer := self.vhost.tracer) is not None:
-            tracer.published(self, msg, queues, mandatory, seq)
-            if tracer.firehose.bindings:
-                firehose.published(tracer.firehose, self, msg, queues)
         store = self._store
         stored_before = store.published if store is not None else 0
+        # x-delayed-message keeps a delayed message back: no queue now, as the plugin
+        held = exchange.hold(msg, ttl) if exchange.delays else 0
+        queues = [] if held else self.vhost.route(exchange, msg)
+        if (tracer := self.vhost.tracer) is not None:
+            tracer.published(self, msg, queues, mandatory, seq)
+            if held:
+                tracer.delayed(msg, exchange.name, held)
+            if tracer.firehose.bindings:
+                firehose.published(tracer.firehose, self, msg, queues)
         accepted = True
         if queues:
             self.stats.routed += 1

@@ -61,6 +61,28 @@ class Exchange:
         self.deleted = False
         self.has_exchange_destinations = False  # any exchange-to-exchange binding from here
 
+    # hooks for the types in broker/exchange_plugins.py
+    delays = False  # x-delayed-message: publishes go through hold() first
+
+    @classmethod
+    def validate(cls, arguments: dict[str, Any]) -> None:
+        """Reject a declaration's arguments (raise an AMQP error)."""
+
+    def validate_binding(
+        self, destination: Any, routing_key: str, arguments: dict[str, Any]
+    ) -> None:
+        """Reject a binding this type cannot take (raise an AMQP error)."""
+
+    def attach(self, vhost: Any) -> None:
+        """The exchange now belongs to ``vhost`` (declared or restored)."""
+
+    def close(self) -> None:
+        """The exchange was deleted."""
+
+    def hold(self, msg: Any, ttl: int | None) -> int:
+        """Keep a published message back instead of routing it now: its delay in ms, or 0."""
+        return 0
+
     @property
     def alternate_exchange(self) -> str | None:
         value = self.arguments.get("alternate-exchange")

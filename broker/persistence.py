@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 
 FREEZE_AFTER = 100_000  # recovered messages
+# held messages of a durable x-delayed-message exchange are logged under this id + its row id,
+# apart from queue ids (broker/exchange_plugins.py)
+DELAYED_ID_BASE = 1 << 31
 
 
 class Persistence:
@@ -77,6 +80,11 @@ class Persistence:
     def exchange_deleted(self, vhost: str, exchange: Exchange) -> None:
         if exchange.durable:
             self.definitions.delete_exchange(vhost, exchange.name)
+            if exchange.delays:
+                self.definitions.delete_delayed_exchange(vhost, exchange.name)
+
+    def delayed_exchange_id(self, vhost: str, name: str) -> int:
+        return DELAYED_ID_BASE + self.definitions.delayed_exchange_id(vhost, name)
 
     def queue_declared(self, vhost: str, queue: Queue) -> None:
         if queue.durable and queue.exclusive_owner is None:
@@ -179,16 +187,27 @@ class Persistence:
         stored = self.messages.recover()
         now_wall, now_mono = time.time(), broker.timers.now()
         by_queue: dict[Queue, list[Any]] = {}
+        delayed: dict[int, Any] = {
+            getattr(ex, "store_id", 0): ex
+            for host in broker.vhosts.values()
+            for ex in host.exchanges.values()
+            if getattr(ex, "store_id", 0)
+        }
+        by_exchange: dict[Any, list[Any]] = {}
         orphans = []
         for record in stored:
             owner = queues_by_id.get(record.queue_id)
             if owner is not None:
                 by_queue.setdefault(owner, []).append(record)
+            elif (held_by := delayed.get(record.queue_id)) is not None:
+                by_exchange.setdefault(held_by, []).append(record)
             else:  # its queue was deleted: the message goes with it
                 orphans.append(record)
         del stored
         for queue, records in by_queue.items():
             self.messages.adopt(queue.restore_messages(records, now_wall, now_mono))
+        for exchange, records in by_exchange.items():
+            self.messages.adopt(exchange.restore_messages(records, now_wall))
         self.messages.finish_recovery(orphans)
         self._restored_queues = list(by_queue)
         self.log.info(

@@ -105,13 +105,15 @@ _mono = time.monotonic_ns
     CONSUMER_CANCELLED,
     QUEUE_EXPIRED,
     QUEUE_DELETED,
+    DELAYED,  # an x-delayed-message exchange took the message (broker/exchange_plugins.py)
+    RELEASED,  # ... and routed it when its delay was over
     MARK,
     DROPPED,
     CHANNEL_CLOSED,  # not written: the writer process forgets the channel's deliveries
     ACKS,  # in the int stream only: tags acked on a channel, written as one "acked" each
     ACK_RANGE,  # the same for the tags first..last
     CONFIRMS,  # in the int stream only: a publisher confirm, written as "confirmed"
-) = range(21)
+) = range(23)
 _HEAD = struct.Struct("=II?")  # a batch: bytes of ints, bytes of marshalled side list, sync
 PIPE_SIZE = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 PIPE_BYTES = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
@@ -398,6 +400,17 @@ class Tracer:
         self._w.forget(queue)
         if not self._full():
             self._put((QUEUE_DELETED, _mono(), self.vhost, queue.name, queue.ready_count))
+
+    def delayed(self, msg: Message, exchange: str, delay_ms: int) -> None:
+        if not self._full():
+            self._put((DELAYED, _mono(), self.vhost, msg.trace_id, exchange, delay_ms))
+
+    def released(self, msg: Message, exchange: str, queues: list[Queue]) -> None:
+        if not self._full():
+            self._put(
+                (RELEASED, _mono(), self.vhost, msg.trace_id or self._id(msg, ""), exchange,
+                 tuple([q.name for q in queues]))
+            )  # fmt: skip
 
     def mark(self, event: str) -> None:
         if not self._full():
@@ -1078,6 +1091,17 @@ def _queue_deleted(e: tuple[Any, ...], off: int) -> str:
     return f'{_head(e, off, "queue_deleted")},"queue":{_s(e[3])},"messages":{e[4]}}}\n'
 
 
+def _delayed(e: tuple[Any, ...], off: int) -> str:
+    # (K, t, vhost, tid, exchange, delay_ms)
+    return f'{_head(e, off, "delayed")},"msg":{e[3]},"exchange":{_s(e[4])},"delay_ms":{e[5]}}}\n'
+
+
+def _released(e: tuple[Any, ...], off: int) -> str:
+    # (K, t, vhost, tid, exchange, queue names)
+    queues = ",".join(_s(name) for name in e[5])
+    return f'{_head(e, off, "released")},"msg":{e[3]},"exchange":{_s(e[4])},"queues":[{queues}]}}\n'
+
+
 def _mark(e: tuple[Any, ...], off: int) -> str:
     return f"{_head(e, off, e[3])}}}\n"
 
@@ -1102,6 +1126,8 @@ _FORMATS: tuple[Callable[[tuple[Any, ...], int], str], ...] = (
     _consumer_cancelled,
     _queue_expired,
     _queue_deleted,
+    _delayed,
+    _released,
     _mark,
     _dropped,
 )

@@ -11,6 +11,7 @@ import structlog
 from warren.broker.arguments import check_equivalent_arguments, validate_queue_arguments
 from warren.broker.dead_letter import dead_letter_copy
 from warren.broker.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exchange
+from warren.broker.exchange_plugins import headers_for
 from warren.broker.firehose import TRACE_EXCHANGE
 from warren.broker.message import Message
 from warren.broker.policy import Policy, pick
@@ -143,10 +144,12 @@ class VirtualHost:
                 existing, kind, durable, auto_delete, internal, arguments
             )
             return existing
+        cls.validate(arguments)
         exchange = cls(
             name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments
         )
         self.exchanges[name] = exchange
+        exchange.attach(self)
         if self.persistence is not None:
             self.persistence.exchange_declared(self.name, exchange)
         return exchange
@@ -158,9 +161,15 @@ class VirtualHost:
         if name.startswith("amq.") and name in self.exchanges:
             return  # built in: the tracer holds amq.rabbitmq.trace, which must stay the same
         if cls is not None:
-            self.exchanges[name] = cls(
+            try:
+                cls.validate(arguments)
+            except (ChannelError, ConnectionError_) as exc:
+                self.log.warning("stored exchange no longer valid", exchange=name, error=str(exc))
+                return
+            exchange = self.exchanges[name] = cls(
                 name, durable=True, auto_delete=auto_delete, internal=internal, arguments=arguments
             )
+            exchange.attach(self)
 
     def restore_queue(self, name: str, auto_delete: bool, arguments: dict[str, Any]) -> Queue:
         queue = Queue(self, name, durable=True, auto_delete=auto_delete, arguments=arguments)
@@ -216,6 +225,7 @@ class VirtualHost:
         if self.persistence is not None:
             self.persistence.exchange_deleted(self.name, exchange)
         exchange.deleted = True
+        exchange.close()
         self.exchanges.pop(exchange.name, None)
         exchange.bindings.clear()
         exchange._bindings_changed()
@@ -366,7 +376,8 @@ class VirtualHost:
     ) -> None:
         self.not_default(source)
         exchange = self.exchange(source)
-        if exchange.kind == "headers":
+        exchange.validate_binding(destination, routing_key, arguments)
+        if getattr(exchange, "delayed_kind", exchange.kind) == "headers":
             match = arguments.get("x-match", "all")
             if match not in ("all", "any", "all-with-x", "any-with-x"):
                 shown = erlang_binary(match.encode()) if isinstance(match, str) else repr(match)
@@ -396,7 +407,7 @@ class VirtualHost:
 
     def route(self, exchange: Exchange, msg: Message) -> list[Queue]:
         """The queues a message published to ``exchange`` reaches."""
-        dests = exchange.route(msg.routing_key, lambda: msg.headers)
+        dests = exchange.route(msg.routing_key, headers_for(msg))
         if not exchange.has_exchange_destinations and (dests or not exchange.alternate_exchange):
             return dests
         queues: list[Queue] = []
@@ -413,9 +424,7 @@ class VirtualHost:
         everything reached through it (nested exchanges included) found no queue.
         """
         rk = msg.routing_key
-
-        def headers() -> dict[str, Any]:
-            return msg.headers
+        headers = headers_for(msg)
 
         stack = [(exchange, len(queues), iter(exchange.route(rk, headers)))]
         while stack:
@@ -440,6 +449,11 @@ class VirtualHost:
         """Publish from outside AMQP (management API); True if any queue took the message."""
         exchange = self.exchange(exchange_name)
         msg = Message(exchange_name, routing_key, properties, body)
+        if exchange.delays and (delay := exchange.hold(msg, None)):
+            if (tracer := self.tracer) is not None:
+                tracer.published_by_api(msg, [])
+                tracer.delayed(msg, exchange.name, delay)
+            return True  # the plugin's route/2 returns no queues, but it took the message
         queues = self.route(exchange, msg)
         if (tracer := self.tracer) is not None:
             tracer.published_by_api(msg, queues)

@@ -272,7 +272,7 @@ def queue_json(mgmt: Management, queue: Queue, full: bool = False) -> dict[str, 
 
 
 def exchange_json(vhost: VirtualHost, exchange: Exchange) -> dict[str, Any]:
-    return {
+    out = {
         "name": exchange.name,
         "vhost": vhost.name,
         "type": exchange.kind,
@@ -282,6 +282,9 @@ def exchange_json(vhost: VirtualHost, exchange: Exchange) -> dict[str, Any]:
         "arguments": json_value(exchange.arguments),
         "user_who_performed_action": "rmq-internal",
     }
+    if exchange.delays:  # the delayed-message plugin adds its exchange's held count
+        out["messages_delayed"] = getattr(exchange, "messages_delayed", 0)
+    return out
 
 
 def props_key(routing_key: str, arguments: dict[str, Any]) -> str:

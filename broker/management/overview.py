@@ -26,6 +26,11 @@ EXCHANGE_TYPES = (
     ("fanout", "AMQP fanout exchange, as per the AMQP specification"),
     ("headers", "AMQP headers exchange, as per the AMQP specification"),
     ("topic", "AMQP topic exchange, as per the AMQP specification"),
+    # plugins' and 4.x core's types, with the descriptions they register
+    ("x-consistent-hash", "Consistent Hashing Exchange"),
+    ("x-delayed-message", "Delayed Message Exchange."),
+    ("x-local-random", "Picks one random local binding (queue) to route via (to)."),
+    ("x-modulus-hash", "Modulus Hashing Exchange"),
 )
 ALIVENESS_QUEUE = "aliveness-test"
 

@@ -29,6 +29,8 @@ CREATE TABLE IF NOT EXISTS exchanges (
 CREATE TABLE IF NOT EXISTS queues (
     id INTEGER PRIMARY KEY AUTOINCREMENT, vhost TEXT, name TEXT, auto_delete INTEGER,
     arguments BLOB, UNIQUE (vhost, name));
+CREATE TABLE IF NOT EXISTS delayed_exchanges (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, vhost TEXT, name TEXT, UNIQUE (vhost, name));
 CREATE TABLE IF NOT EXISTS bindings (
     vhost TEXT, source TEXT, destination_type TEXT, destination TEXT, routing_key TEXT,
     arguments BLOB, PRIMARY KEY (vhost, source, destination_type, destination, routing_key,
@@ -157,6 +159,19 @@ class DefinitionStore:
             name,
         )
         self.db.execute("COMMIT")
+
+    def delayed_exchange_id(self, vhost: str, name: str) -> int:
+        """The row id of a durable x-delayed-message exchange (made on first use)."""
+        self._run(
+            "INSERT OR IGNORE INTO delayed_exchanges (vhost, name) VALUES (?, ?)", vhost, name
+        )
+        row = self._run(
+            "SELECT id FROM delayed_exchanges WHERE vhost = ? AND name = ?", vhost, name
+        ).fetchone()
+        return int(row[0])
+
+    def delete_delayed_exchange(self, vhost: str, name: str) -> None:
+        self._run("DELETE FROM delayed_exchanges WHERE vhost = ? AND name = ?", vhost, name)
 
     def save_queue(
         self, vhost: str, name: str, auto_delete: bool, arguments: dict[str, Any]

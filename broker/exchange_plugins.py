@@ -1,0 +1,422 @@
+"""Exchange types users install RabbitMQ plugins for, built in.
+
+- ``x-consistent-hash`` (rabbitmq_consistent_hash_exchange, 3.13/4.x): the binding key
+  is a weight; a bucket ring in binding order; jump consistent hash of the routing
+  key, a header or a property, with Erlang's own hash and RNG (broker/erlang_hash.py).
+- ``x-modulus-hash`` (RabbitMQ 4.3 core, rabbit_exchange_type_modulus_hash):
+  ``phash2([routing key]) rem n`` over the destinations, sorted as RabbitMQ sorts them.
+- ``x-local-random`` (RabbitMQ 4.0 core, rabbit_exchange_type_local_random): one bound
+  classic queue at random; bindings need an empty key and a classic queue.
+- ``x-delayed-message`` (rabbitmq-delayed-message-exchange): routes like its
+  ``x-delayed-type`` once the ``x-delay`` header's milliseconds have passed. Held
+  messages sit in one heap per exchange under one timer (broker/timers.py); a durable
+  exchange keeps persistent ones in the message log (broker/store/) under its own id.
+
+The texts of errors are RabbitMQ's; docs/plugin-exchanges.md has the details.
+"""
+
+from __future__ import annotations
+
+import datetime
+import heapq
+import random
+import re
+import time
+from typing import TYPE_CHECKING, Any, cast
+
+from warren.broker.erlang_hash import jump_consistent_hash, phash2
+from warren.broker.exchange import EXCHANGE_TYPES, Exchange, HeadersFn
+from warren.broker.message import Message
+from warren.broker.timers import Deadline
+from warren.protocol.constants import COMMAND_INVALID, PRECONDITION_FAILED
+from warren.protocol.errors import ChannelError, ConnectionError_, erlang_binary
+from warren.protocol.properties import (
+    FLAG_EXPIRATION,
+    decode_field,
+    has_flag,
+    set_header,
+    split_properties,
+)
+
+if TYPE_CHECKING:
+    from warren.broker.queue import Queue
+    from warren.broker.store import MessageStore, StoredMessage
+    from warren.broker.vhost import VirtualHost
+
+MAX_BINDING_WEIGHT = 10_000
+MAX_DELAY_MS = 4294967295  # the plugin's limit (Erlang's longest timer); longer: no delay
+RELEASE_BATCH = 20_000  # releases in one loop turn before yielding to other work
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_PROPERTIES = ("correlation_id", "message_id", "timestamp")
+
+
+def _binding_error(text: str) -> ChannelError:
+    return ChannelError(PRECONDITION_FAILED, text)
+
+
+# ---- x-consistent-hash ----
+
+
+def _hash_args(arguments: dict[str, Any]) -> tuple[str | None, str | None]:
+    header = arguments.get("hash-header")
+    prop = arguments.get("hash-property")
+    return (
+        header if isinstance(header, str) else None,
+        prop if isinstance(prop, str) else None,
+    )
+
+
+def _header_key(value: Any) -> int | bytes | str | None:
+    """What RabbitMQ 4.x hashes for a header value (mc:routing_headers)."""
+    if value is None or isinstance(value, bool):
+        return None if value is None else ("true" if value else "false")
+    if isinstance(value, int):
+        return value  # an integer seeds the RNG directly, unhashed
+    if isinstance(value, datetime.datetime):
+        return int(value.replace(tzinfo=datetime.UTC).timestamp()) * 1000
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape")
+    if isinstance(value, bytes):
+        return value
+    return repr(value).encode()  # floats, tables, arrays: stable, but not RabbitMQ's hash
+
+
+class ConsistentHashExchange(Exchange):
+    kind = "x-consistent-hash"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._ring: list[Any] = []
+        self._header, self._property = _hash_args(self.arguments)
+
+    @classmethod
+    def validate(cls, arguments: dict[str, Any]) -> None:
+        header, prop = _hash_args(arguments)
+        if header is not None and prop is not None:
+            raise _binding_error("hash-header and hash-property are mutually exclusive")
+        if prop is not None and prop not in _PROPERTIES:
+            raise _binding_error(f"Unsupported property: {prop}")
+
+    def validate_binding(
+        self, destination: Any, routing_key: str, arguments: dict[str, Any]
+    ) -> None:
+        if not _INTEGER.fullmatch(routing_key):
+            raw = routing_key.encode("utf-8", "surrogateescape")
+            raise _binding_error(f"The binding key must be an integer: {erlang_binary(raw)}")
+        weight = int(routing_key)
+        if weight < 1:
+            raise _binding_error("The binding key must be greater than 0")
+        if weight > MAX_BINDING_WEIGHT:
+            raise _binding_error(f"The binding key must not exceed {MAX_BINDING_WEIGHT}")
+
+    def _changed(self) -> None:
+        # buckets in binding order; a destination bound again adds none (RabbitMQ: already_exists)
+        ring: list[Any] = []
+        seen: set[int] = set()
+        for binding in self.bindings.values():
+            if id(binding.destination) not in seen:
+                seen.add(id(binding.destination))
+                ring.extend([binding.destination] * int(binding.routing_key))
+        self._ring = ring
+
+    def _key(self, routing_key: str, headers: HeadersFn) -> int:
+        value: int | bytes | str | None
+        if self._header is not None:
+            value = _header_key(headers().get(self._header))
+        elif self._property is not None:
+            value = self._property_value(headers)
+        else:
+            value = routing_key.encode("utf-8", "surrogateescape")
+        return value if isinstance(value, int) else phash2(value)
+
+    def _property_value(self, headers: HeadersFn) -> bytes | None:
+        props = getattr(headers, "properties", None)
+        if props is None:
+            return None
+        raw = split_properties(props).get(cast(str, self._property))
+        if raw is None:
+            return None
+        value = decode_field(cast(str, self._property), raw)
+        if isinstance(value, datetime.datetime):
+            return str(int(value.replace(tzinfo=datetime.UTC).timestamp())).encode()
+        if isinstance(value, int):
+            return str(value).encode()
+        return value.encode("utf-8", "surrogateescape") if isinstance(value, str) else None
+
+    def route(self, routing_key: str, headers: HeadersFn) -> list[Any]:
+        ring = self._ring
+        if not ring:
+            return []
+        return [ring[jump_consistent_hash(self._key(routing_key, headers), len(ring))]]
+
+
+class _Headers:
+    """The headers callable the vhost passes, plus the raw properties (hash-property)."""
+
+    __slots__ = ("msg", "properties")
+
+    def __init__(self, msg: Message) -> None:
+        self.msg = msg
+        self.properties = msg.properties
+
+    def __call__(self) -> dict[str, Any]:
+        return self.msg.headers
+
+
+# ---- x-modulus-hash ----
+
+
+def _sort_key(destination: Any) -> tuple[int, bytes]:
+    # RabbitMQ sorts #resource{} records: kind 'exchange' before 'queue', then name bytes
+    return (0 if isinstance(destination, Exchange) else 1, destination.name.encode())
+
+
+class ModulusHashExchange(Exchange):
+    kind = "x-modulus-hash"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sorted: list[Any] = []
+
+    def _changed(self) -> None:
+        self._sorted = sorted((b.destination for b in self.bindings.values()), key=_sort_key)
+
+    def route(self, routing_key: str, headers: HeadersFn) -> list[Any]:
+        dests = self._sorted
+        if not dests:
+            return []
+        key = phash2([routing_key.encode("utf-8", "surrogateescape")])
+        return [dests[key % len(dests)]]
+
+
+# ---- x-local-random ----
+
+_QUEUE_MODULES = {"quorum": "rabbit_quorum_queue", "stream": "rabbit_stream_queue"}
+
+
+class LocalRandomExchange(Exchange):
+    kind = "x-local-random"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._queues: list[Any] = []
+
+    def validate_binding(
+        self, destination: Any, routing_key: str, arguments: dict[str, Any]
+    ) -> None:
+        if routing_key:
+            raise _binding_error(f"Non empty binding '{routing_key}' key not permitted")
+        if isinstance(destination, Exchange):
+            raise _binding_error("Destination not found")
+        kind = getattr(destination, "queue_type", "classic")
+        if kind != "classic":
+            module = _QUEUE_MODULES.get(kind, kind)
+            raise _binding_error(f"Queue type {module} not valid for this exchange type")
+
+    def _changed(self) -> None:
+        queues: list[Any] = []
+        for binding in self.bindings.values():
+            if binding.destination not in queues:
+                queues.append(binding.destination)
+        self._queues = queues
+
+    def route(self, routing_key: str, headers: HeadersFn) -> list[Any]:
+        queues = self._queues
+        if len(queues) <= 1:
+            return queues
+        return [queues[random.randrange(len(queues))]]
+
+
+# ---- x-delayed-message ----
+
+
+def delay_of(headers: dict[str, Any]) -> int | None:
+    """The x-delay header as the plugin reads it: integers, floats (truncated), numeric
+    strings; None for no delay (absent, not a number, not in 1..2^32-1)."""
+    value = headers.get("x-delay")
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, float):
+        value = int(value)
+    elif isinstance(value, str | bytes):
+        text = value.decode(errors="replace") if isinstance(value, bytes) else value
+        if not _INTEGER.fullmatch(text):
+            return None  # the plugin fails the publish here; Warren routes at once
+        value = int(text)
+    if not isinstance(value, int) or not 0 < value <= MAX_DELAY_MS:
+        return None
+    return value
+
+
+def _ttl_of(properties: bytes) -> int | None:
+    if not has_flag(properties, FLAG_EXPIRATION):
+        return None
+    raw = split_properties(properties).get("expiration")
+    try:
+        return int(str(decode_field("expiration", raw))) if raw is not None else None
+    except ValueError:
+        return None
+
+
+class DelayedMessageExchange(Exchange):
+    """Holds messages with an ``x-delay`` until due, then routes them like ``x-delayed-type``."""
+
+    kind = "x-delayed-message"
+    delays = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        inner = EXCHANGE_TYPES[str(self.arguments["x-delayed-type"])]
+        self.delayed_kind = inner.kind
+        self._inner = inner(self.name, arguments=self.arguments)
+        self._inner.bindings = self.bindings  # one set of bindings, the inner type's index
+        self._heap: list[tuple[float, int, Message, int | None]] = []
+        self._seq = 0
+        self.vhost: VirtualHost | None = None
+        self.store_id = 0  # the message log's id for this exchange's held messages (durable)
+        self.message_store: MessageStore | None = None
+        self._deadline: Deadline | None = None
+        self.released = 0
+
+    @classmethod
+    def validate(cls, arguments: dict[str, Any]) -> None:
+        kind = arguments.get("x-delayed-type")
+        if kind == "x-delayed-message":
+            raise _binding_error(
+                "Invalid argument, 'x-delayed-message' can't be used for 'x-delayed-type'"
+            )
+        if not isinstance(kind, str):
+            raise _binding_error(
+                "Invalid argument, 'x-delayed-type' must be an existing exchange type"
+            )
+        inner = EXCHANGE_TYPES.get(kind)
+        if inner is None:
+            raise ConnectionError_(COMMAND_INVALID, f"unknown exchange type '{kind}'")
+        inner.validate(arguments)
+
+    @property
+    def messages_delayed(self) -> int:
+        return len(self._heap)
+
+    def attach(self, vhost: VirtualHost) -> None:
+        self.vhost = vhost
+        self._deadline = Deadline(vhost.timers, self._release_due)
+        persistence = vhost.persistence
+        if self.durable and persistence is not None:
+            self.store_id = persistence.delayed_exchange_id(vhost.name, self.name)
+            self.message_store = persistence.messages
+
+    def validate_binding(
+        self, destination: Any, routing_key: str, arguments: dict[str, Any]
+    ) -> None:
+        self._inner.validate_binding(destination, routing_key, arguments)
+
+    def _changed(self) -> None:
+        self._inner._changed()
+
+    def route(self, routing_key: str, headers: HeadersFn) -> list[Any]:
+        return self._inner.route(routing_key, headers)
+
+    # ---- holding ----
+
+    def hold(self, msg: Message, ttl: int | None) -> int:
+        """Keep ``msg`` if it asks for a delay (return it, in ms); 0: route it now."""
+        delay = delay_of(msg.headers)
+        if delay is None or self.vhost is None:
+            return 0
+        msg._headers = None  # held for long: the decoded table would cost more than the bytes
+        timers = self.vhost.timers
+        due = timers.now() + delay / 1000
+        store = self.message_store
+        if store is not None:
+            from warren.broker.persistence import is_persistent
+
+            if is_persistent(msg.properties):
+                msg.expires_at = due  # the log keeps the due time (wall clock) in its expiry
+                msg.queue = cast("Queue", self)  # the log asks a message's holder for its id
+                store.publish(self.store_id, msg, time.time() + delay / 1000)
+        self._push(due, msg, ttl)
+        return delay
+
+    def _push(self, due: float, msg: Message, ttl: int | None) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (due, self._seq, msg, ttl))
+        if self._heap[0][2] is msg and self._deadline is not None:
+            self._deadline.arm(due)
+
+    def restore_messages(self, records: list[StoredMessage], now_wall: float) -> list[Message]:
+        """Held messages read back at start-up: due at their original time (now if past)."""
+        assert self.vhost is not None
+        now_mono = self.vhost.timers.now()
+        store = self.message_store
+        restored = []
+        for record in records:
+            body = record.body
+            if body is None:
+                assert store is not None
+                body = store.read_body(record.segment, record.body_offset, record.body_size)
+            msg = Message(record.exchange, record.routing_key, record.properties, body)
+            msg.store_id = record.msg_id
+            msg.store_segment, msg.store_offset = record.segment, record.body_offset
+            msg.trace_id = record.trace_id
+            due = now_mono + max(0.0, record.expires_wall - now_wall)
+            msg.expires_at = due
+            msg.queue = cast("Queue", self)
+            self._push(due, msg, _ttl_of(record.properties))
+            restored.append(msg)
+        return restored
+
+    def _release_due(self) -> None:
+        assert self.vhost is not None
+        heap = self._heap
+        now = self.vhost.timers.now()
+        released = 0
+        while heap and heap[0][0] <= now and released < RELEASE_BATCH:
+            _, _, msg, ttl = heapq.heappop(heap)
+            self._release(msg, ttl)
+            released += 1
+        if heap and self._deadline is not None:
+            self._deadline.arm(heap[0][0] if released < RELEASE_BATCH else now)
+
+    def _release(self, msg: Message, ttl: int | None) -> None:
+        vhost = self.vhost
+        assert vhost is not None
+        if msg.store_id and self.message_store is not None:
+            self.message_store.remove(msg)
+        msg.queue = None
+        msg.expires_at = None
+        delay = delay_of(msg.headers)
+        if delay is not None:  # the plugin hands it on with x-delay negated
+            msg.properties = set_header(msg.properties, "x-delay", -delay)
+            msg._headers = None
+        self.released += 1
+        queues = vhost.route(self, msg)
+        if (tracer := vhost.tracer) is not None:
+            tracer.released(msg, self.name, queues)
+        for i, queue in enumerate(queues):
+            queue.publish(msg if i == 0 else msg.copy(), ttl)
+
+    def close(self) -> None:
+        """Deleted: the held messages go with it (their log records age out)."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+        store = self.message_store
+        for _, _, msg, _ in self._heap:
+            if msg.store_id and store is not None:
+                store.forget(msg)
+            msg.queue = None
+        self._heap.clear()
+
+
+def headers_for(msg: Message) -> HeadersFn:
+    """The vhost's headers callable for ``msg``, carrying its properties for hash-property."""
+    return _Headers(msg)
+
+
+PLUGIN_EXCHANGE_TYPES: dict[str, type[Exchange]] = {
+    "x-consistent-hash": ConsistentHashExchange,
+    "x-modulus-hash": ModulusHashExchange,
+    "x-local-random": LocalRandomExchange,
+    "x-delayed-message": DelayedMessageExchange,
+}
+EXCHANGE_TYPES.update(PLUGIN_EXCHANGE_TYPES)
