@@ -12,7 +12,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from warren.config import Settings
+    from warren.config import ConfigError, Settings
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -97,6 +97,16 @@ async def serve(settings: Settings) -> None:
     await server.stop()
 
 
+def _print_config_errors(exc: ConfigError) -> None:
+    """One line per mistake, all of them, as cuttlefish lists them."""
+    if len(exc.errors) == 1:
+        print(f"warren-server: configuration error: {exc}", file=sys.stderr)
+        return
+    print(f"warren-server: {len(exc.errors)} configuration errors:", file=sys.stderr)
+    for error in exc.errors:
+        print(f"  {error}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from warren.config import ConfigError
@@ -104,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = settings_from_args(args)
     except ConfigError as exc:
-        print(f"warren-server: configuration error: {exc}", file=sys.stderr)
+        _print_config_errors(exc)
         return 2
     from warren.broker.logging import configure_logging
 
@@ -120,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runner(serve(settings))
     except ConfigError as exc:  # e.g. a load_definitions file that does not import
-        print(f"warren-server: configuration error: {exc}", file=sys.stderr)
+        _print_config_errors(exc)
         return 2
     except OSError as exc:
         print(f"warren-server: cannot listen: {exc}", file=sys.stderr)

@@ -17,6 +17,9 @@ Parsing happens in three steps:
 
 Every error is a :class:`ConfigError` naming file, line, key and what
 would be accepted, so a bad file never starts a half-configured broker.
+As cuttlefish does, every line is checked before giving up: one
+ConfigError carries all the mistakes (``errors``), so a file is fixed in
+one pass.
 """
 
 from __future__ import annotations
@@ -66,7 +69,25 @@ class ConfigError(ValueError):
         self.lineno = lineno
         self.key = key
         self.value = value
+        self.errors: tuple[ConfigError, ...] = (self,)
         super().__init__(self._render())
+
+    @classmethod
+    def combine(cls, errors: list[ConfigError]) -> ConfigError:
+        """One error for all of them: the first one's fields, every one's text."""
+        if len(errors) == 1:
+            return errors[0]
+        first = errors[0]
+        combined = cls(
+            first.message,
+            filename=first.filename,
+            lineno=first.lineno,
+            key=first.key,
+            value=first.value,
+        )
+        combined.errors = tuple(errors)
+        combined.args = ("\n".join(str(e) for e in errors),)
+        return combined
 
     def _render(self) -> str:
         parts: list[str] = []
@@ -547,7 +568,8 @@ def _shown(key: str, value: str) -> str:
     return value if len(value) <= 80 else value[:77] + "..."
 
 
-def _lines(text: str, filename: str) -> Iterator[_Line]:
+def _lines(text: str, filename: str) -> Iterator[_Line | ConfigError]:
+    """Each line's key and value, or the error that line has; reading goes on after one."""
     text = text.removeprefix("\ufeff")
     for lineno, raw in enumerate(text.split("\n"), 1):
         line = raw.rstrip("\r").strip()
@@ -558,27 +580,31 @@ def _lines(text: str, filename: str) -> Iterator[_Line]:
         if not sep:
             first = line.split()[0]
             if first == "include":
-                raise ConfigError(
+                yield ConfigError(
                     "'include' is not supported; put extra files in conf.d/ next to this one",
                     filename=filename,
                     lineno=lineno,
                 )
-            raise ConfigError(
+                continue
+            yield ConfigError(
                 f"expected 'key = value', got {_shown(first, line)!r}",
                 filename=filename,
                 lineno=lineno,
                 key=first if _KEY.fullmatch(first) else None,
             )
+            continue
         if not key:
-            raise ConfigError(
+            yield ConfigError(
                 "expected 'key = value', got no key before '='", filename=filename, lineno=lineno
             )
+            continue
         where = _Line(filename, lineno, key, "")
         if not _KEY.fullmatch(key):
-            raise where.error(
+            yield where.error(
                 "malformed key: expected words of letters, digits, '_' and '-' joined by dots",
                 show_value=False,
             )
+            continue
         quoted = _QUOTED.fullmatch(rest.strip())
         if quoted:
             value = quoted[1]
@@ -586,7 +612,8 @@ def _lines(text: str, filename: str) -> Iterator[_Line]:
             comment = _COMMENT.search(rest)
             value = (rest[: comment.start()] if comment else rest).strip()
             if not value:
-                raise where.error("missing value after '='")
+                yield where.error("missing value after '='")
+                continue
         yield _Line(filename, lineno, key, value)
 
 
@@ -609,10 +636,18 @@ class _Conf:
         self.settings: dict[str, _Setting] = {}
         self.ignored: dict[str, None] = {}  # an ordered set
         self.files: list[str] = []
+        self.errors: list[ConfigError] = []
 
     def add(self, text: str, filename: str) -> None:
         for line in _lines(text, filename):
-            setting = _convert(line)
+            if isinstance(line, ConfigError):
+                self.errors.append(line)
+                continue
+            try:
+                setting = _convert(line)
+            except ConfigError as exc:
+                self.errors.append(exc)
+                continue
             if setting is None:
                 self.ignored[line.key] = None
             else:
@@ -775,8 +810,18 @@ def _settings(conf: _Conf) -> Settings:
     for key, spec in _KEYS.items():
         if spec.field is not None and key in conf.settings:
             changes[spec.field] = conf.settings[key].value
+    # as cuttlefish's phases: translations only see a file whose lines all passed,
+    # so one mistake does not show up again as a second, derived one
+    if conf.errors:
+        raise ConfigError.combine(conf.errors)
+    errors: list[ConfigError] = []
     for translate in _TRANSLATIONS:
-        changes.update(translate(conf))
+        try:
+            changes.update(translate(conf))
+        except ConfigError as exc:
+            errors.append(exc)
+    if errors:
+        raise ConfigError.combine(errors)
     changes["ignored_keys"] = tuple(conf.ignored)
     changes["config_files"] = tuple(conf.files)
     return Settings().replace(**changes)

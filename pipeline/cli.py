@@ -50,6 +50,17 @@ DETAIL_FIELDS = (
 )
 
 
+# what `pip install 'warren[pipeline]'` brings; --render needs no Spark
+PIPELINE_MODULES = ("pyspark", "pyarrow", "matplotlib")
+RENDER_MODULES = ("pyarrow", "matplotlib")
+
+
+def missing_modules(names: tuple[str, ...]) -> list[str]:
+    import importlib.util
+
+    return [name for name in names if importlib.util.find_spec(name) is None]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="warren-report",
@@ -64,7 +75,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="print the history of one message: the broker's id, a message-id or a correlation-id",
     )
     p.add_argument("--queue", help="after the report, print why this queue is slow")
-    p.add_argument("--bucket-seconds", type=int, default=60, help="rate/depth bucket (60)")
+    p.add_argument(
+        "--bucket-seconds",
+        type=float,
+        help="rate/depth bucket (default: from the trace's length, at most 120 per series)",
+    )
     p.add_argument(
         "--max-deliveries",
         type=int,
@@ -131,7 +146,11 @@ def print_history(rows: list[dict[str, Any]]) -> None:
 
 
 def run(
-    spark: SparkSession, trace: str, out: str, bucket_seconds: int = 60, max_deliveries: int = 3
+    spark: SparkSession,
+    trace: str,
+    out: str,
+    bucket_seconds: float | None = None,
+    max_deliveries: int = 3,
 ) -> None:
     """The job on an existing session: Parquet tables and report.html in ``out``."""
     from warren.pipeline import job, report
@@ -144,6 +163,14 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    missing = missing_modules(RENDER_MODULES if args.render else PIPELINE_MODULES)
+    if missing:
+        print(
+            f"warren-report: needs {', '.join(missing)}; "
+            "install them with: pip install 'warren[pipeline]' (and Java 17+ for Spark)",
+            file=sys.stderr,
+        )
+        return 2
     from warren.pipeline import report
 
     if args.render:

@@ -59,6 +59,7 @@ class Tables:
     queue_latency: DataFrame  # per queue and metric: count, mean, p50, p95, p99, max (ms)
     consumer_latency: DataFrame  # the same per queue, consumer and metric
     consumers: DataFrame  # per queue and consumer: deliveries, ack rate, timeouts, ...
+    queue_consumers: DataFrame  # per queue: consumers seen, consumers live at the end
     messages: DataFrame  # per message: publish details, path, outcome
     problems: DataFrame  # messages with something wrong, and what
     summary: DataFrame  # one row of totals
@@ -69,6 +70,7 @@ class Tables:
             ("queue_latency", self.queue_latency),
             ("consumer_latency", self.consumer_latency),
             ("consumers", self.consumers),
+            ("queue_consumers", self.queue_consumers),
             ("messages", self.messages),
             ("problems", self.problems),
             ("summary", self.summary),
@@ -181,9 +183,22 @@ def copy_events(events: DataFrame, partitions: int | None = None) -> DataFrame:
     return rows
 
 
-def queue_minute(rows: DataFrame, bucket_seconds: int) -> DataFrame:
+# bucket lengths the automatic choice picks from, seconds
+BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 30, 60, 300, 900, 3600)
+MAX_BUCKETS = 120  # points per chart series
+
+
+def auto_bucket(events: DataFrame) -> float:
+    """The shortest bucket that gives a series at most MAX_BUCKETS points over the trace:
+    a trace seconds long gets sub-second buckets, not one point."""
+    span = events.agg((F.max("ts") - F.min("ts")).alias("span")).first()
+    seconds = (span["span"] or 0) / 1e6 if span is not None else 0
+    return next((b for b in BUCKETS if seconds / b <= MAX_BUCKETS), BUCKETS[-1])
+
+
+def queue_minute(rows: DataFrame, bucket_seconds: float) -> DataFrame:
     ev = F.col("ev")
-    bucket_us = bucket_seconds * 1_000_000
+    bucket_us = max(1, round(bucket_seconds * 1_000_000))
     timed_out = ev.isin("requeued", "retry_scheduled") & (F.col("why") == "consumer_timeout")
 
     def delta(state: str) -> Column:
@@ -194,7 +209,7 @@ def queue_minute(rows: DataFrame, bucket_seconds: int) -> DataFrame:
 
     counts = (
         rows.filter(F.col("queue").isNotNull())
-        .withColumn("bucket", (F.col("ts") / bucket_us).cast("long") * bucket_seconds)
+        .withColumn("bucket", (F.col("ts") / bucket_us).cast("long") * bucket_us)
         .groupBy("vhost", "queue", "bucket")
         .agg(
             _count(ev == "routed").alias("published"),
@@ -226,7 +241,7 @@ def queue_minute(rows: DataFrame, bucket_seconds: int) -> DataFrame:
         counts.withColumn("ready", F.sum("d_ready").over(running))
         .withColumn("unacked", F.sum("d_unacked").over(running))
         .withColumn("delayed", F.sum("d_delayed").over(running))
-        .withColumn("minute", F.timestamp_seconds("bucket"))
+        .withColumn("minute", F.timestamp_micros("bucket"))
         .drop("d_ready", "d_unacked", "d_delayed", "bucket")
         .orderBy("vhost", "queue", "minute")
     )
@@ -293,6 +308,21 @@ def consumers(rows: DataFrame, samples: DataFrame) -> DataFrame:
         .withColumn("ack_rate", F.round(F.col("acks") / F.col("deliveries"), 4))
         .withColumn("share", F.round(F.col("deliveries") / F.sum("deliveries").over(queue), 4))
         .orderBy("vhost", "queue", F.desc("deliveries"))
+    )
+
+
+def queue_consumers(events: DataFrame) -> DataFrame:
+    """Per queue: consumer tags seen, and those whose last word was not a cancellation
+    (one that delivered but was added before the trace began counts as live)."""
+    ev = F.col("ev")
+    seen = events.filter(
+        ev.isin("consumer_added", "consumer_cancelled")
+        | ((ev == "delivered") & F.col("consumer").isNotNull())
+    )
+    last = seen.groupBy("vhost", "queue", "consumer").agg(F.max_by("ev", "ts").alias("last"))
+    return last.groupBy("vhost", "queue").agg(
+        F.count("*").alias("consumers_seen"),
+        _count(F.col("last") != "consumer_cancelled").alias("live_consumers"),
     )
 
 
@@ -412,9 +442,7 @@ def messages(per_copy: DataFrame) -> DataFrame:
         )
         .withColumn(
             "path",
-            F.coalesce(
-                F.when(F.size("hops") > 0, F.array_join("hops", " -> ")), F.col("unrouted")
-            ),
+            F.coalesce(F.when(F.size("hops") > 0, F.array_join("hops", " -> ")), F.col("unrouted")),
         )
         .withColumn(
             "outcome",
@@ -490,7 +518,7 @@ def summary(events: DataFrame, msgs: DataFrame) -> DataFrame:
 
 def analyse(
     events: DataFrame,
-    bucket_seconds: int = 60,
+    bucket_seconds: float | None = None,
     max_deliveries: int = 3,
     partitions: int | None = None,
 ) -> Tables:
@@ -500,6 +528,8 @@ def analyse(
     rows = copy_events(events, partitions).persist(StorageLevel.MEMORY_AND_DISK)
     samples = latency_samples(rows).persist(StorageLevel.MEMORY_AND_DISK)
     msgs = messages(copies(rows)).persist(StorageLevel.MEMORY_AND_DISK)
+    if bucket_seconds is None:
+        bucket_seconds = auto_bucket(events)
     return Tables(
         queue_minute=queue_minute(rows, bucket_seconds),
         queue_latency=samples.groupBy("vhost", "queue", "metric")
@@ -509,6 +539,7 @@ def analyse(
         .agg(*_percentiles(F.col("us")))
         .orderBy("vhost", "queue", "consumer", "metric"),
         consumers=consumers(rows, samples),
+        queue_consumers=queue_consumers(events),
         messages=msgs,
         problems=problems(msgs, max_deliveries),
         summary=summary(events, msgs),

@@ -27,6 +27,8 @@ def read_tables(out: str) -> dict[str, list[Row]]:
     for name in ("queue_minute", "queue_latency", "consumer_latency", "consumers", "summary"):
         tables[name] = pq.read_table(os.path.join(out, name)).to_pylist()
     tables["queue_minute"].sort(key=lambda r: (r["vhost"], r["queue"], r["minute"]))
+    live = os.path.join(out, "queue_consumers")  # absent from tables written before it
+    tables["queue_consumers"] = pq.read_table(live).to_pylist() if os.path.exists(live) else []
     problems = pq.read_table(os.path.join(out, "problems"))
     tables["problems"] = problems.slice(0, MAX_PROBLEMS_SHOWN).to_pylist()
     tables["summary"][0]["problem_messages"] = problems.num_rows
@@ -69,7 +71,18 @@ def queue_rows(tables: dict[str, list[Row]]) -> list[Row]:
         queue = totals.get((row["vhost"], row["queue"]))
         if queue is not None:
             queue[row["metric"]] = row
+    for row in tables.get("queue_consumers", []):
+        queue = totals.get((row["vhost"], row["queue"]))
+        if queue is not None:
+            queue["live_consumers"] = row["live_consumers"]
+            queue["consumers_seen"] = row["consumers_seen"]
     return sorted(totals.values(), key=lambda r: (-r["published"], r["vhost"], r["queue"]))
+
+
+def plural(count: int, singular: str, plural: str | None = None) -> str:
+    """``1 delivery``, ``2 deliveries``: the count and the noun that goes with it."""
+    word = singular if count == 1 else (plural or singular + "s")
+    return f"{count:,} {word}"
 
 
 def diagnose(queue: Row, consumers: list[Row]) -> list[str]:
@@ -78,8 +91,15 @@ def diagnose(queue: Row, consumers: list[Row]) -> list[str]:
     delivered = queue["delivered"] or 0
     wait = queue.get("publish_to_first_delivery")
     work = queue.get("deliver_to_ack")
+    if queue["ready"] > 0 and not queue.get("live_consumers"):
+        gone = " (every consumer it had was cancelled)" if queue.get("consumers_seen") else ""
+        notes.append(
+            f"{plural(queue['ready'], 'message')} ready and no consumer at the end of the "
+            f"trace{gone}: nothing delivers them until one subscribes"
+        )
     if queue["timed_out"]:
-        notes.append(f"{queue['timed_out']} deliveries timed out (consumer_timeout) and came back")
+        timed_out = plural(queue["timed_out"], "delivery", "deliveries")
+        notes.append(f"{timed_out} timed out (consumer_timeout) and came back")
     if delivered and queue["redelivered"] / delivered >= 0.05:
         pct = 100 * queue["redelivered"] / delivered
         notes.append(
@@ -106,16 +126,16 @@ def diagnose(queue: Row, consumers: list[Row]) -> list[str]:
                 f"with {100 * (slow['share'] or 0):.0f}% of the deliveries"
             )
     if queue["retried"]:
-        notes.append(f"{queue['retried']} returns waited for a delayed retry")
+        notes.append(f"{plural(queue['retried'], 'return')} waited for a delayed retry")
     if queue["expired"]:
-        notes.append(f"{queue['expired']} messages expired (TTL) before they were acked")
+        notes.append(f"{plural(queue['expired'], 'message')} expired (TTL) before an ack")
     if queue["dead_lettered"]:
         reasons = ", ".join(
             f"{r} {queue[f'dead_lettered_{r}']}"
             for r in ("expired", "rejected", "maxlen", "delivery_limit")
             if queue[f"dead_lettered_{r}"]
         )
-        notes.append(f"{queue['dead_lettered']} dead-lettered ({reasons})")
+        notes.append(f"{plural(queue['dead_lettered'], 'message')} dead-lettered ({reasons})")
     return notes
 
 
@@ -138,10 +158,22 @@ def _png(fig: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
+def time_axis(tables: dict[str, list[Row]]) -> tuple[datetime.datetime, datetime.datetime]:
+    """The charts' time range: the trace's own, from its first bucket to its last event
+    (matplotlib's own choice for a few points of a short trace spans years)."""
+    summary = tables["summary"][0]
+    first_bucket = min((r["minute"] for r in tables["queue_minute"]), default=None)
+    start = summary["first_event"] if first_bucket is None else first_bucket
+    start = min(start, summary["first_event"])
+    end = summary["last_event"]
+    return start, max(end, start + datetime.timedelta(milliseconds=1))
+
+
 def _charts(tables: dict[str, list[Row]], queues: list[Row]) -> dict[str, str]:
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 
     charts: dict[str, str] = {}
@@ -149,6 +181,8 @@ def _charts(tables: dict[str, list[Row]], queues: list[Row]) -> dict[str, str]:
     minutes = by_queue(tables["queue_minute"])
     if not shown:
         return charts
+    start, end = time_axis(tables)
+    locator = mdates.AutoDateLocator()  # type: ignore[no-untyped-call]
     n = len(shown)
     fig, axes = plt.subplots(n, 2, figsize=(12, 2.3 * n), squeeze=False)
     for i, queue in enumerate(shown):
@@ -169,15 +203,19 @@ def _charts(tables: dict[str, list[Row]], queues: list[Row]) -> dict[str, str]:
         rate.set_title(f"{queue['queue']}: messages per bucket", fontsize=9, loc="left")
         for name, colour in (("ready", "#4c72b0"), ("unacked", "#dd8452"), ("delayed", "#8c8c8c")):
             values = [r[name] for r in rows]
-            if any(values):
-                depth.step(t, values, where="post", label=name, color=colour)
+            if (any(values) or name == "ready") and rows:
+                # held from each bucket to the next, the last one to the trace's end
+                depth.step([*t, end], [*values, values[-1]], where="post", label=name, color=colour)
         depth.set_title(f"{queue['queue']}: depth", fontsize=9, loc="left")
+        depth.set_ylim(bottom=0)
         for ax in (rate, depth):
+            ax.set_xlim(start, end)
+            ax.xaxis.set_major_locator(locator)
+            ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))  # type: ignore[no-untyped-call]
             ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7, loc="upper left")
-    fig.autofmt_xdate()
     charts["queues"] = _png(fig)
 
     fig, ax = plt.subplots(figsize=(12, 0.5 + 0.45 * n * len(LATENCY_METRICS)))
@@ -263,6 +301,10 @@ def _e(value: Any) -> str:
     return html.escape(str(value))
 
 
+# identifiers print as they are typed into --message: no thousands separators
+ID_COLUMNS = ("msg",)
+
+
 def _table(rows: list[Row], columns: list[tuple[str, str]], left: tuple[str, ...] = ()) -> str:
     head = "".join(
         f'<th class="{"l" if k in left else ""}">{html.escape(t)}</th>' for k, t in columns
@@ -272,7 +314,9 @@ def _table(rows: list[Row], columns: list[tuple[str, str]], left: tuple[str, ...
         cells = []
         for key, _ in columns:
             cls = "path" if key == "path" else ("l" if key in left else "")
-            cells.append(f'<td class="{cls}">{_e(row.get(key))}</td>')
+            value = row.get(key)
+            text = html.escape(str(value)) if key in ID_COLUMNS and value is not None else _e(value)
+            cells.append(f'<td class="{cls}">{text}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
@@ -505,9 +549,10 @@ def terminal_summary(tables: dict[str, list[Row]], only_queue: str | None = None
             for c in consumers.get((q["vhost"], q["queue"]), []):
                 p99 = c.get("processing_p99_ms")
                 lines.append(
-                    f"    consumer {c['consumer']} ({c['conn']}): {c['deliveries']:,} deliveries "
+                    f"    consumer {c['consumer']} ({c['conn']}): "
+                    f"{plural(c['deliveries'], 'delivery', 'deliveries')} "
                     f"({100 * (c['share'] or 0):.0f}%), ack rate {c['ack_rate']}, "
-                    f"{c['timeouts']} timeouts, processing p99 "
+                    f"{plural(c['timeouts'], 'timeout')}, processing p99 "
                     f"{'-' if p99 is None else f'{p99:.1f} ms'}"
                 )
     return "\n".join(lines)

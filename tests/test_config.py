@@ -794,3 +794,59 @@ def test_override_of_the_wrong_type_is_an_error(name: str, value: object) -> Non
     with pytest.raises(ConfigError) as caught:
         load_settings(environ={}, overrides={name: value})
     assert str(caught.value).startswith(f"<overrides>: {name} = {value!r}: expected ")
+
+
+# --------------------------------------------------------------------------
+# every mistake at once
+
+
+THREE_MISTAKES = """\
+listeners.tcp.default = 5672
+heartbeat = often
+vm_memory_high_watermark.relative = 0.4
+chanel_max = 100
+this line has no equals sign
+"""
+
+
+def test_three_mistakes_are_reported_together() -> None:
+    error = error_of(THREE_MISTAKES)
+    assert [(e.lineno, e.key) for e in error.errors] == [
+        (2, "heartbeat"),
+        (4, "chanel_max"),
+        (5, "this"),
+    ]
+    lines = str(error).splitlines()
+    assert len(lines) == 3
+    assert lines[0].startswith("rabbitmq.conf:2: heartbeat = often: expected")
+    assert lines[1].startswith("rabbitmq.conf:4: chanel_max = 100: unknown key")
+    assert "did you mean 'channel_max'?" in lines[1]
+    assert lines[2].startswith("rabbitmq.conf:5: this: expected 'key = value'")
+
+
+def test_server_lists_all_three_mistakes_and_exits_2(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    bad = tmp_path / "rabbitmq.conf"
+    bad.write_text(THREE_MISTAKES)
+    out = subprocess.run(
+        [sys.executable, "-m", "warren", "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 2
+    lines = out.stderr.splitlines()
+    assert lines[0] == "warren-server: 3 configuration errors:"
+    assert [line.split(": ")[0].strip() for line in lines[1:]] == [
+        f"{bad}:2",
+        f"{bad}:4",
+        f"{bad}:5",
+    ]
+
+
+def test_one_mistake_stays_one_error() -> None:
+    error = error_of("heartbeat = often\n")
+    assert error.errors == (error,)
+    assert "\n" not in str(error)

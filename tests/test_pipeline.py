@@ -250,7 +250,7 @@ def test_the_job_on_a_real_broker(spark: Any, tmp_path: Path) -> None:
     assert problems["u-0"]["outcome"] == "returned"
     html = (out / "report.html").read_text()
     assert "data:image/png;base64," in html and "consumer timed out" not in html
-    assert "1 deliveries timed out" in html  # the payments queue's diagnosis
+    assert "1 delivery timed out" in html  # the payments queue's diagnosis
 
 
 def test_message_history(spark: Any, tmp_path: Path) -> None:
@@ -335,3 +335,75 @@ def test_render_and_queue_diagnosis(
     printed = capsys.readouterr().out
     assert "consumer c-orders-slow" in printed and "is slow" in printed
     assert (out / "report.html").exists()
+
+
+def test_short_trace_report(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A trace a second long: sub-second buckets on an axis of the trace's own range,
+    ids as --message takes them, counted nouns, and a queue nobody consumes named first."""
+    trace = tmp_path / "trace"
+    with run_broker(trace_enabled=True, trace_dir=str(trace)) as broker:
+        conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+        ch = conn.channel()
+        for name in ("idle", "work"):
+            ch.queue_declare(name)
+        for i in range(3):
+            ch.basic_publish("", "idle", b"x", _props(f"i-{i}"))
+        ch.basic_publish("", "work", b"x", _props("w-0"))
+        got: list[int] = []
+        tag = ch.basic_consume("work", lambda c, m, p, b: got.append(m.delivery_tag))
+        _wait(lambda: got, conn)
+        ch.basic_ack(got[0])
+        ch.basic_cancel(tag)
+        # spread the trace over about a second: the test is about a short trace's time axis
+        time.sleep(0.6)
+        for i in range(2):
+            ch.basic_publish("", "work", b"x", _props(f"w-{i + 1}"))
+        conn.close()
+    out = tmp_path / "report"
+    cli.run(spark, str(trace), str(out))
+    tables = report.read_tables(str(out))
+    summary = tables["summary"][0]
+    span = summary["last_event"] - summary["first_event"]
+    assert 0.5 < span.total_seconds() < 10
+    start, end = report.time_axis(tables)
+    assert end == summary["last_event"]
+    assert summary["first_event"] - start < span / 10
+    work = [r for r in tables["queue_minute"] if r["queue"] == "work"]
+    assert len(work) >= 2  # more than one point per series
+    assert all(start <= r["minute"] <= end for r in tables["queue_minute"])
+
+    q = totals(tables)
+    idle_notes = report.diagnose(q["idle"], [])
+    assert idle_notes[0].startswith("3 messages ready and no consumer at the end of the trace:")
+    work_notes = report.diagnose(q["work"], [])
+    assert work_notes[0].startswith("2 messages ready and no consumer at the end of the trace")
+    assert "(every consumer it had was cancelled)" in work_notes[0]
+
+    html = (out / "report.html").read_text()
+    ids = [p["msg"] for p in tables["problems"]]
+    assert ids and all(id_ > 999 for id_ in ids)
+    for id_ in ids:
+        assert f">{id_}<" in html and f"{id_:,}" not in html
+    print(report.terminal_summary(tables, "work"))
+    printed = capsys.readouterr().out
+    assert ": 1 delivery (100%)" in printed and "0 timeouts" in printed
+    assert "1 deliveries" not in printed
+
+
+def test_without_the_pipeline_extra_one_line_and_exit_2(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    # as if pyspark were not installed: an import of it fails, find_spec finds nothing
+    code = (
+        "import sys; sys.modules['pyspark'] = None\n"
+        "from warren.pipeline.cli import main\n"
+        f"sys.exit(main(['--trace', {str(tmp_path)!r}, '--out', {str(tmp_path / 'r')!r}]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stdout == ""
+    assert out.stderr.splitlines() == [
+        "warren-report: needs pyspark; install them with: pip install 'warren[pipeline]' "
+        "(and Java 17+ for Spark)"
+    ]
