@@ -329,7 +329,7 @@ class DelayedMessageExchange(Exchange):
         due = timers.now() + delay / 1000
         store = self.message_store
         if store is not None:
-            from warren.broker.persistence import is_persistent
+            from warren.protocol.properties import is_persistent
 
             if is_persistent(msg.properties):
                 msg.expires_at = due  # the log keeps the due time (wall clock) in its expiry
