@@ -34,6 +34,7 @@ from warren.protocol.properties import (
     FLAG_EXPIRATION,
     decode_field,
     has_flag,
+    is_persistent,
     set_header,
     split_properties,
 )
@@ -329,8 +330,6 @@ class DelayedMessageExchange(Exchange):
         due = timers.now() + delay / 1000
         store = self.message_store
         if store is not None:
-            from warren.protocol.properties import is_persistent
-
             if is_persistent(msg.properties):
                 msg.expires_at = due  # the log keeps the due time (wall clock) in its expiry
                 msg.queue = cast("Queue", self)  # the log asks a message's holder for its id
