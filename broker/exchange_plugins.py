@@ -329,11 +329,10 @@ class DelayedMessageExchange(Exchange):
         timers = self.vhost.timers
         due = timers.now() + delay / 1000
         store = self.message_store
-        if store is not None:
-            if is_persistent(msg.properties):
-                msg.expires_at = due  # the log keeps the due time (wall clock) in its expiry
-                msg.queue = cast("Queue", self)  # the log asks a message's holder for its id
-                store.publish(self.store_id, msg, time.time() + delay / 1000)
+        if store is not None and is_persistent(msg.properties):
+            msg.expires_at = due  # the log keeps the due time (wall clock) in its expiry
+            msg.queue = cast("Queue", self)  # the log asks a message's holder for its id
+            store.publish(self.store_id, msg, time.time() + delay / 1000)
         self._push(due, msg, ttl)
         return delay
 
