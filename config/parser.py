@@ -330,6 +330,8 @@ _KEYS: Mapping[str, _Key] = {
         _int_between(1, 536870912, "expected an integer from 1 to 536870912 (bytes)"),
         "max_message_size",
     ),
+    "product.name": _Key(_text, "product_name"),
+    "product.version": _Key(_text, "product_version"),
     "log.console": _Key(_boolean, "log_console"),
     "log.console.level": _Key(
         _choice(
@@ -465,7 +467,7 @@ _IGNORED: tuple[str, ...] = (
     "default_worker_pool_size",
     "sysmon_handler",
     "message_interceptors",
-    # statistics, logging other than the console, branding
+    # statistics, logging other than the console, the message of the day
     "collect_statistics",
     "collect_statistics_interval",
     "log",
@@ -473,7 +475,6 @@ _IGNORED: tuple[str, ...] = (
     "log.console.use_colors",
     "log.console.color_esc_seqs",
     "log.console.formatter",  # its sub-keys; log.console.formatter itself is read
-    "product",
     "motd_file",
     # plugins
     "management",

@@ -43,7 +43,11 @@ class Settings:
     consumer_max_per_channel: int | None = None  # None = unlimited
     # publishes awaiting their confirm on one channel before its connection is not read
     max_unconfirmed_per_channel: int | None = 10000  # None = unlimited (Warren's own)
-    max_message_size: int = 16 * 1024 * 1024
+    max_message_size: int = 16 * 1024 * 1024  # RabbitMQ 4.x's default (3.x: 128 MiB)
+    # product.name / product.version: connection.start's product and version, and the
+    # management API's product_name / product_version; None: Warren's own version
+    product_name: str = "Warren"
+    product_version: str | None = None
     log_console: bool = True
     log_level: str = "info"
     log_formatter: str = "plaintext"  # or "json"

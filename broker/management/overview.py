@@ -112,8 +112,8 @@ def overview(ctx: Ctx) -> web.StreamResponse:
     body = {
         "management_version": API_VERSION,
         "rabbitmq_version": API_VERSION,
-        "product_name": "Warren",
-        "product_version": mgmt.version,
+        "product_name": mgmt.product_name,
+        "product_version": mgmt.product_version,
         "python_version": platform.python_version(),
         "rates_mode": "basic",
         "sample_retention_policies": {"global": [600], "basic": [600], "detailed": [600]},
