@@ -105,7 +105,7 @@ def overview(ctx: Ctx) -> web.StreamResponse:
             {
                 "node": mgmt.node,
                 "protocol": "http/prometheus",
-                "ip_address": broker.settings.management_ip,
+                "ip_address": broker.settings.prometheus_ip,
                 "port": mgmt.prometheus_port,
             }
         )
