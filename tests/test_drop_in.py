@@ -211,6 +211,18 @@ def test_lingering_socket_is_closed_after_the_heartbeat_bound(running: RunningBr
         c.expect_eof(timeout=10)
 
 
+def test_lingering_connection_does_not_count_against_max_connections() -> None:
+    with run_broker() as b:
+        vhost = b.server.broker.vhosts["/"]
+        b.call(lambda: vhost.limits.update({"max-connections": 1}))
+        with RawClient.connect(addr(b), channel=None) as first:
+            _close(first)
+            first.opened = False
+            with RawClient.connect(addr(b)) as second:  # while first's socket is still open
+                assert second.opened
+            assert not first.eof
+
+
 # ---- a deleted default vhost stays deleted ------------------------------------------------
 
 
