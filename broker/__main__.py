@@ -48,9 +48,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     settings = load_settings(args.config)
     changes: dict[str, object] = {}
     if args.port is not None or args.bind is not None:
-        first = (
-            settings.listeners[0] if settings.listeners else Listener("default", "0.0.0.0", 5672)
-        )
+        first = settings.listeners[0] if settings.listeners else Listener("default", "", 5672)
         changes["listeners"] = (
             Listener(
                 first.name,
@@ -86,12 +84,12 @@ async def serve(settings: Settings) -> None:
         log.info("ready", address=f"{host}:{port}")
     for host, port in server.tls_addresses:
         log.info("TLS listener ready", address=f"{host}:{port}")
-    for name, http_port in (
-        ("management API", server.management_port),
-        ("prometheus metrics", server.prometheus_port),
+    for name, ip, http_port in (
+        ("management API", settings.management_ip, server.management_port),
+        ("prometheus metrics", settings.prometheus_ip, server.prometheus_port),
     ):
         if http_port:
-            log.info(f"{name} listening", address=f"{settings.management_ip}:{http_port}")
+            log.info(f"{name} listening", address=f"{ip}:{http_port}")
     await stop.wait()
     log.info("shutting down", connections=len(server.broker.connections))
     await server.stop()

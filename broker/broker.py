@@ -77,6 +77,7 @@ class Broker:
         self.connections: set[Connection] = set()
         self.reply_channels: dict[str, Channel] = {}  # direct reply-to token -> channel
         self.tracing = Tracing(self.settings, self.timers)
+        self._unopened_vhost: VirtualHost | None = None  # see default_vhost_obj
         self.add_vhost(settings.default_vhost)
         self.access.set_permissions(
             settings.default_user, settings.default_vhost, *settings.default_permissions
@@ -150,8 +151,16 @@ class Broker:
             connection.alarms_changed()
 
     def default_vhost_obj(self) -> VirtualHost:
-        vhost = self.vhosts.get(self.settings.default_vhost)
-        return vhost if vhost is not None else self.add_vhost(self.settings.default_vhost)
+        """What a connection points at until connection.open picks its vhost.
+
+        Never one of ``vhosts``, never persisted: a TCP connection (even one whose login
+        fails) must not bring back a default vhost an operator deleted.
+        """
+        if self._unopened_vhost is None:
+            self._unopened_vhost = VirtualHost(
+                self.settings.default_vhost, self.timers, self.settings.consumer_timeout
+            )
+        return self._unopened_vhost
 
     def authenticate(self, user: str, password: str) -> bool:
         return self.access.authenticate(user, password) is not None

@@ -41,6 +41,9 @@ EVENTS_PER_TURN = 256  # client events handled before other connections get a tu
 # a publisher's share is smaller: with 256 its messages outran the consumers' acks on
 # other connections and queues grew (S6 in the README); acks and consumers go first
 PUBLISH_EVENTS_PER_TURN = 64
+# after close-ok the client closes the socket, within the heartbeat interval or this many
+# seconds, whichever is shorter (rabbit_reader:close_connection's ?CLOSING_TIMEOUT)
+CLOSING_TIMEOUT = 30.0
 # handshake step done -> the connection state RabbitMQ names in its 504 texts
 _STATES = {"": "starting", "start": "starting", "start-ok": "tuning", "tune-ok": "opening"}
 
@@ -53,10 +56,11 @@ class Transport(Protocol):
     def resume_reading(self) -> None: ...
 
 
-def server_properties() -> dict[str, Any]:
+def server_properties(product: str = "Warren", version: str | None = None) -> dict[str, Any]:
+    """``product`` and ``version`` are product.name / product.version (Warren's by default)."""
     return {
-        "product": "Warren",
-        "version": VERSION,
+        "product": product,
+        "version": version or VERSION,
         "platform": f"Python {platform.python_version()}",
         "copyright": "The Warren authors",
         "information": "An AMQP 0-9-1 broker in Python",
@@ -369,7 +373,9 @@ class Connection:
             commands.Connection.Start(
                 version_major=0,
                 version_minor=9,
-                server_properties=server_properties(),
+                server_properties=server_properties(
+                    self.broker.settings.product_name, self.broker.settings.product_version
+                ),
                 mechanisms="AMQPLAIN PLAIN",
                 locales="en_US",
             ),
@@ -395,7 +401,7 @@ class Connection:
             self.send_method(0, commands.Connection.CloseOk())
             self._release()
             self.flush()
-            self._close_transport()
+            self._await_client_close()
         elif isinstance(method, commands.Connection.CloseOk) and self.closing:
             self._close_transport()
         elif isinstance(method, commands.Connection.UpdateSecret) and self._step == "open":
@@ -407,6 +413,20 @@ class Connection:
             raise ConnectionError_(
                 CHANNEL_ERROR, f"unexpected method in connection state {state}"
             ).at(*_ids(method))
+
+    def _await_client_close(self) -> None:
+        """Leave closing the socket to the client, as RabbitMQ does after close-ok.
+
+        A client that closes one connection from several threads at once then sees no
+        reset or EOF error. Only connection.close (answered again) and close-ok are
+        read meanwhile; a client that never closes loses the socket after the bound.
+        """
+        self.closing = True
+        self.protocol.close()
+        if self._close_timer is None:
+            beat = self.heartbeat
+            bound = beat if 0 < beat < CLOSING_TIMEOUT else CLOSING_TIMEOUT
+            self._close_timer = self.broker.timers.call_later(bound, self._close_transport)
 
     def _on_start_ok(self, method: commands.Connection.StartOk) -> None:
         self.client_properties = method.client_properties or {}
@@ -503,7 +523,11 @@ class Connection:
             raise ConnectionError_(NOT_ALLOWED, f"vhost {method.virtual_host} not found", 10, 40)
         limit = vhost.limits.get("max-connections")
         if limit is not None and limit >= 0:
-            open_here = sum(1 for c in self.broker.connections if c.opened and c.vhost is vhost)
+            open_here = sum(
+                1
+                for c in self.broker.connections
+                if c.opened and not c.closing and c.vhost is vhost
+            )
             if open_here >= limit:
                 raise ConnectionError_(
                     NOT_ALLOWED,

@@ -139,7 +139,9 @@ class Persistence:
         started = time.monotonic()
         defs = self.definitions.load()
         access = broker.access
-        if self.definitions.fresh or not defs.vhosts:
+        # a store with neither vhosts nor users never got past its first start; one with
+        # users but no vhost had them deleted, and RabbitMQ does not bring them back
+        if self.definitions.fresh or not (defs.vhosts or defs.users):
             self._save_boot_state(broker)  # first start: the defaults become durable
             defs = self.definitions.load()
         else:

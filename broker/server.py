@@ -13,6 +13,7 @@ from typing import Any
 
 from warren.broker.broker import Broker
 from warren.broker.connection import Connection
+from warren.broker.listen import display_host, listen_sockets
 from warren.broker.management.core import Management
 from warren.broker.timers import Timers
 from warren.config import Settings
@@ -31,7 +32,9 @@ class AMQPServerProtocol(asyncio.Protocol):
         # bounded output per connection: past this the consumer's deliveries pause
         transport.set_write_buffer_limits(high=4 * 1024 * 1024, low=1024 * 1024)
         peer = transport.get_extra_info("peername")
-        self.connection = Connection(self.broker, transport, peer[:2] if peer else None)
+        self.connection = Connection(
+            self.broker, transport, (display_host(peer[0]), peer[1]) if peer else None
+        )
         self.broker.connections.add(self.connection)
 
     def data_received(self, data: bytes) -> None:
@@ -92,28 +95,24 @@ class Server:
 
             load_definitions(self.management, self.settings.load_definitions)
         for listener in self.settings.listeners:
-            server = await loop.create_server(
-                lambda: AMQPServerProtocol(self.broker),
-                host=listener.host,
-                port=listener.port,
-                reuse_address=True,
-                backlog=1024,
-            )
-            self.servers.append(server)
+            for sock in listen_sockets(listener.host, listener.port):
+                server = await loop.create_server(
+                    lambda: AMQPServerProtocol(self.broker), sock=sock, backlog=1024
+                )
+                self.servers.append(server)
         if self.settings.ssl_listeners:
             context = tls_context(self.settings)
             for listener in self.settings.ssl_listeners:
-                server = await loop.create_server(
-                    lambda: AMQPServerProtocol(self.broker),
-                    host=listener.host,
-                    port=listener.port,
-                    reuse_address=True,
-                    backlog=1024,
-                    ssl=context,
-                    # a peer that stalls the TLS handshake is dropped like a slow AMQP one
-                    ssl_handshake_timeout=self.settings.handshake_timeout / 1000,
-                )
-                self.tls_servers.append(server)
+                for sock in listen_sockets(listener.host, listener.port):
+                    server = await loop.create_server(
+                        lambda: AMQPServerProtocol(self.broker),
+                        sock=sock,
+                        backlog=1024,
+                        ssl=context,
+                        # a peer that stalls the TLS handshake is dropped like a slow AMQP one
+                        ssl_handshake_timeout=self.settings.handshake_timeout / 1000,
+                    )
+                    self.tls_servers.append(server)
         await self._start_http()
 
     async def _start_http(self) -> None:
@@ -136,7 +135,7 @@ class Server:
             site = HttpSite(MetricsApp(mgmt).app)
             self.http_sites.append(site)
             mgmt.prometheus_port = await site.start(
-                settings.management_ip, settings.prometheus_port
+                settings.prometheus_ip, settings.prometheus_port
             )
         if self.http_sites:
             mgmt.rates.start()

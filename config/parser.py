@@ -280,7 +280,7 @@ def _listener_address(text: str) -> tuple[str, int]:
     )
     port = _port(0, expected)
     if re.fullmatch(r"[0-9]+", text):
-        return "0.0.0.0", port(text)
+        return "", port(text)  # every address, IPv6 and IPv4 (config.Listener)
     bracketed = re.fullmatch(r"\[([^\]]+)\]:([^:]*)", text)
     if bracketed:
         host, port_text = bracketed[1], bracketed[2]
@@ -351,6 +351,8 @@ _KEYS: Mapping[str, _Key] = {
         _int_between(1, 536870912, "expected an integer from 1 to 536870912 (bytes)"),
         "max_message_size",
     ),
+    "product.name": _Key(_text, "product_name"),
+    "product.version": _Key(_text, "product_version"),
     "log.console": _Key(_boolean, "log_console"),
     "log.console.level": _Key(
         _choice(
@@ -369,6 +371,7 @@ _KEYS: Mapping[str, _Key] = {
     "management.tcp.port": _Key(_port_or_none, "management_port"),
     "management.tcp.ip": _Key(_host, "management_ip"),
     "prometheus.tcp.port": _Key(_port_or_none, "prometheus_port"),
+    "prometheus.tcp.ip": _Key(_host, "prometheus_ip"),
     "vm_memory_high_watermark.relative": _Key(_fraction),
     "vm_memory_high_watermark.absolute": _Key(_information_unit),
     "disk_free_limit.absolute": _Key(_information_unit, "disk_free_limit_absolute"),
@@ -486,7 +489,7 @@ _IGNORED: tuple[str, ...] = (
     "default_worker_pool_size",
     "sysmon_handler",
     "message_interceptors",
-    # statistics, logging other than the console, branding
+    # statistics, logging other than the console, the message of the day
     "collect_statistics",
     "collect_statistics_interval",
     "log",
@@ -494,7 +497,6 @@ _IGNORED: tuple[str, ...] = (
     "log.console.use_colors",
     "log.console.color_esc_seqs",
     "log.console.formatter",  # its sub-keys; log.console.formatter itself is read
-    "product",
     "motd_file",
     # plugins
     "management",
@@ -716,7 +718,11 @@ def _named_listeners(
     for setting in members:
         assert setting.name is not None
         host, port = typing.cast(tuple[str, int], setting.value)
-        other = seen.get((host, port))
+        # a port-only listener ("") takes every address on its port
+        other = next(
+            (s for (h, p), s in seen.items() if p == port and (h == host or "" in (h, host))),
+            None,
+        )
         if other is not None and port != 0:
             raise setting.line.error(
                 f"expected an address no other listener uses; {other.line.key} "

@@ -13,14 +13,15 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class Listener:
     name: str
-    host: str
+    host: str  # "": every address, IPv6 and IPv4, as RabbitMQ's port-only listener
     port: int
 
 
 @dataclass(frozen=True)
 class Settings:
-    # listeners.tcp.default / listeners.tcp.<name>; RabbitMQ binds all interfaces on 5672
-    listeners: tuple[Listener, ...] = (Listener("default", "0.0.0.0", 5672),)
+    # listeners.tcp.default / listeners.tcp.<name>; RabbitMQ takes every address (IPv6 and
+    # IPv4) on 5672
+    listeners: tuple[Listener, ...] = (Listener("default", "", 5672),)
     # listeners.ssl.<name> (AMQPS, RabbitMQ's port 5671) and ssl_options.*; no TLS by default
     ssl_listeners: tuple[Listener, ...] = ()
     ssl_cacertfile: str | None = None
@@ -43,13 +44,20 @@ class Settings:
     consumer_max_per_channel: int | None = None  # None = unlimited
     # publishes awaiting their confirm on one channel before its connection is not read
     max_unconfirmed_per_channel: int | None = 10000  # None = unlimited (Warren's own)
-    max_message_size: int = 16 * 1024 * 1024
+    max_message_size: int = 16 * 1024 * 1024  # RabbitMQ 4.x's default (3.x: 128 MiB)
+    # product.name / product.version: connection.start's product and version, and the
+    # management API's product_name / product_version; None: Warren's own version
+    product_name: str = "Warren"
+    product_version: str | None = None
     log_console: bool = True
     log_level: str = "info"
     log_formatter: str = "plaintext"  # or "json"
     management_port: int | None = 15672
+    # no management.tcp.ip / prometheus.tcp.ip: RabbitMQ's HTTP listeners (ranch, gen_tcp's
+    # default family) take IPv4 only; "::" takes IPv6 and IPv4
     management_ip: str = "0.0.0.0"
     prometheus_port: int | None = 15692
+    prometheus_ip: str = "0.0.0.0"
     vm_memory_high_watermark_relative: float | None = 0.6
     vm_memory_high_watermark_absolute: int | None = None  # bytes
     disk_free_limit_absolute: int = 50 * 1000 * 1000  # bytes

@@ -28,7 +28,7 @@ def error_of(text: str, filename: str = "rabbitmq.conf") -> ConfigError:
 def test_empty_text_gives_rabbitmq_defaults() -> None:
     settings = parse_config("")
     assert settings == DEFAULTS
-    assert settings.listeners == (Listener("default", "0.0.0.0", 5672),)
+    assert settings.listeners == (Listener("default", "", 5672),)  # every address
     assert settings.ignored_keys == ()
 
 
@@ -220,8 +220,8 @@ def test_loopback_users() -> None:
 @pytest.mark.parametrize(
     ("value", "host", "port"),
     [
-        ("5672", "0.0.0.0", 5672),
-        ("0", "0.0.0.0", 0),
+        ("5672", "", 5672),  # IPv6 and IPv4, as RabbitMQ (broker/listen.py)
+        ("0", "", 0),
         ("127.0.0.1:5673", "127.0.0.1", 5673),
         ("0.0.0.0:5672", "0.0.0.0", 5672),
         ("[::1]:5672", "::1", 5672),
@@ -250,8 +250,8 @@ def test_named_listeners_replace_the_default() -> None:
 def test_default_and_extra_listeners() -> None:
     settings = parse_config("listeners.tcp.default = 5672\nlisteners.tcp.other = 5673")
     assert settings.listeners == (
-        Listener("default", "0.0.0.0", 5672),
-        Listener("other", "0.0.0.0", 5673),
+        Listener("default", "", 5672),
+        Listener("other", "", 5673),
     )
 
 
@@ -676,8 +676,8 @@ def test_conf_d_files_are_merged_in_name_order(tmp_path: Path) -> None:
     assert settings.channel_max == 20  # 10-a, then 20-b
     assert settings.frame_max == 30000  # main, 20-b, then 30-c
     assert settings.listeners == (
-        Listener("default", "0.0.0.0", 5672),
-        Listener("extra", "0.0.0.0", 5673),
+        Listener("default", "", 5672),
+        Listener("extra", "", 5673),
     )
     assert settings.config_files == (str(main), str(a), str(b), str(c))
 

@@ -319,7 +319,7 @@ def test_the_image_config_layout_loads_as_in_the_rabbitmq_image(tmp_path: Path) 
     shutil.copy(DOCKER / "10-defaults.conf", etc / "conf.d" / "10-defaults.conf")
     env = {"RABBITMQ_CONFIG_FILE": str(etc / "rabbitmq.conf"), "RABBITMQ_DEFAULT_USER": "app"}
     settings = load_settings(environ=env)
-    assert settings.listeners == (Listener("default", "0.0.0.0", 5672),)
+    assert settings.listeners == (Listener("default", "", 5672),)
     assert (settings.management_port, settings.prometheus_port) == (15672, 15692)
     assert settings.loopback_users == ()  # guest may connect from other containers
     assert settings.log_console is True

@@ -67,6 +67,8 @@ def frames_until_eof(c: RawClient) -> list[tuple[int, Any]]:
             return out
         if f.type == FRAME_METHOD:
             out.append((f.channel, f.method()))
+            if isinstance(out[-1][1], commands.Connection.CloseOk):
+                return out  # closing the socket is the client's turn now, as with RabbitMQ
 
 
 # ---- confirms around a close ----------------------------------------------------------------

@@ -91,7 +91,7 @@ def test_tls_keys_are_read(tmp_path: Path) -> None:
         "ssl_options.versions.1 = tlsv1.3\n"  # a RabbitMQ key Warren still ignores
     )
     assert settings.ssl_listeners == (
-        Listener("default", "0.0.0.0", 5671),
+        Listener("default", "", 5671),
         Listener("local", "127.0.0.1", 5681),
     )
     assert settings.listeners == Settings().listeners  # the TCP listener stays

@@ -19,6 +19,7 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from warren.broker import console
+from warren.broker.listen import listen_sockets
 from warren.broker.management import auth
 from warren.broker.management.errors import (
     ApiError,
@@ -392,9 +393,10 @@ class HttpSite:
         self.port = 0
 
     async def start(self, host: str, port: int) -> int:
+        """Listen on ``host`` as RabbitMQ's HTTP listeners do (broker/listen.py)."""
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host, port, reuse_address=True)
-        await site.start()
+        for sock in listen_sockets(host, port):
+            await web.SockSite(self.runner, sock).start()
         addresses: Any = self.runner.addresses
         self.port = int(addresses[0][1])
         return self.port

@@ -180,7 +180,10 @@ class Management:
         self.rates = RateSampler(self, sample_interval)
         self.vhost_meta: dict[str, VhostMeta] = {}
         self.node = f"warren@{platform.node() or 'localhost'}"
-        self.version = VERSION
+        self.version = VERSION  # Warren's own (the node's "applications")
+        # product.name / product.version: what product_name and product_version report
+        self.product_name = broker.settings.product_name
+        self.product_version = broker.settings.product_version or VERSION
         # ports actually bound (port 0 in the settings picks a free one)
         self.management_port: int | None = None
         self.prometheus_port: int | None = None

@@ -128,8 +128,8 @@ def export(mgmt: Management, only: str | None = None) -> dict[str, Any]:
     return {
         "rabbit_version": API_VERSION,
         "rabbitmq_version": API_VERSION,
-        "product_name": "Warren",
-        "product_version": mgmt.version,
+        "product_name": mgmt.product_name,
+        "product_version": mgmt.product_version,
         "users": [user_json(u) for u in broker.access.users.values()],
         "vhosts": vhosts,
         "permissions": permissions(mgmt),

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote_plus
 
 from warren.broker.exchange import Exchange
+from warren.broker.listen import display_host
 from warren.broker.management.errors import bad_request
 from warren.protocol.properties import PROPERTIES, PropertiesError, encode_shortstr, read_properties
 from warren.protocol.tables import encode_table
@@ -91,7 +92,7 @@ def _address(conn: Connection, which: str) -> tuple[str, int]:
         info = None
     if not info:
         return ("?", 0)
-    return (str(info[0]), int(info[1]))
+    return (display_host(str(info[0])), int(info[1]))
 
 
 def connection_name(conn: Connection) -> str:

@@ -110,15 +110,15 @@ def overview(ctx: Ctx) -> web.StreamResponse:
             {
                 "node": mgmt.node,
                 "protocol": "http/prometheus",
-                "ip_address": broker.settings.management_ip,
+                "ip_address": broker.settings.prometheus_ip,
                 "port": mgmt.prometheus_port,
             }
         )
     body = {
         "management_version": API_VERSION,
         "rabbitmq_version": API_VERSION,
-        "product_name": "Warren",
-        "product_version": mgmt.version,
+        "product_name": mgmt.product_name,
+        "product_version": mgmt.product_version,
         "python_version": platform.python_version(),
         "rates_mode": "basic",
         "sample_retention_policies": {"global": [600], "basic": [600], "detailed": [600]},

@@ -269,6 +269,7 @@ class BrokerRunner:
         changes.setdefault("prometheus_port", None)
         if changes["management_port"] is not None or changes["prometheus_port"] is not None:
             changes.setdefault("management_ip", "127.0.0.1")
+            changes.setdefault("prometheus_ip", "127.0.0.1")
         # in memory unless asked: tests stay fast and cannot see each other's state
         changes.setdefault("data_dir", None)
         return self._base.replace(**changes)
