@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pamqp import commands
 
 from warren.broker.channel import HANDLERS, Channel
+from warren.broker.flow import ALARM, TURN, UNCONFIRMED, WRITER, FlowControl
 from warren.protocol.connection import Content, ProtocolConnection, Sentinel
 from warren.protocol.constants import (
     ACCESS_REFUSED,
@@ -108,7 +109,7 @@ class Connection:
         self._out: list[bytes] = []
         self.out_bytes = 0  # message bodies in _out: past a limit they are written at once
         self._flush_scheduled = False
-        self._reading_paused = False
+        self.flow = FlowControl(transport)  # why the socket is not read (broker/flow.py)
         self._continue_scheduled = False
         self.publisher = False  # has published: an alarm blocks it
         self.blocked = False  # not read while a resource alarm is on
@@ -180,7 +181,8 @@ class Connection:
         self._continue_scheduled = False
         proto = self.protocol
         budget = PUBLISH_EVENTS_PER_TURN if self.publisher else EVENTS_PER_TURN
-        while not self.closed and not self.blocked and self.writable and not self.held:
+        flow = self.flow
+        while not self.closed and not flow.stopped:
             try:
                 event = proto.next_event()
                 if not self.publisher and proto.content_seen:
@@ -189,9 +191,7 @@ class Connection:
                     if self.broker.alarms:
                         self._block()  # this publish goes through, the next waits
                 if event is Sentinel.NEED_DATA:
-                    if self._reading_paused and not self.blocked:
-                        self._reading_paused = False
-                        self.transport.resume_reading()
+                    flow.drained()
                     break
                 if isinstance(event, tuple):
                     channel_id, method = event
@@ -221,13 +221,17 @@ class Connection:
                 break
             budget -= 1
             if not budget:
-                if not self._reading_paused and not self.transport.is_closing():
-                    self._reading_paused = True
-                    self.transport.pause_reading()
+                flow.pause(TURN)
                 self._continue_scheduled = True
                 self.broker.timers.call_soon(self._process)
                 break
         self.flush()
+
+    def _continue(self) -> None:
+        """Handle, next turn, what was read while handling was stopped."""
+        if not self._continue_scheduled and not self.closed:
+            self._continue_scheduled = True
+            self.broker.timers.call_soon(self._process)
 
     # ---- resource alarms (connection.blocked) ----
 
@@ -243,17 +247,14 @@ class Connection:
         if self.capabilities.get("connection.blocked") is True and not self.closing:
             reason = "low on memory" if "memory" in self.broker.alarms else "low on disk"
             self.send_method(0, commands.Connection.Blocked(reason=reason))
-        if not self._reading_paused and not self.transport.is_closing():
-            self._reading_paused = True
-            self.transport.pause_reading()
+        self.flow.pause(ALARM)
 
     def _unblock(self) -> None:
         self.blocked = False
         if self.capabilities.get("connection.blocked") is True and not self.closing:
             self.send_method(0, commands.Connection.Unblocked())
-        if not self._continue_scheduled:
-            self._continue_scheduled = True
-            self.broker.timers.call_soon(self._process)  # what was read before the block
+        if self.flow.clear(ALARM):
+            self._continue()  # what was read before the block
 
     # ---- too many unconfirmed publishes (max_unconfirmed_per_channel) ----
 
@@ -265,18 +266,15 @@ class Connection:
         """
         self.held.add(channel)
         self.holds += 1
-        if not self._reading_paused and not self.transport.is_closing():
-            self._reading_paused = True
-            self.transport.pause_reading()
+        self.flow.pause(UNCONFIRMED)
 
     def release(self, channel: Channel) -> None:
         """``channel``'s confirms drained (or it closed): read again once none is held."""
         if channel not in self.held:
             return
         self.held.discard(channel)
-        if not self.held and not self._continue_scheduled and not self.closed:
-            self._continue_scheduled = True
-            self.broker.timers.call_soon(self._process)
+        if not self.held and self.flow.clear(UNCONFIRMED):
+            self._continue()
 
     def _channel_event(self, channel_id: int, method: Any) -> None:
         channel = self.channels.get(channel_id)
@@ -571,7 +569,7 @@ class Connection:
     def _heartbeat_tick(self) -> None:
         if self.closed:
             return
-        if self._received or self.blocked or self.held or not self.writable:  # unread: unheard
+        if self._received or self.flow.stopped:  # what we do not read, we cannot hear
             self._silent_ticks = 0
             self._received = False
         else:
@@ -590,17 +588,14 @@ class Connection:
     def pause_writing(self) -> None:
         """The client does not read: stop delivering, and stop reading what it asks for."""
         self.writable = False
-        if not self._reading_paused and not self.transport.is_closing():
-            self._reading_paused = True
-            self.transport.pause_reading()
+        self.flow.pause(WRITER)
 
     def resume_writing(self) -> None:
         self.writable = True
         for channel in list(self.channels.values()):
             channel.dispatch_all()
-        if not self._continue_scheduled and not self.closed:
-            self._continue_scheduled = True
-            self.broker.timers.call_soon(self._process)  # resumes reading once caught up
+        if self.flow.clear(WRITER):
+            self._continue()  # resumes reading once caught up
 
     # ---- shutdown ----
 

@@ -1,0 +1,71 @@
+"""Why a connection's socket is not read, and when it is read again (after uvicorn's FlowControl).
+
+A connection stops reading for four reasons, each set and cleared in one place:
+
+* ``TURN``: it used its share of this event-loop turn (broker/connection.py
+  ``_process``); cleared once what was read is handled, so the rest of the
+  socket waits for the next turn and the publisher feels TCP back pressure;
+* ``ALARM``: a resource alarm blocks publishers (connection.blocked);
+* ``UNCONFIRMED``: a channel has ``max_unconfirmed_per_channel`` publishes
+  waiting for the disk;
+* ``WRITER``: the client does not read what it is sent (the transport's
+  ``pause_writing``).
+
+The socket is read again only when no reason is left; while any reason but
+``TURN`` holds, not even what was already read is handled.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+TURN = 1
+ALARM = 2
+UNCONFIRMED = 4
+WRITER = 8
+NAMES = {TURN: "turn", ALARM: "alarm", UNCONFIRMED: "unconfirmed", WRITER: "writer"}
+
+
+class Readable(Protocol):
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+    def is_closing(self) -> bool: ...
+
+
+class FlowControl:
+    __slots__ = ("_paused", "reasons", "transport")
+
+    def __init__(self, transport: Readable) -> None:
+        self.transport = transport
+        self.reasons = 0  # the bits above
+        self._paused = False  # the transport's reading, as we last set it
+
+    @property
+    def stopped(self) -> bool:
+        """Nothing is handled, not even what was read already (any reason but TURN)."""
+        return self.reasons > TURN
+
+    def pause(self, reason: int) -> None:
+        self.reasons |= reason
+        if not self._paused and not self.transport.is_closing():
+            self._paused = True
+            self.transport.pause_reading()
+
+    def clear(self, reason: int) -> bool:
+        """``reason`` is gone; True when no reason stops handling any more.
+
+        Reading resumes at ``drained``, once what was read meanwhile is handled.
+        """
+        self.reasons &= ~reason
+        return self.reasons <= TURN
+
+    def drained(self) -> None:
+        """Everything read is handled: read again unless a reason still holds."""
+        self.reasons &= ~TURN
+        if self._paused and not self.reasons:
+            self._paused = False
+            self.transport.resume_reading()
+
+    def describe(self) -> list[str]:
+        """The reasons in force, by name (for operators and tests)."""
+        return [name for bit, name in NAMES.items() if self.reasons & bit]
