@@ -438,6 +438,7 @@ _IGNORED: tuple[str, ...] = (
     "queue_leader_locator",
     "mirroring_sync_batch_size",
     "mirroring_sync_max_throughput",
+    "deprecated_features",  # but deprecated_features.permit.<name> is read (_FAMILIES)
     "raft",
     "quorum_queue",
     "classic_queue",

@@ -40,7 +40,7 @@ def client(amqp_addr: tuple[str, int]) -> Iterator[RawClient]:
 @pytest.fixture
 def queue(client: RawClient, janitor: Janitor, name: str) -> str:
     q = janitor.queue(name)
-    client.declare_queue(1, q)
+    client.declare_queue(1, q, durable=True)
     return q
 
 
@@ -84,7 +84,7 @@ def deliveries_within(c: RawClient, seconds: float = 0.3) -> list[Delivery]:
 def test_qos_per_consumer(client: RawClient, janitor: Janitor, name: str) -> None:
     q1, q2 = janitor.queue(f"{name}.1"), janitor.queue(f"{name}.2")
     for q in (q1, q2):
-        client.declare_queue(1, q)
+        client.declare_queue(1, q, durable=True)
     client.channel_open(2)
     fill(client, q1, 5, channel=2)
     fill(client, q2, 5, channel=2)
@@ -104,7 +104,7 @@ def test_qos_global_is_shared_by_the_channel(
 ) -> None:
     q1, q2 = janitor.queue(f"{name}.1"), janitor.queue(f"{name}.2")
     for q in (q1, q2):
-        client.declare_queue(1, q)
+        client.declare_queue(1, q, durable=True)
     client.channel_open(2)
     client.qos(1, 3, global_=True)
     client.consume(1, q1, "A")
@@ -123,7 +123,7 @@ def test_qos_change_does_not_affect_existing_consumers(
 ) -> None:
     q1, q2 = janitor.queue(f"{name}.1"), janitor.queue(f"{name}.2")
     for q in (q1, q2):
-        client.declare_queue(1, q)
+        client.declare_queue(1, q, durable=True)
     client.channel_open(2)
     fill(client, q1, 8, channel=2)
     fill(client, q2, 8, channel=2)
@@ -140,7 +140,7 @@ def test_qos_per_consumer_and_global_combined(
 ) -> None:
     q1, q2 = janitor.queue(f"{name}.1"), janitor.queue(f"{name}.2")
     for q in (q1, q2):
-        client.declare_queue(1, q)
+        client.declare_queue(1, q, durable=True)
     client.channel_open(2)
     fill(client, q1, 5, channel=2)
     fill(client, q2, 5, channel=2)
@@ -647,7 +647,7 @@ def full_header(body_size: int) -> bytes:
 
 def test_properties_round_trip_byte_exact(client: RawClient, janitor: Janitor, name: str) -> None:
     q = janitor.queue(name)
-    client.declare_queue(1, q)
+    client.declare_queue(1, q, durable=True)
     # also through a headers exchange, which has to parse the headers table
     client.bind_queue_raw(
         1, q, "amq.headers", "", raw_table([("x-match", fv("S", "all")), ("int8", fv("b", -5))])

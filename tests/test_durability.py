@@ -129,7 +129,7 @@ def test_users_vhosts_permissions_and_policies_survive(tmp_path: Path) -> None:
         conn = pika.BlockingConnection(pika.URLParameters(url))
         ch = conn.channel()
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
-            ch.queue_declare("not-bobs")
+            ch.queue_declare("not-bobs", durable=True)
         assert info.value.reply_code == 403
         conn.close()
 

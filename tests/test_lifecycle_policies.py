@@ -57,7 +57,7 @@ def dlq(client: RawClient, janitor: Janitor, qname: str) -> str:
     exchange = janitor.exchange(f"{qname}.dlx")
     queue = janitor.queue(f"{qname}.dlq")
     client.declare_exchange(1, exchange, "fanout")
-    client.declare_queue(1, queue)
+    client.declare_queue(1, queue, durable=True)
     client.bind_queue(1, queue, exchange)
     client.channel_open(2)
     client.consume(2, queue, consumer_tag="dlq", no_ack=True)

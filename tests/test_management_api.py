@@ -508,7 +508,7 @@ def test_connections_channels_consumers(api: HttpApi, warren: RunningBroker, nam
     try:
         ch = conn.channel()
         ch.basic_qos(prefetch_count=7)
-        ch.queue_declare(name)
+        ch.queue_declare(name, durable=True)
         ch.basic_publish("", name, b"x")
         ch.basic_consume(
             name, lambda *a: None, consumer_tag=f"{name}-tag", arguments={"x-priority": 3}
@@ -917,12 +917,14 @@ def test_ten_thousand_queues_are_paged_sorted_and_filtered_on_the_server() -> No
             frame_bytes(
                 1,
                 1,
-                method_payload(build(commands.Queue.Declare, queue=f"load.{n:05d}", nowait=True)),
+                method_payload(
+                    build(commands.Queue.Declare, queue=f"load.{n:05d}", nowait=True, durable=True)
+                ),
             )
             for n in range(10_000)
         )
         c.send(burst)
-        c.send_method(1, build(commands.Queue.Declare, queue="load.deep"))
+        c.send_method(1, build(commands.Queue.Declare, queue="load.deep", durable=True))
         c.expect_method(commands.Queue.DeclareOk, 1)
         for _ in range(3):
             c.send_method(1, build(commands.Basic.Publish, routing_key="load.deep"))

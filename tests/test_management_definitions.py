@@ -60,7 +60,7 @@ def test_rabbitmq_export_imports_and_works(warren: RunningBroker, api: HttpApi) 
         ch.confirm_delivery()
         ch.basic_publish("orders.events", "order.created.eu", b"{}")
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
-            ch.queue_declare("billing")
+            ch.queue_declare("billing", durable=True)
         assert closed.value.reply_text == (
             "ACCESS_REFUSED - access to queue 'billing' in vhost 'orders' refused for user "
             "'orders-app'"

@@ -94,8 +94,8 @@ AMQP_CASES: list[Any] = [
         "ok",
     ),
     ("exchange.delete", lambda ch: ch.exchange_delete("rx"), refused("exchange", "rx")),
-    ("queue.declare", lambda ch: ch.queue_declare("q1"), refused("queue", "q1")),
-    ("queue.declare allowed", lambda ch: ch.queue_declare("cq"), "ok"),
+    ("queue.declare", lambda ch: ch.queue_declare("q1", durable=True), refused("queue", "q1")),
+    ("queue.declare allowed", lambda ch: ch.queue_declare("cq", durable=True), "ok"),
     ("queue.declare passive needs none", lambda ch: ch.queue_declare("rq", passive=True), "ok"),
     (
         "queue.bind needs write on queue",
@@ -149,7 +149,9 @@ AMQP_CASES: list[Any] = [
     ),
     pytest.param(
         "queue.declare with dead-letter exchange needs read on it",
-        lambda ch: ch.queue_declare("cqdlx", arguments={"x-dead-letter-exchange": "zz"}),
+        lambda ch: ch.queue_declare(
+            "cqdlx", arguments={"x-dead-letter-exchange": "zz"}, durable=True
+        ),
         refused("queue", "cqdlx"),
         id="dead-letter-exchange-read",
     ),
@@ -173,7 +175,7 @@ def test_amqp_operation_permissions(
 
 
 def test_server_named_queue_needs_configure_on_its_name(warren: RunningBroker) -> None:
-    result = attempt(warren, lambda ch: ch.queue_declare(""))
+    result = attempt(warren, lambda ch: ch.queue_declare("", durable=True))
     assert isinstance(result, tuple)
     assert re.fullmatch(
         r"ACCESS_REFUSED - access to queue 'amq\.gen-[\w-]+' in vhost '/' refused for user 'bob'",
@@ -196,10 +198,10 @@ def test_permissions_changed_over_http_apply_to_open_channels(
     conn = pika.BlockingConnection(pika.URLParameters(amqp_url(warren, "carol")))
     try:
         ch = conn.channel()
-        ch.queue_declare("carol-q")
+        ch.queue_declare("carol-q", durable=True)
         api.ok("PUT", "/api/permissions/%2F/carol", {**FULL, "configure": "^$"})
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
-            ch.queue_declare("carol-q2")
+            ch.queue_declare("carol-q2", durable=True)
         assert closed.value.reply_code == 403
     finally:
         conn.close()
