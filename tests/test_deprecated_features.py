@@ -358,3 +358,38 @@ def test_only_classic_queue_version_2(default: RunningBroker, name: str) -> None
         )
         client.channel_open(1)
         client.delete_queue(1, f"{name}.v2")
+
+
+def _declared_type(broker: RunningBroker, vhost: str, queue: str, **flags: bool) -> str:
+    params = pika.URLParameters(broker.url)
+    params.virtual_host = vhost
+    connection = pika.BlockingConnection(params)
+    connection.channel().queue_declare(queue, **flags)
+    queue_type = str(broker.server.broker.vhosts[vhost].queues[queue].queue_type)
+    connection.close()
+    return queue_type
+
+
+def test_default_queue_type_from_the_config_key(name: str) -> None:
+    # rabbit_amqqueue:augment_declare_args/5: the default applies where the type fits
+    with run_broker(default_queue_type="quorum") as broker:
+        assert _declared_type(broker, "/", f"{name}.d", durable=True) == "quorum"
+        assert _declared_type(broker, "/", f"{name}.e", exclusive=True) == "classic"
+        assert _declared_type(broker, "/", f"{name}.a", durable=True, auto_delete=True) == (
+            "classic"
+        )
+    assert parse_config("default_queue_type = quorum").default_queue_type == "quorum"
+
+
+def test_default_queue_type_of_a_vhost(default: RunningBroker, name: str) -> None:
+    http = api(default)
+    http.ok("PUT", f"/api/vhosts/{name}", {"default_queue_type": "quorum"})
+    http.ok(
+        "PUT", f"/api/permissions/{name}/guest", {"configure": ".*", "write": ".*", "read": ".*"}
+    )
+    assert http.ok("GET", f"/api/vhosts/{name}")["default_queue_type"] == "quorum"
+    assert _declared_type(default, name, "q", durable=True) == "quorum"
+    assert _declared_type(default, "/", f"{name}.q", durable=True) == "classic"
+    exported = {v["name"]: v for v in http.ok("GET", "/api/definitions")["vhosts"]}
+    assert exported[name]["metadata"]["default_queue_type"] == "quorum"
+    http.ok("DELETE", f"/api/vhosts/{name}")

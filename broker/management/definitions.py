@@ -117,14 +117,16 @@ def export(mgmt: Management, only: str | None = None) -> dict[str, Any]:
     vhosts = []
     for name in names:
         meta = mgmt.meta(name)
-        vhosts.append(
-            {
-                "name": name,
-                "description": meta.description,
-                "tags": list(meta.tags),
-                "metadata": {"description": meta.description, "tags": list(meta.tags)},
-            }
-        )
+        entry: dict[str, Any] = {
+            "name": name,
+            "description": meta.description,
+            "tags": list(meta.tags),
+            "metadata": {"description": meta.description, "tags": list(meta.tags)},
+        }
+        if meta.default_queue_type:  # RabbitMQ 4.x exports it, also inside metadata
+            entry["default_queue_type"] = meta.default_queue_type
+            entry["metadata"]["default_queue_type"] = meta.default_queue_type
+        vhosts.append(entry)
     return {
         "rabbit_version": API_VERSION,
         "rabbitmq_version": API_VERSION,
