@@ -111,7 +111,7 @@ def build_topology(api: HttpApi) -> None:
     api.ok(
         "PUT", "/api/queues/shop/work", {"durable": True, "arguments": {"x-queue-type": "quorum"}}
     )
-    api.ok("PUT", "/api/queues/%2F/plain")
+    api.ok("PUT", "/api/queues/%2F/plain", {"durable": True})
     api.ok("POST", "/api/bindings/shop/e/events/q/orders", {"routing_key": "order.#"})
     api.ok(
         "POST",
