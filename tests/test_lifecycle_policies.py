@@ -64,7 +64,7 @@ def dlq(client: RawClient, janitor: Janitor, qname: str) -> str:
     return exchange
 
 
-def declare(c: RawClient, janitor: Janitor, name: str, durable: bool = False, **args: Any) -> str:
+def declare(c: RawClient, janitor: Janitor, name: str, durable: bool = True, **args: Any) -> str:
     return str(c.declare_queue(1, janitor.queue(name), durable=durable, arguments=args).queue)
 
 

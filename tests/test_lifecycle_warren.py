@@ -378,7 +378,7 @@ def test_consumer_timeout_return_is_not_a_failed_delivery(
 
 def retry_queue(c: RawClient, name: str, quorum: bool = False, **arguments: Any) -> None:
     args = {**(QUORUM if quorum else {}), **arguments}
-    c.declare_queue(1, name, durable=quorum, arguments=args)
+    c.declare_queue(1, name, durable=True, arguments=args)
 
 
 def timed_retries(c: RawClient, q: str, attempts: int) -> tuple[list[float], list[Delivery]]:

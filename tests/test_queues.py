@@ -154,14 +154,16 @@ def test_declare_ok_counts(
 
 @pytest.mark.parametrize(
     ("flag", "received", "current"),
-    [("durable", "true", "false"), ("auto_delete", "true", "false")],
+    # durable: the queue is the durable one, RabbitMQ 4.3 has no transient shared queues
+    [("durable", "false", "true"), ("auto_delete", "true", "false")],
 )
 def test_inequivalent_flags(
     client: RawClient, janitor: Janitor, name: str, flag: str, received: str, current: str
 ) -> None:
     q = janitor.queue(name)
     client.declare_queue(1, q, durable=True)
-    client.send_method(1, build(commands.Queue.Declare, queue=q, **{flag: True}))
+    flags = {"durable": True, flag: received == "true"}
+    client.send_method(1, build(commands.Queue.Declare, queue=q, **flags))
     assert client.expect_channel_close(1) == (
         406,
         inequivalent(flag, q, f"received '{received}' but current is '{current}'"),
@@ -256,7 +258,7 @@ def test_equivalent_arguments_ignore_integer_width_and_unknown_keys(
             ("x-custom", fv("S", "b")),  # not a queue argument RabbitMQ knows: not compared
         ]
     )
-    client.send_method_raw(1, 50, 10, b"\x00\x00" + shortstr(q) + b"\x00" + table)
+    client.send_method_raw(1, 50, 10, b"\x00\x00" + shortstr(q) + b"\x02" + table)  # durable
     ok = client.expect_method(commands.Queue.DeclareOk, 1)
     assert ok.queue == q
 

@@ -82,7 +82,7 @@ def test_ttl_argument_of_any_integer_type(
 ) -> None:
     q = janitor.queue(name)
     table = raw_table([("x-message-ttl", fv(tag, 20)), ("x-dead-letter-exchange", fv("S", dlq))])
-    client.send_method_raw(1, 50, 10, b"\x00\x00" + shortstr(q) + b"\x00" + table)
+    client.send_method_raw(1, 50, 10, b"\x00\x00" + shortstr(q) + b"\x02" + table)  # durable
     client.expect_method(commands.Queue.DeclareOk, 1)
     publish(client, q, b"short-lived")
     d = client.read_delivery(2)  # the integer was read as 20 ms: the message expired
