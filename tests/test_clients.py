@@ -215,7 +215,7 @@ async def test_aio_pika_queue_iterator(
 ) -> None:
     async with asyncio.timeout(TIMEOUT):
         channel = await robust.channel()
-        queue = await channel.declare_queue(name, durable=False)
+        queue = await channel.declare_queue(name, durable=True)
         try:
             for i in range(10):
                 await channel.default_exchange.publish(

@@ -66,7 +66,7 @@ def scenario(broker: RunningBroker) -> dict[str, Any]:
     ch.queue_declare("orders", durable=True)
     ch.queue_declare("emails", durable=True)
     ch.queue_declare("payments", durable=True, arguments={**QUORUM, "x-consumer-timeout": 150})
-    ch.queue_declare("ttl", arguments={"x-message-ttl": 50, **TO_DEAD})
+    ch.queue_declare("ttl", durable=True, arguments={"x-message-ttl": 50, **TO_DEAD})
     ch.queue_declare(
         "retry",
         durable=True,
