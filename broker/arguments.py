@@ -122,6 +122,11 @@ def validate_queue_arguments(
         elif arg == "x-delivery-limit":
             if not is_int(value):
                 raise _invalid(arg, queue, vhost, f'"expected integer, got {kind}"')
+        elif arg == "x-queue-version":
+            # RabbitMQ 4.x (rabbit_amqqueue:check_queue_version/2): classic queues are v2 only
+            _non_negative(arg, value, queue, vhost, None, kind)
+            if value != 2:
+                raise _invalid(arg, queue, vhost, f"\"unsupported queue version '{value}'\"")
         elif arg == "x-delayed-retry-multiplier":
             _positive(arg, value, queue, vhost, kind)
         elif arg == "x-delayed-retry-type":

@@ -92,6 +92,7 @@ class Broker:
             vhost.persistence = self.persistence
             vhost.stats = self.stats
             vhost.deprecated = self.deprecated
+            vhost.default_queue_type = self.settings.default_queue_type
             self.tracing.attach(vhost)
             if persist and self.persistence is not None:
                 self.persistence.vhost_added(name)

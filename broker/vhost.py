@@ -24,6 +24,7 @@ from warren.protocol.constants import (
     RESOURCE_LOCKED,
 )
 from warren.protocol.errors import ChannelError, ConnectionError_, erlang_binary
+from warren.protocol.tables import TypedTable
 
 if TYPE_CHECKING:
     from warren.broker.timers import Timers
@@ -66,6 +67,9 @@ class VirtualHost:
         self.stats: Any = None  # the broker's BrokerStats, for node-wide lifecycle counters
         self.persistence: Any = None  # broker.persistence.Persistence, with a data directory
         self.deprecated: Any = None  # the broker's DeprecatedFeatures (RabbitMQ 4.3's refusals)
+        # x-queue-type of queues declared without one: the vhost's default_queue_type
+        # metadata, else the config key (RabbitMQ 4.x, rabbit_amqqueue:augment_declare_args/5)
+        self.default_queue_type = "classic"
         self.log: Any = structlog.get_logger("warren")
         self.tracer: Tracer | None = None  # set while this vhost traces (broker/tracing.py)
         self.queues: dict[str, Queue] = {}
@@ -259,6 +263,8 @@ class VirtualHost:
         arguments: dict[str, Any],
     ) -> Queue:
         existing = self.queues.get(name)
+        if not passive and "x-queue-type" not in arguments:
+            arguments = self._with_default_type(arguments, durable, exclusive, auto_delete)
         if passive:
             if existing is None:
                 raise ChannelError(NOT_FOUND, f"no queue '{name}' {self._where()}")
@@ -317,6 +323,20 @@ class VirtualHost:
         if self.persistence is not None:
             self.persistence.queue_declared(self.name, queue)
         return queue
+
+    def _with_default_type(
+        self, arguments: dict[str, Any], durable: bool, exclusive: bool, auto_delete: bool
+    ) -> dict[str, Any]:
+        """RabbitMQ 4.x's augment_declare_args/5: a non-classic default applies to queues that
+        type accepts (quorum: durable, not exclusive, not auto-delete); others stay classic.
+        Unlike 4.x, a classic default is not written into the arguments."""
+        queue_type = self.default_queue_type
+        if queue_type == "classic" or not durable or exclusive or auto_delete:
+            return arguments
+        typed = TypedTable(arguments)
+        typed.types = {**getattr(arguments, "types", {}), "x-queue-type": "longstr"}
+        typed["x-queue-type"] = queue_type
+        return typed
 
     def delete_queue(self, queue: Queue) -> int:
         """Delete a queue with its bindings and messages; cancel its consumers."""

@@ -319,6 +319,7 @@ _KEYS: Mapping[str, _Key] = {
     "default_user": _Key(_text, "default_user"),
     "default_pass": _Key(_text, "default_pass"),
     "default_vhost": _Key(_text, "default_vhost"),
+    "default_queue_type": _Key(_choice("classic", "quorum"), "default_queue_type"),
     "default_permissions.configure": _Key(_regex),
     "default_permissions.write": _Key(_regex),
     "default_permissions.read": _Key(_regex),
@@ -434,7 +435,6 @@ _IGNORED: tuple[str, ...] = (
     "default_users",
     "default_policies",
     "default_limits",
-    "default_queue_type",
     "default_consumer_prefetch",
     "definitions",
     "runtime_parameters",
@@ -462,6 +462,7 @@ _IGNORED: tuple[str, ...] = (
     "queue_leader_locator",
     "mirroring_sync_batch_size",
     "mirroring_sync_max_throughput",
+    "deprecated_features",  # but deprecated_features.permit.<name> is read (_FAMILIES)
     "raft",
     "quorum_queue",
     "classic_queue",

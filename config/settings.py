@@ -77,6 +77,9 @@ class Settings:
     # deprecated_features.permit.<name> = true|false: (name, permitted) in file order; a
     # feature not named keeps RabbitMQ 4.3's default for its phase (broker/deprecated.py)
     deprecated_features_permit: tuple[tuple[str, bool], ...] = ()
+    # default_queue_type: the type of a queue declared without x-queue-type (RabbitMQ 4.x);
+    # a vhost's own default_queue_type (management API, definitions) wins over it
+    default_queue_type: str = "classic"
     # keys of a real rabbitmq.conf that Warren accepts but does not use
     ignored_keys: tuple[str, ...] = field(default=(), compare=False)
     # the files these settings were read from, in the order they were applied

@@ -302,7 +302,10 @@ class ProtocolConnection:
             state.pending = None  # the broker closes the channel; the body frames are dropped
             error = ChannelError(
                 PRECONDITION_FAILED,
-                f"message size {body_size} is larger than configured max size "
+                # RabbitMQ 4.x (rabbit_channel:check_msg_size/2): "configured" unless the
+                # limit is its 512 MiB ceiling
+                f"message size {body_size} is larger than "
+                f"{'' if self.max_message_size == 536870912 else 'configured '}max size "
                 f"{self.max_message_size}",
                 60,
                 40,

@@ -621,6 +621,11 @@ class RawClient:
             self.pending[:0] = stash
 
     def declare_queue(self, channel: int, queue: str, **kw: Any) -> commands.Queue.DeclareOk:
+        """Durable unless said otherwise: RabbitMQ 4.3 refuses transient non-exclusive queues
+        (rabbit_amqqueue:is_queue_args_combination_permitted/1); tests of that refusal pass
+        durable=False themselves."""
+        if not kw.get("exclusive") and not kw.get("passive"):
+            kw.setdefault("durable", True)
         return self.call(
             channel, build(commands.Queue.Declare, queue=queue, **kw), commands.Queue.DeclareOk
         )

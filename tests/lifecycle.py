@@ -219,6 +219,7 @@ def expect_close(c: RawClient, channel: int = 1) -> tuple[int, str, int, int]:
 def declare_refused(
     c: RawClient, queue: str, arguments: dict[str, Any] | None = None, **kw: Any
 ) -> tuple[int, str, int, int]:
+    kw.setdefault("durable", not kw.get("exclusive"))  # RabbitMQ 4.3: no transient shared queues
     c.send_method(1, build(commands.Queue.Declare, queue=queue, arguments=arguments or {}, **kw))
     return expect_close(c)
 

@@ -45,7 +45,7 @@ def queue_depth(running: RunningBroker, name: str) -> int:
 def test_memory_alarm_blocks_publishers_and_lets_consumers_drain(warren: RunningBroker) -> None:
     addr = (warren.host, warren.port)
     with RawClient.connect(addr) as publisher, RawClient.connect(addr) as consumer:
-        publisher.declare_queue(1, "alarm.q")
+        publisher.declare_queue(1, "alarm.q", durable=True)
         for i in range(3):
             publisher.publish(1, b"before-%d" % i, routing_key="alarm.q")
         publisher.declare_queue(1, "alarm.q", passive=True)  # the publishes are in
@@ -123,8 +123,8 @@ def test_vhost_queue_limit(warren: RunningBroker) -> None:
     warren.call(lambda: vhost.limits.update({"max-queues": existing + 1}))
     try:
         with RawClient.connect((warren.host, warren.port)) as client:
-            client.declare_queue(1, "limit.q1")
-            client.send_method(1, build(commands.Queue.Declare, queue="limit.q2"))
+            client.declare_queue(1, "limit.q1", durable=True)
+            client.send_method(1, build(commands.Queue.Declare, queue="limit.q2", durable=True))
             assert client.expect_channel_close(1)[:2] == (
                 406,
                 "PRECONDITION_FAILED - cannot declare queue 'limit.q2': queue limit in vhost "
@@ -155,7 +155,7 @@ def test_a_publisher_that_never_waits_for_confirms_is_held_at_the_limit(tmp_path
         addr = (running.host, running.port)
         with RawClient.connect(addr) as publisher, RawClient.connect(addr) as other:
             publisher.declare_queue(1, "flood.q", durable=True)
-            other.declare_queue(1, "side.q")
+            other.declare_queue(1, "side.q", durable=True)
             publisher.confirm_select(1)
             one = publish_frames("flood.q", b"m" * 100, commands.Basic.Properties(delivery_mode=2))
             sender = threading.Thread(target=publisher.send, args=(one * count,))
@@ -217,7 +217,7 @@ def test_a_nack_while_earlier_publishes_wait_for_the_disk_does_not_swallow_their
     ):
         c.declare_queue(1, "disk.q", durable=True)
         full = {"x-max-length": 0, "x-overflow": "reject-publish"}
-        c.declare_queue(1, "full.q", arguments=full)
+        c.declare_queue(1, "full.q", arguments=full, durable=True)
         c.confirm_select(1)
         persistent = commands.Basic.Properties(delivery_mode=2)
         c.send(publish_frames("disk.q", b"a", persistent) + publish_frames("full.q", b"b", None))
@@ -233,7 +233,7 @@ def test_an_unfinished_message_counts_as_publishing_for_the_alarms(warren: Runni
     memory past the alarm (RabbitMQ blocks on the first content frame)."""
     addr = (warren.host, warren.port)
     with RawClient.connect(addr) as publisher, RawClient.connect(addr) as consumer:
-        publisher.declare_queue(1, "partial.q")
+        publisher.declare_queue(1, "partial.q", durable=True)
         publisher.channel_open(2)
         method = method_payload(build(commands.Basic.Publish, routing_key="partial.q"))
         publisher.send(

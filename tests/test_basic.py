@@ -37,10 +37,37 @@ def client(amqp_addr: tuple[str, int]) -> Iterator[RawClient]:
     c.close()
 
 
+@pytest.fixture(scope="module")
+def global_qos_addr(amqp_addr: tuple[str, int]) -> Iterator[tuple[str, int]]:
+    """A broker with RabbitMQ 3.x's global qos (deprecated_features.permit.global_qos = true):
+    RabbitMQ 4.3 applies global=true per consumer (tests/test_deprecated_features.py)."""
+    if os.environ.get("WARREN_TEST_URL"):  # RabbitMQ 3.10 has it anyway
+        yield amqp_addr
+        return
+    from warren.broker.testkit import run_broker
+
+    with run_broker(deprecated_features_permit=(("global_qos", True),)) as broker:
+        yield broker.host, broker.port
+
+
+@pytest.fixture
+def client3(global_qos_addr: tuple[str, int]) -> Iterator[RawClient]:
+    c = RawClient.connect(global_qos_addr)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def janitor3(global_qos_addr: tuple[str, int]) -> Iterator[Janitor]:
+    j = Janitor(global_qos_addr)
+    yield j
+    j.clean()
+
+
 @pytest.fixture
 def queue(client: RawClient, janitor: Janitor, name: str) -> str:
     q = janitor.queue(name)
-    client.declare_queue(1, q)
+    client.declare_queue(1, q, durable=True)
     return q
 
 
@@ -84,7 +111,7 @@ def deliveries_within(c: RawClient, seconds: float = 0.3) -> list[Delivery]:
 def test_qos_per_consumer(client: RawClient, janitor: Janitor, name: str) -> None:
     q1, q2 = janitor.queue(f"{name}.1"), janitor.queue(f"{name}.2")
     for q in (q1, q2):
-        client.declare_queue(1, q)
+        client.declare_queue(1, q, durable=True)
     client.channel_open(2)
     fill(client, q1, 5, channel=2)
     fill(client, q2, 5, channel=2)
@@ -100,11 +127,12 @@ def test_qos_per_consumer(client: RawClient, janitor: Janitor, name: str) -> Non
 
 
 def test_qos_global_is_shared_by_the_channel(
-    client: RawClient, janitor: Janitor, name: str
+    client3: RawClient, janitor3: Janitor, name: str
 ) -> None:
+    client, janitor = client3, janitor3
     q1, q2 = janitor.queue(f"{name}.1"), janitor.queue(f"{name}.2")
     for q in (q1, q2):
-        client.declare_queue(1, q)
+        client.declare_queue(1, q, durable=True)
     client.channel_open(2)
     client.qos(1, 3, global_=True)
     client.consume(1, q1, "A")
@@ -123,7 +151,7 @@ def test_qos_change_does_not_affect_existing_consumers(
 ) -> None:
     q1, q2 = janitor.queue(f"{name}.1"), janitor.queue(f"{name}.2")
     for q in (q1, q2):
-        client.declare_queue(1, q)
+        client.declare_queue(1, q, durable=True)
     client.channel_open(2)
     fill(client, q1, 8, channel=2)
     fill(client, q2, 8, channel=2)
@@ -136,11 +164,12 @@ def test_qos_change_does_not_affect_existing_consumers(
 
 
 def test_qos_per_consumer_and_global_combined(
-    client: RawClient, janitor: Janitor, name: str
+    client3: RawClient, janitor3: Janitor, name: str
 ) -> None:
+    client, janitor = client3, janitor3
     q1, q2 = janitor.queue(f"{name}.1"), janitor.queue(f"{name}.2")
     for q in (q1, q2):
-        client.declare_queue(1, q)
+        client.declare_queue(1, q, durable=True)
     client.channel_open(2)
     fill(client, q1, 5, channel=2)
     fill(client, q2, 5, channel=2)
@@ -151,7 +180,11 @@ def test_qos_per_consumer_and_global_combined(
     assert tags_of(deliveries_within(client)) == {"A": 2, "B": 1}
 
 
-def test_raising_global_qos_applies_to_existing_consumers(client: RawClient, queue: str) -> None:
+def test_raising_global_qos_applies_to_existing_consumers(
+    client3: RawClient, janitor3: Janitor, name: str
+) -> None:
+    client, queue = client3, janitor3.queue(name)
+    client.declare_queue(1, queue, durable=True)
     client.channel_open(2)
     fill(client, queue, 8, channel=2)
     client.qos(1, 3, global_=True)
@@ -647,7 +680,7 @@ def full_header(body_size: int) -> bytes:
 
 def test_properties_round_trip_byte_exact(client: RawClient, janitor: Janitor, name: str) -> None:
     q = janitor.queue(name)
-    client.declare_queue(1, q)
+    client.declare_queue(1, q, durable=True)
     # also through a headers exchange, which has to parse the headers table
     client.bind_queue_raw(
         1, q, "amq.headers", "", raw_table([("x-match", fv("S", "all")), ("int8", fv("b", -5))])

@@ -100,7 +100,7 @@ def test_consumer_max_per_channel(tight: RunningBroker) -> None:
 def test_missed_heartbeats_disconnect_and_requeue() -> None:
     with run_broker(heartbeat=1) as running:
         consumer = RawClient.connect(addr(running), heartbeat=1)
-        consumer.send_method(1, build(commands.Queue.Declare, queue="hb-q"))
+        consumer.send_method(1, build(commands.Queue.Declare, queue="hb-q", durable=True))
         consumer.expect_method(commands.Queue.DeclareOk, 1)
         publish(consumer, 1, "hb-q", b"held")
         consumer.send_method(1, build(commands.Basic.Get, queue="hb-q"))

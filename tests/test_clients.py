@@ -55,7 +55,7 @@ def test_pika_declare_publish_get(
 ) -> None:
     ch = pika_channel
     pika_cleanup.append(name)
-    ok = ch.queue_declare(name)
+    ok = ch.queue_declare(name, durable=True)
     assert ok.method.queue == name
     props = pika.BasicProperties(
         content_type="application/json",
@@ -82,7 +82,7 @@ def test_pika_consume_with_process_data_events(
 ) -> None:
     ch = pika_channel
     pika_cleanup.append(name)
-    ch.queue_declare(name)
+    ch.queue_declare(name, durable=True)
     ch.basic_qos(prefetch_count=2)
     received: list[tuple[bytes, bool]] = []
 
@@ -121,7 +121,7 @@ def test_pika_confirm_delivery_unroutable(
 ) -> None:
     ch = pika_channel
     pika_cleanup.append(name)
-    ch.queue_declare(name)
+    ch.queue_declare(name, durable=True)
     ch.confirm_delivery()
     ch.basic_publish("", name, b"routed", mandatory=True)
     with pytest.raises(pika.exceptions.UnroutableError) as err:
@@ -189,7 +189,7 @@ def test_pika_large_message(
 ) -> None:
     ch = pika_channel
     pika_cleanup.append(name)
-    ch.queue_declare(name)
+    ch.queue_declare(name, durable=True)
     body = bytes(range(256)) * 8192  # 2 MiB, many frames both ways
     ch.confirm_delivery()
     ch.basic_publish("", name, body)
@@ -215,7 +215,7 @@ async def test_aio_pika_queue_iterator(
 ) -> None:
     async with asyncio.timeout(TIMEOUT):
         channel = await robust.channel()
-        queue = await channel.declare_queue(name, durable=False)
+        queue = await channel.declare_queue(name, durable=True)
         try:
             for i in range(10):
                 await channel.default_exchange.publish(
@@ -246,7 +246,7 @@ async def test_aio_pika_publisher_confirms_and_returns(
 ) -> None:
     async with asyncio.timeout(TIMEOUT):
         channel = await robust.channel(on_return_raises=True)
-        queue = await channel.declare_queue(name)
+        queue = await channel.declare_queue(name, durable=True)
         try:
             confirm = await channel.default_exchange.publish(
                 aio_pika.Message(b"routed"), routing_key=name
@@ -274,7 +274,7 @@ async def test_aio_pika_transactions(
     async with asyncio.timeout(TIMEOUT):
         tx_channel = await robust.channel(publisher_confirms=False)
         reader = await robust.channel()
-        queue = await reader.declare_queue(name)
+        queue = await reader.declare_queue(name, durable=True)
         try:
             async with tx_channel.transaction():
                 for body in (b"one", b"two"):
@@ -305,7 +305,7 @@ async def test_aio_pika_exchange_types(
         fanout = await channel.declare_exchange(f"{name}.fanout", aio_pika.ExchangeType.FANOUT)
         topic = await channel.declare_exchange(f"{name}.topic", aio_pika.ExchangeType.TOPIC)
         headers = await channel.declare_exchange(f"{name}.headers", aio_pika.ExchangeType.HEADERS)
-        queues = [await channel.declare_queue(f"{name}.q{i}") for i in range(4)]
+        queues = [await channel.declare_queue(f"{name}.q{i}", durable=True) for i in range(4)]
         try:
             await queues[0].bind(direct, routing_key="k")
             await queues[1].bind(fanout)
@@ -346,7 +346,7 @@ async def test_aio_pika_qos_and_requeue(
     async with asyncio.timeout(TIMEOUT):
         channel = await robust.channel()
         await channel.set_qos(prefetch_count=1)
-        queue = await channel.declare_queue(name)
+        queue = await channel.declare_queue(name, durable=True)
         try:
             for body in (b"a", b"b"):
                 await channel.default_exchange.publish(aio_pika.Message(body), routing_key=name)
@@ -376,7 +376,7 @@ async def test_aio_pika_rpc_with_reply_queue(
 ) -> None:
     async with asyncio.timeout(TIMEOUT):
         server_channel = await robust.channel()
-        requests = await server_channel.declare_queue(name)
+        requests = await server_channel.declare_queue(name, durable=True)
         try:
 
             async def serve(message: aio_pika.abc.AbstractIncomingMessage) -> None:

@@ -26,7 +26,7 @@ def client(amqp_addr: tuple[str, int]) -> Iterator[RawClient]:
 @pytest.fixture
 def queue(client: RawClient, janitor: Janitor, name: str) -> str:
     q = janitor.queue(name)
-    client.declare_queue(1, q)
+    client.declare_queue(1, q, durable=True)
     return q
 
 

@@ -156,7 +156,7 @@ def test_find_a_filled_queue_peek_publish_and_purge(
             pika.BasicProperties(content_type="application/json", headers={"x-tenant": "acme"}),
         )
     for n in range(30):
-        ch.queue_declare(f"console.idle.{n:02d}")
+        ch.queue_declare(f"console.idle.{n:02d}", durable=True)
 
     page = login(browser, api)
     page.click("nav >> text=Queues")
@@ -227,10 +227,11 @@ def test_dead_letter_reason_shows_in_a_peeked_message(
 ) -> None:
     conn = amqp(warren)
     ch = conn.channel()
-    ch.queue_declare("console.dlq")
+    ch.queue_declare("console.dlq", durable=True)
     ch.queue_declare(
         "console.work",
         arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "console.dlq"},
+        durable=True,
     )
     ch.basic_publish("", "console.work", b"poison")
     method, _, _ = ch.basic_get("console.work")
@@ -258,7 +259,7 @@ def test_a_consumer_entering_the_timeout_state(
     conn = amqp(warren, "slow-worker")
     ch = conn.channel()
     ch.queue_declare("console.slow", durable=True, arguments={"x-queue-type": "quorum"})
-    ch.queue_declare("console.burst")
+    ch.queue_declare("console.burst", durable=True)
     ch.basic_qos(prefetch_count=10)
     for n in range(3):
         ch.basic_publish("", "console.slow", f"job {n}".encode())

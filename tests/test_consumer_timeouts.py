@@ -225,7 +225,7 @@ def test_global_consumer_timeout_from_config_and_infinity() -> None:
 
 def test_classic_queues_do_not_time_out(warren: RunningBroker, qname: str) -> None:
     with connect(warren) as client:
-        client.declare_queue(1, qname, arguments={"x-consumer-timeout": 100})
+        client.declare_queue(1, qname, arguments={"x-consumer-timeout": 100}, durable=True)
         client.publish(1, b"classic", routing_key=qname)
         client.channel_open(2)
         client.consume(2, qname, "c", arguments={"x-consumer-timeout": 100})
@@ -233,7 +233,7 @@ def test_classic_queues_do_not_time_out(warren: RunningBroker, qname: str) -> No
         assert client.frames_within(0.35) == []
         client.ack(2, d.method.delivery_tag)
         # the argument is kept, so an identical redeclare is equivalent
-        assert client.declare_queue(1, qname, arguments={"x-consumer-timeout": 100})
+        assert client.declare_queue(1, qname, arguments={"x-consumer-timeout": 100}, durable=True)
 
 
 @pytest.mark.parametrize(("value", "reason"), [(0, "{value_zero,0}"), ("abc", "expected integer")])

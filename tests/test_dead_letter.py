@@ -56,7 +56,9 @@ def fanout(c: RawClient, janitor: Janitor, name: str, *queues: str) -> str:
 
 
 def plain_queue(c: RawClient, janitor: Janitor, name: str, **arguments: object) -> str:
-    return str(c.declare_queue(1, janitor.queue(name), arguments=dict(arguments)).queue)
+    return str(
+        c.declare_queue(1, janitor.queue(name), arguments=dict(arguments), durable=True).queue
+    )
 
 
 def watch(c: RawClient, queue: str, channel: int, tag: str = "") -> None:

@@ -48,7 +48,7 @@ def dlq(client: RawClient, janitor: Janitor, name: str) -> str:
     exchange = janitor.exchange(f"{name}.dlx")
     queue = janitor.queue(f"{name}.dlq")
     client.declare_exchange(1, exchange, "fanout")
-    client.declare_queue(1, queue)
+    client.declare_queue(1, queue, durable=True)
     client.bind_queue(1, queue, exchange)
     client.channel_open(2)
     client.consume(2, queue, consumer_tag="dlq", no_ack=True)
@@ -164,7 +164,7 @@ def test_lost_connection_counts_as_a_failed_delivery(
 def test_classic_queue_redelivery_has_no_delivery_count(
     client: RawClient, janitor: Janitor, name: str
 ) -> None:
-    q = str(client.declare_queue(1, janitor.queue(name)).queue)
+    q = str(client.declare_queue(1, janitor.queue(name), durable=True).queue)
     publish(client, q, b"m")
     first = client.get(1, q)
     assert first is not None

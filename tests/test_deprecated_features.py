@@ -18,11 +18,14 @@ from pathlib import Path
 
 import pika
 import pytest
+from pamqp import commands
 from pika.exceptions import ConnectionClosedByBroker
 
+from tests.amqp_raw import RawClient, build, frame_bytes, header_payload
 from tests.http_api import HttpApi
 from warren.broker.testkit import RunningBroker, run_broker
 from warren.config import parse_config
+from warren.protocol.constants import FRAME_HEADER
 
 ROOT = Path(__file__).resolve().parent.parent
 PERMIT_ALL = (
@@ -302,3 +305,91 @@ def test_warrenctl_list_deprecated_features(default: RunningBroker) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "global_qos\tdenied_by_default\tdenied" in result.stdout.splitlines()
+
+
+# ---- other 4.x defaults ----
+
+
+def _header_only(broker: RunningBroker, body_size: int) -> tuple[int, str, int, int]:
+    """basic.publish and a content header announcing body_size; no body is needed."""
+    with RawClient.connect((broker.host, broker.port)) as client:
+        client.send_method(1, build(commands.Basic.Publish, exchange="", routing_key="x"))
+        client.send(frame_bytes(FRAME_HEADER, 1, header_payload(body_size)))
+        return client.expect_channel_close(1)
+
+
+def test_default_max_message_size_is_16_mib(default: RunningBroker) -> None:
+    # rabbit_channel:check_msg_size/2; 4.x's default max_message_size is 16 MiB
+    assert _header_only(default, 16 * 1024 * 1024 + 1) == (
+        406,
+        "PRECONDITION_FAILED - message size 16777217 is larger than configured max size 16777216",
+        60,
+        40,
+    )
+
+
+def test_max_message_size_at_the_ceiling_is_not_called_configured() -> None:
+    # rabbit_channel:check_msg_size/2: ?MAX_MSG_SIZE (536870912) reads "max size"
+    with run_broker(max_message_size=536870912) as broker:
+        assert _header_only(broker, 536870913)[1] == (
+            "PRECONDITION_FAILED - message size 536870913 is larger than max size 536870912"
+        )
+
+
+def test_only_classic_queue_version_2(default: RunningBroker, name: str) -> None:
+    # rabbit_amqqueue:check_queue_version/2 (4.x): version 1 is gone
+    with RawClient.connect((default.host, default.port)) as client:
+        client.declare_queue(1, f"{name}.v2", arguments={"x-queue-version": 2})
+        client.send_method(
+            1,
+            build(
+                commands.Queue.Declare,
+                queue=f"{name}.v1",
+                durable=True,
+                arguments={"x-queue-version": 1},
+            ),
+        )
+        assert client.expect_channel_close(1) == (
+            406,
+            f"PRECONDITION_FAILED - invalid arg 'x-queue-version' for queue '{name}.v1' in "
+            "vhost '/': \"unsupported queue version '1'\"",
+            50,
+            10,
+        )
+        client.channel_open(1)
+        client.delete_queue(1, f"{name}.v2")
+
+
+def _declared_type(broker: RunningBroker, vhost: str, queue: str, **flags: bool) -> str:
+    params = pika.URLParameters(broker.url)
+    params.virtual_host = vhost
+    connection = pika.BlockingConnection(params)
+    connection.channel().queue_declare(queue, **flags)
+    queue_type = str(broker.server.broker.vhosts[vhost].queues[queue].queue_type)
+    connection.close()
+    return queue_type
+
+
+def test_default_queue_type_from_the_config_key(name: str) -> None:
+    # rabbit_amqqueue:augment_declare_args/5: the default applies where the type fits
+    with run_broker(default_queue_type="quorum") as broker:
+        assert _declared_type(broker, "/", f"{name}.d", durable=True) == "quorum"
+        assert _declared_type(broker, "/", f"{name}.e", exclusive=True) == "classic"
+        assert _declared_type(broker, "/", f"{name}.a", durable=True, auto_delete=True) == (
+            "classic"
+        )
+    assert parse_config("default_queue_type = quorum").default_queue_type == "quorum"
+
+
+def test_default_queue_type_of_a_vhost(default: RunningBroker, name: str) -> None:
+    http = api(default)
+    http.ok("PUT", f"/api/vhosts/{name}", {"default_queue_type": "quorum"})
+    http.ok(
+        "PUT", f"/api/permissions/{name}/guest", {"configure": ".*", "write": ".*", "read": ".*"}
+    )
+    assert http.ok("GET", f"/api/vhosts/{name}")["default_queue_type"] == "quorum"
+    assert _declared_type(default, name, "q", durable=True) == "quorum"
+    assert _declared_type(default, "/", f"{name}.q", durable=True) == "classic"
+    exported = {v["name"]: v for v in http.ok("GET", "/api/definitions")["vhosts"]}
+    assert exported[name]["metadata"]["default_queue_type"] == "quorum"
+    http.ok("DELETE", f"/api/vhosts/{name}")

@@ -16,7 +16,7 @@ def rpc_round_trip(amqp_url: str, name: str) -> None:
     client_conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
     try:
         server = server_conn.channel()
-        server.queue_declare(name, auto_delete=True)
+        server.queue_declare(name, auto_delete=True, durable=True)
         client = client_conn.channel()
         replies: list[tuple[bytes, str]] = []
 
@@ -73,7 +73,7 @@ def test_reply_consumer_must_be_no_ack(amqp_url: str) -> None:
         conn.close()
 
 
-def test_reply_to_pseudo_queue_declare(amqp_url: str) -> None:
+def test_reply_to_pseudo_queue_declare(amqp_url: str, durable=True) -> None:
     """amqplib's checkQueue: the pseudo-queue exists with one consumer; unknown addresses don't."""
     conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
     try:

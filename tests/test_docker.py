@@ -238,7 +238,7 @@ def test_entrypoint_runs_the_broker_as_the_rabbitmq_image_does(image: Image) -> 
         # loopback_users.guest = false does not matter to app, and guest is gone
         url = f"amqp://app:s3cret@127.0.0.1:{image.port}/orders"
         conn = pika.BlockingConnection(pika.URLParameters(url))
-        conn.channel().queue_declare("hello")
+        conn.channel().queue_declare("hello", durable=True)
         conn.close()
         with pytest.raises(pika.exceptions.ProbableAuthenticationError):
             pika.BlockingConnection(

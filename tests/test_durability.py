@@ -60,7 +60,7 @@ def test_topology_and_persistent_messages_survive_restart(tmp_path: Path) -> Non
         ch.exchange_declare("dur.ex", "topic", durable=True)
         ch.exchange_declare("tmp.ex", "fanout", durable=False)
         ch.queue_declare("dur.q", durable=True, arguments={"x-max-length": 100})
-        ch.queue_declare("tmp.q", durable=False)
+        ch.queue_declare("tmp.q", exclusive=True)  # transient; RabbitMQ 4.3: so exclusive
         ch.queue_bind("dur.q", "dur.ex", "a.#")
         ch.basic_publish("dur.ex", "a.b", b"persistent-1", headers_props)
         ch.basic_publish("dur.ex", "a.c", b"transient", pika.BasicProperties(delivery_mode=1))
@@ -129,7 +129,7 @@ def test_users_vhosts_permissions_and_policies_survive(tmp_path: Path) -> None:
         conn = pika.BlockingConnection(pika.URLParameters(url))
         ch = conn.channel()
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
-            ch.queue_declare("not-bobs")
+            ch.queue_declare("not-bobs", durable=True)
         assert info.value.reply_code == 403
         conn.close()
 

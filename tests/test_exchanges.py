@@ -34,7 +34,7 @@ def not_found(kind: str, name: str) -> str:
 def queues_for(c: RawClient, janitor: Janitor, prefix: str, n: int) -> list[str]:
     names = [janitor.queue(f"{prefix}.q{i}") for i in range(n)]
     for q in names:
-        c.declare_queue(1, q)
+        c.declare_queue(1, q, durable=True)
     return names
 
 
@@ -676,7 +676,7 @@ def test_odd_names_end_to_end(client: RawClient, janitor: Janitor, name: str, su
     q = janitor.queue(f"{name} {suffix}")
     ex = janitor.exchange(f"{name} обмен {suffix}")
     key = f"ключ {suffix}"
-    ok = client.declare_queue(1, q)
+    ok = client.declare_queue(1, q, durable=True)
     assert ok.queue == q
     client.declare_exchange(1, ex, "direct")
     client.call(

@@ -79,7 +79,7 @@ def test_frame_max_limit_tolerates_the_frame_overhead(
     payloads larger than frame_max itself."""
     q = janitor.queue(name)
     with RawClient.connect(amqp_addr, frame_max=4096) as c:
-        c.declare_queue(1, q)
+        c.declare_queue(1, q, durable=True)
         body = os.urandom(4096)
         c.publish(1, body, routing_key=q, frame_size=4096)
         c.consume(1, q, no_ack=True)
@@ -94,7 +94,7 @@ def test_large_body_in_many_small_frames(
     q = janitor.queue(name)
     body = os.urandom(100_000)
     with RawClient.connect(amqp_addr, frame_max=4096) as c:
-        c.declare_queue(1, q)
+        c.declare_queue(1, q, durable=True)
         c.publish(1, body, routing_key=q, frame_size=1000)  # 100 body frames
         c.publish(1, body, routing_key=q, frame_size=1)  # 100 000 body frames
         c.consume(1, q, no_ack=True)
@@ -109,7 +109,7 @@ def test_large_body_in_many_small_frames(
 
 def test_empty_body_has_no_body_frames(client: RawClient, janitor: Janitor, name: str) -> None:
     q = janitor.queue(name)
-    client.declare_queue(1, q)
+    client.declare_queue(1, q, durable=True)
     client.publish(1, b"", routing_key=q)
     client.consume(1, q, no_ack=True)
     d = client.read_delivery(1)
@@ -391,7 +391,7 @@ def test_method_in_the_middle_of_a_body(client: RawClient) -> None:
 def test_content_is_assembled_per_channel(client: RawClient, janitor: Janitor, name: str) -> None:
     """Frames of other channels may come between the frames of one message."""
     q = janitor.queue(name)
-    client.declare_queue(1, q)
+    client.declare_queue(1, q, durable=True)
     client.channel_open(2)
     client.confirm_select(1)
     client.send_frame(FRAME_METHOD, 1, publish_method(q))
@@ -422,7 +422,7 @@ def test_frames_after_broker_channel_close_are_ignored_until_close_ok(
 ) -> None:
     q = janitor.queue(name)
     missing = f"{name}.missing"
-    client.declare_queue(1, q)
+    client.declare_queue(1, q, durable=True)
     client.publish(1, b"first", exchange=missing)
     # The client has not seen channel.close yet and keeps going on channel 1.
     client.publish(1, b"second", exchange=missing)
@@ -454,7 +454,7 @@ def test_other_channels_unaffected_by_channel_error(
 ) -> None:
     q = janitor.queue(name)
     client.channel_open(2)
-    client.declare_queue(2, q)
+    client.declare_queue(2, q, durable=True)
     client.send_method(1, build(commands.Queue.Declare, queue=f"{name}.missing", passive=True))
     assert client.expect_channel_close(1) == (
         404,

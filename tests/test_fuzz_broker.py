@@ -325,7 +325,13 @@ def target() -> Iterator[FuzzTarget]:
             closed[self.peer[1]] = Closed(self.tuned, self._close_reason)
         original(self)
 
-    with pytest.MonkeyPatch.context() as patch, run_broker(handshake_timeout=3000) as running:
+    # The seeds are sessions of 3.x-era clients (transient queues), and 541 here means an
+    # escaped exception: RabbitMQ 4.3's 541 refusals are permitted away for this broker
+    permits = (("transient_nonexcl_queues", True), ("queue_master_locator", True))
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        run_broker(handshake_timeout=3000, deprecated_features_permit=permits) as running,
+    ):
         patch.setattr(warren.broker.connection.Connection, "connection_lost", connection_lost)
         running.add_vhost("witness")
         fuzz = FuzzTarget(running, closed)

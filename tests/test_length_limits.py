@@ -45,7 +45,7 @@ def dlq(client: RawClient, janitor: Janitor, name: str) -> str:
     exchange = janitor.exchange(f"{name}.dlx")
     queue = janitor.queue(f"{name}.dlq")
     client.declare_exchange(1, exchange, "fanout")
-    client.declare_queue(1, queue)
+    client.declare_queue(1, queue, durable=True)
     client.bind_queue(1, queue, exchange)
     client.channel_open(2)
     client.consume(2, queue, consumer_tag="dlq", no_ack=True)
@@ -53,7 +53,9 @@ def dlq(client: RawClient, janitor: Janitor, name: str) -> str:
 
 
 def limited(c: RawClient, janitor: Janitor, name: str, **arguments: Any) -> str:
-    return str(c.declare_queue(1, janitor.queue(name), arguments=dict(arguments)).queue)
+    return str(
+        c.declare_queue(1, janitor.queue(name), arguments=dict(arguments), durable=True).queue
+    )
 
 
 # -- drop-head --------------------------------------------------------------------------------

@@ -57,14 +57,14 @@ def dlq(client: RawClient, janitor: Janitor, qname: str) -> str:
     exchange = janitor.exchange(f"{qname}.dlx")
     queue = janitor.queue(f"{qname}.dlq")
     client.declare_exchange(1, exchange, "fanout")
-    client.declare_queue(1, queue)
+    client.declare_queue(1, queue, durable=True)
     client.bind_queue(1, queue, exchange)
     client.channel_open(2)
     client.consume(2, queue, consumer_tag="dlq", no_ack=True)
     return exchange
 
 
-def declare(c: RawClient, janitor: Janitor, name: str, durable: bool = False, **args: Any) -> str:
+def declare(c: RawClient, janitor: Janitor, name: str, durable: bool = True, **args: Any) -> str:
     return str(c.declare_queue(1, janitor.queue(name), durable=durable, arguments=args).queue)
 
 

@@ -62,7 +62,7 @@ def dlq(client: RawClient, qname: str) -> str:
     """A fanout dead-letter exchange, its queue consumed (no-ack) on channel 2."""
     exchange = f"{qname}.dlx"
     client.declare_exchange(1, exchange, "fanout")
-    client.declare_queue(1, f"{qname}.dlq")
+    client.declare_queue(1, f"{qname}.dlq", durable=True)
     client.bind_queue(1, f"{qname}.dlq", exchange)
     client.channel_open(2)
     client.consume(2, f"{qname}.dlq", consumer_tag="dlq", no_ack=True)
@@ -120,7 +120,7 @@ def test_every_message_expires_on_time_whatever_the_order(
     """300 messages with random TTLs (20-300 ms) published in random order: each one is
     dead-lettered within 50 ms of its deadline (the spec says 10 ms broker-side; this is
     measured at the client, through a second queue and a consumer)."""
-    client.declare_queue(1, qname, arguments={"x-dead-letter-exchange": dlq})
+    client.declare_queue(1, qname, arguments={"x-dead-letter-exchange": dlq}, durable=True)
     rng = random.Random(4)
     ttls = [rng.randint(20, 300) for _ in range(300)]
     deadlines: dict[bytes, float] = {}
@@ -154,7 +154,7 @@ def test_short_ttl_behind_a_long_one_expires_on_time_and_leaves_the_count(
     warren: RunningBroker, client: RawClient, qname: str, dlq: str
 ) -> None:
     """RabbitMQ only drops expired messages at the head; Warren expires them where they are."""
-    client.declare_queue(1, qname, arguments={"x-dead-letter-exchange": dlq})
+    client.declare_queue(1, qname, arguments={"x-dead-letter-exchange": dlq}, durable=True)
     publish(client, qname, b"long", properties=props(expiration="60000"))
     start = time.monotonic()
     publish(client, qname, b"short", properties=props(expiration="30"))
@@ -169,7 +169,7 @@ def test_short_ttl_behind_a_long_one_expires_on_time_and_leaves_the_count(
 def test_expiry_without_dead_letter_exchange_is_counted(
     warren: RunningBroker, client: RawClient, qname: str
 ) -> None:
-    client.declare_queue(1, qname)
+    client.declare_queue(1, qname, durable=True)
     client.confirm_select(1)
     for i in range(100):
         client.publish(1, b"x", routing_key=qname, properties=props(expiration=str(10 + i % 40)))
@@ -185,7 +185,9 @@ def test_expired_message_in_a_priority_queue_is_never_delivered(
 ) -> None:
     """RabbitMQ 3.10 hands this one out to basic.get: it sets no timer for a message that
     is not at the head when published, and its priority queue then skips the check."""
-    client.declare_queue(1, qname, arguments={"x-max-priority": 9, "x-dead-letter-exchange": dlq})
+    client.declare_queue(
+        1, qname, arguments={"x-max-priority": 9, "x-dead-letter-exchange": dlq}, durable=True
+    )
     publish(client, qname, b"low", properties=props(priority=1))
     publish(client, qname, b"high-short-lived", properties=props(priority=9, expiration="20"))
     assert client.read_delivery(2).body == b"high-short-lived"  # on time, as dead letter
@@ -197,7 +199,7 @@ def test_settled_messages_are_not_kept_for_their_ttl(
 ) -> None:
     """Messages that waited in the queue, then were delivered and acked, must not stay
     referenced by the expiry timers until their (here 1 h) deadline: memory is exact too."""
-    client.declare_queue(1, qname)
+    client.declare_queue(1, qname, durable=True)
     client.confirm_select(1)
     for _ in range(2000):
         client.publish(1, b"x" * 1000, routing_key=qname, properties=props(expiration="3600000"))
@@ -376,7 +378,7 @@ def test_consumer_timeout_return_is_not_a_failed_delivery(
 
 def retry_queue(c: RawClient, name: str, quorum: bool = False, **arguments: Any) -> None:
     args = {**(QUORUM if quorum else {}), **arguments}
-    c.declare_queue(1, name, durable=quorum, arguments=args)
+    c.declare_queue(1, name, durable=True, arguments=args)
 
 
 def timed_retries(c: RawClient, q: str, attempts: int) -> tuple[list[float], list[Delivery]]:
@@ -701,7 +703,7 @@ def test_queue_statistics(warren: RunningBroker, client: RawClient, qname: str, 
 def test_requeue_counts_as_redelivered(
     warren: RunningBroker, client: RawClient, qname: str
 ) -> None:
-    client.declare_queue(1, qname)
+    client.declare_queue(1, qname, durable=True)
     publish(client, qname, b"a", b"b")
     for _ in range(2):
         got = client.get(1, qname)
@@ -728,10 +730,12 @@ def test_rejection_outside_the_cycle_does_not_make_it_endless(
     for ex in (ex_in, ex_a, ex_b):
         client.declare_exchange(1, ex, "fanout")
     entry, q1, q2 = f"{qname}.entry", f"{qname}.1", f"{qname}.2"
-    client.declare_queue(1, watcher)
-    client.declare_queue(1, entry, arguments={"x-dead-letter-exchange": ex_in})
+    client.declare_queue(1, watcher, durable=True)
+    client.declare_queue(1, entry, arguments={"x-dead-letter-exchange": ex_in}, durable=True)
     for q, ex in ((q1, ex_a), (q2, ex_b)):
-        client.declare_queue(1, q, arguments={"x-message-ttl": 20, "x-dead-letter-exchange": ex})
+        client.declare_queue(
+            1, q, arguments={"x-message-ttl": 20, "x-dead-letter-exchange": ex}, durable=True
+        )
     for ex, q in ((ex_in, q1), (ex_a, q2), (ex_b, q1), (ex_a, watcher), (ex_b, watcher)):
         client.bind_queue(1, q, ex)
     client.channel_open(2)

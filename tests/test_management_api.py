@@ -186,11 +186,11 @@ def test_queue_lifecycle(api: HttpApi, name: str) -> None:
 def test_queue_in_missing_vhost_is_404(api: HttpApi) -> None:
     assert api.get("/api/queues/no-such-vhost").status == 404
     assert api.get("/api/queues/no-such-vhost/q").status == 404
-    assert api.put("/api/queues/no-such-vhost/q").status == 404
+    assert api.put("/api/queues/no-such-vhost/q", {"durable": True}).status == 404
 
 
 def test_reserved_queue_name_is_access_refused(api: HttpApi) -> None:
-    reply = api.put("/api/queues/%2F/amq.mine")
+    reply = api.put("/api/queues/%2F/amq.mine", {"durable": True})
     assert (reply.status, reply.body) == (
         401,
         {"error": "not_authorised", "reason": "Access refused."},
@@ -198,7 +198,7 @@ def test_reserved_queue_name_is_access_refused(api: HttpApi) -> None:
 
 
 def test_delete_queue_if_empty_and_if_unused(api: HttpApi, name: str) -> None:
-    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}", {"durable": True})
     api.ok(
         "POST",
         "/api/exchanges/%2F/amq.default/publish",
@@ -210,7 +210,7 @@ def test_delete_queue_if_empty_and_if_unused(api: HttpApi, name: str) -> None:
 
 
 def test_purge_removes_ready_messages(api: HttpApi, name: str) -> None:
-    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}", {"durable": True})
     for i in range(3):
         api.ok(
             "POST",
@@ -309,7 +309,7 @@ def publish(
 
 
 def test_publish_and_get_with_properties(api: HttpApi, name: str) -> None:
-    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}", {"durable": True})
     reply = publish(
         api, name, "hello", delivery_mode=2, headers={"h": 1}, content_type="text/plain"
     )
@@ -344,7 +344,7 @@ def test_publish_and_get_with_properties(api: HttpApi, name: str) -> None:
 
 
 def test_get_fetches_distinct_messages_and_truncates(api: HttpApi, name: str) -> None:
-    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}", {"durable": True})
     for body in ("first message", "second"):
         publish(api, name, body)
     got = api.ok(
@@ -360,11 +360,14 @@ def test_get_fetches_distinct_messages_and_truncates(api: HttpApi, name: str) ->
 
 
 def test_get_reject_requeue_false_dead_letters(api: HttpApi, name: str) -> None:
-    api.ok("PUT", f"/api/queues/%2F/{q(name)}.dlq")
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}.dlq", {"durable": True})
     api.ok(
         "PUT",
         f"/api/queues/%2F/{q(name)}",
-        {"arguments": {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": f"{name}.dlq"}},
+        {
+            "durable": True,
+            "arguments": {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": f"{name}.dlq"},
+        },
     )
     publish(api, name, "bad")
     api.ok(
@@ -377,7 +380,7 @@ def test_get_reject_requeue_false_dead_letters(api: HttpApi, name: str) -> None:
 
 
 def test_get_and_publish_bad_bodies(api: HttpApi, name: str) -> None:
-    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}", {"durable": True})
     reply = api.post(f"/api/queues/%2F/{q(name)}/get", {"count": 1, "ackmode": "ack_requeue_true"})
     assert (reply.status, reply.body["reason"]) == (400, "[{key_missing,encoding}]")
     reply = api.post(
@@ -406,7 +409,7 @@ def test_get_and_publish_bad_bodies(api: HttpApi, name: str) -> None:
 
 def test_publish_unroutable_and_expiration(api: HttpApi, name: str) -> None:
     assert publish(api, f"{name}-nobody", "x").body == {"routed": False}
-    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}", {"durable": True})
     publish(api, name, "short-lived", expiration="0")
     assert api.ok("GET", f"/api/queues/%2F/{q(name)}")["messages"] == 0
     assert api.ok("GET", f"/api/queues/%2F/{q(name)}")["messages_expired"] == 1
@@ -416,7 +419,7 @@ def test_publish_rejected_by_full_queue(api: HttpApi, name: str) -> None:
     api.ok(
         "PUT",
         f"/api/queues/%2F/{q(name)}",
-        {"arguments": {"x-max-length": 1, "x-overflow": "reject-publish"}},
+        {"durable": True, "arguments": {"x-max-length": 1, "x-overflow": "reject-publish"}},
     )
     assert publish(api, name, "1").status == 200
     reply = publish(api, name, "2")
@@ -430,7 +433,7 @@ def test_publish_rejected_by_full_queue(api: HttpApi, name: str) -> None:
 
 
 def test_binding_lifecycle(api: HttpApi, name: str) -> None:
-    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}", {"durable": True})
     api.ok("PUT", f"/api/exchanges/%2F/{q(name)}.x", {"type": "topic"})
     between = f"/api/bindings/%2F/e/{q(name)}.x/q/{q(name)}"
     reply = api.post(between, {"routing_key": "a.b", "arguments": {}})
@@ -476,7 +479,7 @@ def test_binding_with_arguments_and_exchange_destination(api: HttpApi, name: str
 
 
 def test_binding_key_in_urls_as_rabbitmqadmin_sends_it(api: HttpApi, name: str) -> None:
-    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}", {"durable": True})
     between = f"/api/bindings/%2F/e/amq.topic/q/{q(name)}"
     api.ok("POST", between, {"routing_key": "order.#"})
     (binding,) = api.ok("GET", between)
@@ -488,7 +491,7 @@ def test_binding_key_in_urls_as_rabbitmqadmin_sends_it(api: HttpApi, name: str) 
 
 
 def test_binding_to_missing_objects(api: HttpApi, name: str) -> None:
-    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}", {"durable": True})
     reply = api.post(f"/api/bindings/%2F/e/{q(name)}-nope/q/{q(name)}", {"routing_key": "k"})
     assert (reply.status, reply.body["reason"]) == (404, f"no exchange '{name}-nope' in vhost '/'")
     reply = api.post(f"/api/bindings/%2F/e/amq.direct/q/{q(name)}-nope", {"routing_key": "k"})
@@ -508,7 +511,7 @@ def test_connections_channels_consumers(api: HttpApi, warren: RunningBroker, nam
     try:
         ch = conn.channel()
         ch.basic_qos(prefetch_count=7)
-        ch.queue_declare(name)
+        ch.queue_declare(name, durable=True)
         ch.basic_publish("", name, b"x")
         ch.basic_consume(
             name, lambda *a: None, consumer_tag=f"{name}-tag", arguments={"x-priority": 3}
@@ -613,7 +616,10 @@ def test_delayed_retry_and_expiry_counters(api: HttpApi, warren: RunningBroker, 
     api.ok(
         "PUT",
         f"/api/queues/%2F/{q(name)}",
-        {"arguments": {"x-delayed-retry-type": "all", "x-delayed-retry-min": 60000}},
+        {
+            "durable": True,
+            "arguments": {"x-delayed-retry-type": "all", "x-delayed-retry-min": 60000},
+        },
     )
     publish(api, name, "retry me")
     api.ok(
@@ -633,7 +639,7 @@ def test_delayed_retry_and_expiry_counters(api: HttpApi, warren: RunningBroker, 
 
 
 def test_policy_lifecycle_and_effect(api: HttpApi, name: str) -> None:
-    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}", {"durable": True})
     path = f"/api/policies/%2F/{q(name)}-p"
     body = {
         "pattern": f"^{name}$",
@@ -778,7 +784,7 @@ def test_vhost_lifecycle(api: HttpApi, warren: RunningBroker, name: str) -> None
         ).status
         == 201
     )
-    assert api.put(f"/api/queues/{q(name)}/inside").status == 201
+    assert api.put(f"/api/queues/{q(name)}/inside", {"durable": True}).status == 201
     conn = pika.BlockingConnection(pika.URLParameters(warren.url.rsplit("/", 1)[0] + "/" + q(name)))
     assert conn.channel().queue_declare("inside", passive=True).method.message_count == 0
     assert api.delete(path).status == 204
@@ -819,7 +825,7 @@ def test_permissions_lifecycle(api: HttpApi, name: str) -> None:
 
 def test_columns_sort_and_pagination(api: HttpApi, name: str) -> None:
     for suffix in ("b", "a", "c"):
-        api.ok("PUT", f"/api/queues/%2F/{q(name)}.{suffix}")
+        api.ok("PUT", f"/api/queues/%2F/{q(name)}.{suffix}", {"durable": True})
     rows = api.ok(
         "GET", "/api/queues/%2F?columns=name,message_stats.publish&sort=name&sort_reverse=true"
     )
@@ -835,7 +841,7 @@ def test_columns_sort_and_pagination(api: HttpApi, name: str) -> None:
 def test_pagination_envelope_filter_and_errors_as_rabbitmq(api: HttpApi, name: str) -> None:
     # shapes and reasons checked against RabbitMQ 3.10's management plugin
     for suffix in ("Alpha", "beta", "gamma"):
-        api.ok("PUT", f"/api/queues/%2F/{q(name)}.{suffix}")
+        api.ok("PUT", f"/api/queues/%2F/{q(name)}.{suffix}", {"durable": True})
     page = api.ok("GET", f"/api/queues/%2F?page=1&name={q(name)}.A&columns=name")
     assert page == {
         "filtered_count": 1,  # the name filter ignores case
@@ -917,12 +923,14 @@ def test_ten_thousand_queues_are_paged_sorted_and_filtered_on_the_server() -> No
             frame_bytes(
                 1,
                 1,
-                method_payload(build(commands.Queue.Declare, queue=f"load.{n:05d}", nowait=True)),
+                method_payload(
+                    build(commands.Queue.Declare, queue=f"load.{n:05d}", nowait=True, durable=True)
+                ),
             )
             for n in range(10_000)
         )
         c.send(burst)
-        c.send_method(1, build(commands.Queue.Declare, queue="load.deep"))
+        c.send_method(1, build(commands.Queue.Declare, queue="load.deep", durable=True))
         c.expect_method(commands.Queue.DeclareOk, 1)
         for _ in range(3):
             c.send_method(1, build(commands.Basic.Publish, routing_key="load.deep"))
@@ -965,7 +973,7 @@ def test_ten_thousand_queues_are_paged_sorted_and_filtered_on_the_server() -> No
 
 def test_peek_with_requeue_keeps_the_order(api: HttpApi, name: str) -> None:
     path = f"/api/queues/%2F/{q(name)}"
-    api.ok("PUT", path)
+    api.ok("PUT", path, {"durable": True})
     for n in range(4):
         api.ok(
             "POST",
@@ -988,7 +996,7 @@ def test_peek_with_requeue_keeps_the_order(api: HttpApi, name: str) -> None:
 
 
 def test_overview_rate_samples_newest_first(api: HttpApi, warren: RunningBroker, name: str) -> None:
-    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}", {"durable": True})
     sample(warren)
     publish = {"routing_key": name, "properties": {}, "payload": "x", "payload_encoding": "string"}
     for _ in range(3):
@@ -1006,8 +1014,9 @@ def test_overview_rate_samples_newest_first(api: HttpApi, warren: RunningBroker,
 def test_health_checks_and_aliveness(api: HttpApi) -> None:
     assert api.ok("GET", "/api/health/checks/alarms") == {"status": "ok"}
     assert api.ok("GET", "/api/aliveness-test/%2F") == {"status": "ok"}
-    assert api.ok("GET", "/api/aliveness-test/%2F") == {"status": "ok"}
-    assert api.ok("GET", "/api/queues/%2F/aliveness-test")["messages"] == 0
+    # RabbitMQ 4.3 (rabbit_mgmt_wm_aliveness_test:to_json/2): a no-op, no queue is declared
+    # (3.10 declared a transient one, which 4.3's defaults refuse)
+    assert api.get("/api/queues/%2F/aliveness-test").status == 404
     assert api.get("/api/aliveness-test/no-such-vhost").status == 404
 
 
@@ -1032,7 +1041,7 @@ def test_memory_alarm_fails_the_health_check() -> None:
 
 
 def test_message_rates_from_the_sampler(api: HttpApi, warren: RunningBroker, name: str) -> None:
-    api.ok("PUT", f"/api/queues/%2F/{q(name)}")
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}", {"durable": True})
     sample(warren)
     for i in range(5):
         publish(api, name, str(i))

@@ -60,7 +60,7 @@ def test_rabbitmq_export_imports_and_works(warren: RunningBroker, api: HttpApi) 
         ch.confirm_delivery()
         ch.basic_publish("orders.events", "order.created.eu", b"{}")
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
-            ch.queue_declare("billing")
+            ch.queue_declare("billing", durable=True)
         assert closed.value.reply_text == (
             "ACCESS_REFUSED - access to queue 'billing' in vhost 'orders' refused for user "
             "'orders-app'"
@@ -111,7 +111,7 @@ def build_topology(api: HttpApi) -> None:
     api.ok(
         "PUT", "/api/queues/shop/work", {"durable": True, "arguments": {"x-queue-type": "quorum"}}
     )
-    api.ok("PUT", "/api/queues/%2F/plain")
+    api.ok("PUT", "/api/queues/%2F/plain", {"durable": True})
     api.ok("POST", "/api/bindings/shop/e/events/q/orders", {"routing_key": "order.#"})
     api.ok(
         "POST",

@@ -84,7 +84,7 @@ def test_counts_follow_traffic(warren: RunningBroker) -> None:
     try:
         ch = conn.channel()
         ch.confirm_delivery()
-        ch.queue_declare("m.work")
+        ch.queue_declare("m.work", durable=True)
         for _ in range(3):
             ch.basic_publish("", "m.work", b"x")
         ch.basic_publish("amq.direct", "nowhere", b"x")
@@ -143,7 +143,7 @@ def test_dead_letters_expiry_and_retries_by_reason(warren: RunningBroker) -> Non
     conn = pika.BlockingConnection(pika.URLParameters(warren.url))
     try:
         ch = conn.channel()
-        ch.queue_declare("m.dlq")
+        ch.queue_declare("m.dlq", durable=True)
         ch.queue_declare(
             "m.ttl",
             arguments={
@@ -151,13 +151,17 @@ def test_dead_letters_expiry_and_retries_by_reason(warren: RunningBroker) -> Non
                 "x-dead-letter-exchange": "",
                 "x-dead-letter-routing-key": "m.dlq",
             },
+            durable=True,
         )
         ch.queue_declare(
             "m.reject",
             arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "m.dlq"},
+            durable=True,
         )
         ch.queue_declare(
-            "m.retry", arguments={"x-delayed-retry-type": "all", "x-delayed-retry-min": 60000}
+            "m.retry",
+            arguments={"x-delayed-retry-type": "all", "x-delayed-retry-min": 60000},
+            durable=True,
         )
         ch.basic_publish("", "m.ttl", b"x")
         ch.basic_publish("", "m.reject", b"x")

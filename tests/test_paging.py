@@ -214,7 +214,7 @@ def test_limit_zero_pages_everything_and_infinity_nothing(
         fill(running.url, "q", range(0))
         conn = pika.BlockingConnection(pika.URLParameters(running.url))
         ch = conn.channel()
-        ch.queue_declare("transient.q", durable=False)
+        ch.queue_declare("transient.q", exclusive=True)  # 4.3: transient means exclusive
         ch.basic_publish("", "transient.q", *message(7))  # non-durable queues keep their bodies
         assert queue_info(running, "transient.q")["messages_paged_out"] == 0
         numbers = []

@@ -62,11 +62,11 @@ def scenario(broker: RunningBroker) -> dict[str, Any]:
     seen: dict[str, Any] = {"slow_work_ms": []}
     conn = pika.BlockingConnection(pika.URLParameters(broker.url))
     ch = conn.channel()
-    ch.queue_declare("dead")
-    ch.queue_declare("orders")
-    ch.queue_declare("emails")
+    ch.queue_declare("dead", durable=True)
+    ch.queue_declare("orders", durable=True)
+    ch.queue_declare("emails", durable=True)
     ch.queue_declare("payments", durable=True, arguments={**QUORUM, "x-consumer-timeout": 150})
-    ch.queue_declare("ttl", arguments={"x-message-ttl": 50, **TO_DEAD})
+    ch.queue_declare("ttl", durable=True, arguments={"x-message-ttl": 50, **TO_DEAD})
     ch.queue_declare(
         "retry",
         durable=True,
@@ -78,7 +78,7 @@ def scenario(broker: RunningBroker) -> dict[str, Any]:
             "x-delivery-limit": 1,
         },
     )
-    ch.queue_declare("rejects", arguments=TO_DEAD)
+    ch.queue_declare("rejects", arguments=TO_DEAD, durable=True)
     ch.confirm_delivery()
     for i in range(20):
         ch.basic_publish("", "orders", b"order", _props(f"o-{i}"))

@@ -33,7 +33,9 @@ def invalid_arg(arg: str, queue: str, detail: str) -> str:
 
 
 def declare(c: RawClient, janitor: Janitor, name: str, **arguments: Any) -> str:
-    return str(c.declare_queue(1, janitor.queue(name), arguments=dict(arguments)).queue)
+    return str(
+        c.declare_queue(1, janitor.queue(name), arguments=dict(arguments), durable=True).queue
+    )
 
 
 def publish_prioritised(c: RawClient, q: str, *messages: tuple[bytes, int | None]) -> None:

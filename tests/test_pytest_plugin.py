@@ -56,7 +56,7 @@ def test_run_broker_serves_pika_and_reports_queue_depth(running: RunningBroker) 
     try:
         ch = conn.channel()
         ch.confirm_delivery()
-        ch.queue_declare("work")
+        ch.queue_declare("work", durable=True)
         for i in range(3):
             ch.basic_publish("", "work", b"job %d" % i)
         assert running.queue_depth("work") == 3
@@ -148,7 +148,7 @@ def test_restart_with_a_data_dir_keeps_durable_messages(tmp_path: Path) -> None:
         ch = conn.channel()
         ch.confirm_delivery()
         ch.queue_declare("durable", durable=True)
-        ch.queue_declare("transient")
+        ch.queue_declare("transient", exclusive=True)  # transient: gone after a restart
         persistent = pika.BasicProperties(delivery_mode=2)
         ch.basic_publish("", "durable", b"kept", persistent)
         ch.basic_publish("", "durable", b"lost")  # not persistent
@@ -166,7 +166,7 @@ def test_vhosts_isolate_queues(running: RunningBroker) -> None:
     assert other.url == f"amqp://guest:guest@127.0.0.1:{running.port}/tenant%2Fa"
     conn = pika.BlockingConnection(pika.URLParameters(other.url))
     ch = conn.channel()
-    ch.queue_declare("q")
+    ch.queue_declare("q", durable=True)
     ch.basic_publish("", "q", b"x")
     conn.process_data_events(0.05)
     assert other.queue_depth("q") == 1
@@ -211,7 +211,7 @@ async def test_run_broker_async_runs_on_this_loop() -> None:
         connection = await aio_pika.connect(broker.url)
         async with connection:
             channel = await connection.channel()
-            queue = await channel.declare_queue("jobs")
+            queue = await channel.declare_queue("jobs", durable=True)
             await channel.default_exchange.publish(aio_pika.Message(b"1"), routing_key="jobs")
             await channel.default_exchange.publish(aio_pika.Message(b"2"), routing_key="jobs")
             for _ in range(100):  # publishes are not confirmed: let the broker read them
@@ -276,7 +276,7 @@ def test_sync_client(warren_broker):
     conn = pika.BlockingConnection(pika.URLParameters(warren_broker.url))
     ch = conn.channel()
     ch.confirm_delivery()
-    ch.queue_declare("q")
+    ch.queue_declare("q", durable=True)
     ch.basic_publish("", "q", b"hello")
     assert warren_broker.queue_depth("q") == 1
     conn.close()
@@ -289,6 +289,21 @@ def test_marker_changes_settings(warren_broker):
     assert warren_broker.management_url is None
 
 
+def test_transient_queue_refused_as_on_rabbitmq_4_3(warren_broker):
+    ch = pika.BlockingConnection(pika.URLParameters(warren_broker.url)).channel()
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as caught:
+        ch.queue_declare("transient")
+    assert caught.value.reply_code == 541
+
+
+@pytest.mark.warren(deprecated_features_permit={"transient_nonexcl_queues": True})
+def test_marker_permits_a_deprecated_feature(warren_broker):
+    conn = pika.BlockingConnection(pika.URLParameters(warren_broker.url))
+    conn.channel().queue_declare("transient")
+    assert "transient" in warren_broker.queues()
+    conn.close()
+
+
 @pytest.mark.parametrize("n", [1, 2])
 async def test_session_vhosts_are_fresh(warren_broker_session, n):
     assert warren_broker_session.vhost != "/"
@@ -296,7 +311,7 @@ async def test_session_vhosts_are_fresh(warren_broker_session, n):
     connection = await aio_pika.connect(warren_broker_session.url)
     async with connection:
         channel = await connection.channel(publisher_confirms=True)
-        await channel.declare_queue("shared-name")
+        await channel.declare_queue("shared-name", durable=True)
         for _ in range(n):
             await channel.default_exchange.publish(aio_pika.Message(b"x"), "shared-name")
     assert warren_broker_session.queue_depth("shared-name") == n
@@ -327,7 +342,7 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
 def test_plugin_fixtures_in_another_project(project: pytest.Pytester) -> None:
     project.makepyfile(test_readme=README_EXAMPLE, test_plugin=PLUGIN_TESTS)
     result = project.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=7)
+    result.assert_outcomes(passed=9)
 
 
 def test_plugin_reads_its_ini_options(project: pytest.Pytester) -> None:

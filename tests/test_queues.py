@@ -76,7 +76,7 @@ def eventually_counts(c: RawClient, queue: str, expected: tuple[int, int]) -> tu
 
 
 def test_server_named_queue(client: RawClient) -> None:
-    ok = client.declare_queue(1, "")
+    ok = client.declare_queue(1, "", durable=True)
     q = str(ok.queue)
     try:
         assert q.startswith("amq.gen-")
@@ -95,7 +95,7 @@ def test_server_named_queue(client: RawClient) -> None:
 
 def test_declare_ok_echoes_name(client: RawClient, janitor: Janitor, name: str) -> None:
     q = janitor.queue(name)
-    assert client.declare_queue(1, q).queue == q
+    assert client.declare_queue(1, q, durable=True).queue == q
     assert client.declare_queue(1, q, passive=True).queue == q
 
 
@@ -108,14 +108,14 @@ def test_passive_declare_ignores_other_flags(
     client: RawClient, janitor: Janitor, name: str
 ) -> None:
     q = janitor.queue(name)
-    client.declare_queue(1, q)
+    client.declare_queue(1, q, durable=True)
     ok = client.declare_queue(1, q, passive=True, durable=True, auto_delete=True)
     assert ok.queue == q
 
 
 def test_amq_prefix_reserved(client: RawClient, name: str) -> None:
     q = f"amq.{name}"
-    client.send_method(1, build(commands.Queue.Declare, queue=q))
+    client.send_method(1, build(commands.Queue.Declare, queue=q, durable=True))
     assert client.expect_channel_close(1) == (
         403,
         f"ACCESS_REFUSED - queue name '{q}' contains reserved prefix 'amq.*'",
@@ -131,9 +131,9 @@ def test_declare_ok_counts(
     client: RawClient, other: RawClient, janitor: Janitor, name: str
 ) -> None:
     q = janitor.queue(name)
-    client.declare_queue(1, q)
+    client.declare_queue(1, q, durable=True)
     publish_confirmed(client, q, b"1", b"2", b"3")
-    ok = client.declare_queue(1, q)
+    ok = client.declare_queue(1, q, durable=True)
     assert (ok.message_count, ok.consumer_count) == (3, 0)
     other.qos(1, 1)
     other.consume(1, q, "c1")
@@ -154,14 +154,16 @@ def test_declare_ok_counts(
 
 @pytest.mark.parametrize(
     ("flag", "received", "current"),
-    [("durable", "true", "false"), ("auto_delete", "true", "false")],
+    # durable: the queue is the durable one, RabbitMQ 4.3 has no transient shared queues
+    [("durable", "false", "true"), ("auto_delete", "true", "false")],
 )
 def test_inequivalent_flags(
     client: RawClient, janitor: Janitor, name: str, flag: str, received: str, current: str
 ) -> None:
     q = janitor.queue(name)
-    client.declare_queue(1, q)
-    client.send_method(1, build(commands.Queue.Declare, queue=q, **{flag: True}))
+    client.declare_queue(1, q, durable=True)
+    flags = {"durable": True, flag: received == "true"}
+    client.send_method(1, build(commands.Queue.Declare, queue=q, **flags))
     assert client.expect_channel_close(1) == (
         406,
         inequivalent(flag, q, f"received '{received}' but current is '{current}'"),
@@ -186,7 +188,7 @@ def test_exclusive_mismatch_is_resource_locked(
     client: RawClient, janitor: Janitor, name: str
 ) -> None:
     q = janitor.queue(name)
-    client.declare_queue(1, q)
+    client.declare_queue(1, q, durable=True)
     client.send_method(1, build(commands.Queue.Declare, queue=q, exclusive=True))
     assert client.expect_channel_close(1) == (405, locked(q), 50, 10)
     client.channel_open(1)
@@ -235,10 +237,10 @@ def test_inequivalent_arguments(
     detail: str,
 ) -> None:
     q = janitor.queue(name)
-    client.declare_queue(1, q, arguments=QUEUE_ARGS)
-    client.declare_queue(1, q, arguments=QUEUE_ARGS)  # identical: fine
+    client.declare_queue(1, q, arguments=QUEUE_ARGS, durable=True)
+    client.declare_queue(1, q, arguments=QUEUE_ARGS, durable=True)  # identical: fine
     args = {k: v for k, v in {**QUEUE_ARGS, **changes}.items() if v is not None}
-    client.send_method(1, build(commands.Queue.Declare, queue=q, arguments=args))
+    client.send_method(1, build(commands.Queue.Declare, queue=q, arguments=args, durable=True))
     assert client.expect_channel_close(1) == (406, inequivalent(arg, q, detail), 50, 10)
 
 
@@ -256,7 +258,7 @@ def test_equivalent_arguments_ignore_integer_width_and_unknown_keys(
             ("x-custom", fv("S", "b")),  # not a queue argument RabbitMQ knows: not compared
         ]
     )
-    client.send_method_raw(1, 50, 10, b"\x00\x00" + shortstr(q) + b"\x00" + table)
+    client.send_method_raw(1, 50, 10, b"\x00\x00" + shortstr(q) + b"\x02" + table)  # durable
     ok = client.expect_method(commands.Queue.DeclareOk, 1)
     assert ok.queue == q
 
@@ -271,7 +273,7 @@ def test_equivalent_arguments_ignore_integer_width_and_unknown_keys(
     ids=["string-length", "negative-length", "negative-ttl"],
 )
 def test_invalid_arguments(client: RawClient, name: str, args: dict[str, Any], detail: str) -> None:
-    client.send_method(1, build(commands.Queue.Declare, queue=name, arguments=args))
+    client.send_method(1, build(commands.Queue.Declare, queue=name, arguments=args, durable=True))
     (arg,) = args
     assert client.expect_channel_close(1) == (
         406,
@@ -285,7 +287,7 @@ def test_invalid_arguments(client: RawClient, name: str, args: dict[str, Any], d
 
 
 EXCLUSIVE_OPS: dict[str, tuple[Any, tuple[int, int]]] = {
-    "declare": (lambda q: build(commands.Queue.Declare, queue=q), (50, 10)),
+    "declare": (lambda q: build(commands.Queue.Declare, queue=q, durable=True), (50, 10)),
     "declare-passive": (lambda q: build(commands.Queue.Declare, queue=q, passive=True), (50, 10)),
     "declare-exclusive": (
         lambda q: build(commands.Queue.Declare, queue=q, exclusive=True),
@@ -401,7 +403,7 @@ def test_auto_delete_after_last_consumer_cancels(
     client: RawClient, janitor: Janitor, name: str
 ) -> None:
     q = janitor.queue(name)
-    client.declare_queue(1, q, auto_delete=True)
+    client.declare_queue(1, q, auto_delete=True, durable=True)
     client.channel_close(1)  # never consumed: survives its channel
     client.channel_open(1)
     client.consume(1, q, "a")
@@ -418,7 +420,7 @@ def test_auto_delete_when_consuming_channel_closes(
     client: RawClient, janitor: Janitor, name: str
 ) -> None:
     q = janitor.queue(name)
-    client.declare_queue(1, q, auto_delete=True)
+    client.declare_queue(1, q, auto_delete=True, durable=True)
     client.channel_open(2)
     client.consume(2, q, "c")
     client.channel_close(2)
@@ -431,7 +433,7 @@ def test_auto_delete_when_consuming_channel_closes(
 
 def test_purge_returns_count(client: RawClient, janitor: Janitor, name: str) -> None:
     q = janitor.queue(name)
-    client.declare_queue(1, q)
+    client.declare_queue(1, q, durable=True)
     publish_confirmed(client, q, b"a", b"b", b"c", b"d")
     d = client.get(1, q)  # unacked messages are not purged
     assert d is not None
@@ -451,7 +453,7 @@ def test_purge_missing_queue(client: RawClient, name: str) -> None:
 
 
 def test_delete_returns_message_count(client: RawClient, name: str) -> None:
-    client.declare_queue(1, name)
+    client.declare_queue(1, name, durable=True)
     publish_confirmed(client, name, b"1", b"2", b"3", b"4")
     ok = client.call(1, build(commands.Queue.Delete, queue=name), commands.Queue.DeleteOk)
     assert ok.message_count == 4
@@ -466,7 +468,7 @@ def test_delete_missing_queue_succeeds(client: RawClient, name: str) -> None:
 
 def test_delete_if_empty(client: RawClient, janitor: Janitor, name: str) -> None:
     q = janitor.queue(name)
-    client.declare_queue(1, q)
+    client.declare_queue(1, q, durable=True)
     publish_confirmed(client, q, b"x")
     client.send_method(1, build(commands.Queue.Delete, queue=q, if_empty=True))
     assert client.expect_channel_close(1) == (
@@ -485,7 +487,7 @@ def test_delete_if_empty(client: RawClient, janitor: Janitor, name: str) -> None
 
 def test_delete_if_unused(client: RawClient, janitor: Janitor, name: str) -> None:
     q = janitor.queue(name)
-    client.declare_queue(1, q)
+    client.declare_queue(1, q, durable=True)
     client.channel_open(2)
     client.consume(2, q, "c")
     client.send_method(1, build(commands.Queue.Delete, queue=q, if_unused=True))
@@ -501,7 +503,7 @@ def test_delete_if_unused(client: RawClient, janitor: Janitor, name: str) -> Non
 
 
 def test_delete_cancels_consumers(client: RawClient, name: str) -> None:
-    client.declare_queue(1, name)
+    client.declare_queue(1, name, durable=True)
     client.channel_open(2)
     client.consume(2, name, "doomed")
     client.call(1, build(commands.Queue.Delete, queue=name), commands.Queue.DeleteOk)
@@ -515,7 +517,7 @@ def test_delete_cancels_consumers(client: RawClient, name: str) -> None:
 
 def test_bind_missing_exchange_or_queue(client: RawClient, janitor: Janitor, name: str) -> None:
     q = janitor.queue(name)
-    client.declare_queue(1, q)
+    client.declare_queue(1, q, durable=True)
     missing_ex = f"{name}.missing-ex"
     missing_q = f"{name}.missing-q"
     client.send_method(1, build(commands.Queue.Bind, queue=q, exchange=missing_ex))
@@ -541,7 +543,7 @@ def test_bind_missing_exchange_or_queue(client: RawClient, janitor: Janitor, nam
 
 def test_unbind_is_idempotent(client: RawClient, janitor: Janitor, name: str) -> None:
     q = janitor.queue(name)
-    client.declare_queue(1, q)
+    client.declare_queue(1, q, durable=True)
     for queue, exchange, key in [
         (q, "amq.direct", "never-bound"),
         (q, f"{name}.missing-ex", "k"),
@@ -556,7 +558,7 @@ def test_unbind_is_idempotent(client: RawClient, janitor: Janitor, name: str) ->
 
 def test_bind_and_unbind_change_routing(client: RawClient, janitor: Janitor, name: str) -> None:
     q = janitor.queue(name)
-    client.declare_queue(1, q)
+    client.declare_queue(1, q, durable=True)
     client.confirm_select(1)
     client.bind_queue(1, q, "amq.direct", name)
     client.publish(1, b"bound", exchange="amq.direct", routing_key=name)
@@ -619,7 +621,9 @@ def test_ttl_ceiling_is_rabbitmqs_ten_years(
     client: RawClient, janitor: Janitor, name: str, arg: str, value: int, ok: bool
 ) -> None:
     q = janitor.queue(name)
-    client.send_method(1, build(commands.Queue.Declare, queue=q, arguments={arg: value}))
+    client.send_method(
+        1, build(commands.Queue.Declare, queue=q, arguments={arg: value}, durable=True)
+    )
     if ok:
         client.expect_method(commands.Queue.DeclareOk, 1)
     else:

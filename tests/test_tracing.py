@@ -70,7 +70,7 @@ def test_off_unless_configured(trace_dir: Path) -> None:
     with run_broker(trace_dir=str(trace_dir)) as broker:
         conn = connect(broker)
         ch = conn.channel()
-        ch.queue_declare("q")
+        ch.queue_declare("q", durable=True)
         ch.basic_publish("", "q", b"x")
         assert ch.basic_get("q", auto_ack=True)[2] == b"x"
         conn.close()
@@ -82,7 +82,7 @@ def test_one_message_from_publish_to_ack(traced: RunningBroker, trace_dir: Path)
     conn = connect(traced)
     ch = conn.channel()
     ch.confirm_delivery()
-    ch.queue_declare("orders")
+    ch.queue_declare("orders", durable=True)
     before = time.time()
     props = pika.BasicProperties(message_id="order-1", correlation_id="c-9", delivery_mode=2)
     ch.basic_publish("", "orders", b"hello", props)
@@ -124,10 +124,12 @@ def test_fan_out_and_dead_letter_copies_keep_the_id(traced: RunningBroker, trace
     conn = connect(traced)
     ch = conn.channel()
     ch.exchange_declare("fan", "fanout")
-    ch.queue_declare("dlq")
-    ch.queue_declare("a")
+    ch.queue_declare("dlq", durable=True)
+    ch.queue_declare("a", durable=True)
     ch.queue_declare(
-        "b", arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}
+        "b",
+        arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"},
+        durable=True,
     )
     ch.queue_bind("a", "fan")
     ch.queue_bind("b", "fan")
@@ -153,7 +155,7 @@ def test_fan_out_and_dead_letter_copies_keep_the_id(traced: RunningBroker, trace
 def test_why_messages_come_back(traced: RunningBroker, trace_dir: Path) -> None:
     conn = connect(traced)
     ch = conn.channel()
-    ch.queue_declare("w")
+    ch.queue_declare("w", durable=True)
     for i in range(3):
         ch.basic_publish("", "w", str(i).encode())
     method, _, _ = ch.basic_get("w")
@@ -190,7 +192,7 @@ def test_every_kind_of_ack_names_exactly_its_deliveries(
     """Single, multiple (with and without gaps), tag 0 and acks in a transaction."""
     conn = connect(traced)
     ch = conn.channel()
-    ch.queue_declare("acks")
+    ch.queue_declare("acks", durable=True)
     for i in range(12):
         ch.basic_publish("", "acks", str(i).encode())
     tags = [ch.basic_get("acks")[0].delivery_tag for _ in range(12)]
@@ -219,7 +221,7 @@ def test_every_kind_of_ack_names_exactly_its_deliveries(
 def test_missed_heartbeats_are_a_lost_connection(traced: RunningBroker, trace_dir: Path) -> None:
     conn = connect(traced)
     ch = conn.channel()
-    ch.queue_declare("hb")
+    ch.queue_declare("hb", durable=True)
     ch.basic_publish("", "hb", b"x")
     raw = RawClient.connect((traced.host, traced.port), heartbeat=1)
     raw.send_method(1, build(commands.Basic.Get, queue="hb", no_ack=False))
@@ -254,8 +256,8 @@ def test_consumer_timeout(traced: RunningBroker, trace_dir: Path) -> None:
 def test_expiry_retry_limits_and_deletion(traced: RunningBroker, trace_dir: Path) -> None:
     conn = connect(traced)
     ch = conn.channel()
-    ch.queue_declare("ttl", arguments={"x-message-ttl": 30})
-    ch.queue_declare("dead")
+    ch.queue_declare("ttl", arguments={"x-message-ttl": 30}, durable=True)
+    ch.queue_declare("dead", durable=True)
     ch.queue_declare(
         "ttl-dlx",
         arguments={
@@ -263,12 +265,13 @@ def test_expiry_retry_limits_and_deletion(traced: RunningBroker, trace_dir: Path
             "x-dead-letter-exchange": "",
             "x-dead-letter-routing-key": "dead",
         },
+        durable=True,
     )
     retry = {**QUORUM, "x-delayed-retry-type": "failed", "x-delayed-retry-min": 40}
     ch.queue_declare("retry", durable=True, arguments=retry)
-    ch.queue_declare("short", arguments={"x-max-length": 1})
-    ch.queue_declare("gone")
-    ch.queue_declare("unused", arguments={"x-expires": 50})
+    ch.queue_declare("short", arguments={"x-max-length": 1}, durable=True)
+    ch.queue_declare("gone", durable=True)
+    ch.queue_declare("unused", arguments={"x-expires": 50}, durable=True)
     for queue in ("ttl", "ttl-dlx", "retry", "short", "short", "gone"):
         ch.basic_publish("", queue, b"x")
     ch.basic_publish("", "nowhere", b"x", mandatory=True)
@@ -295,7 +298,7 @@ def test_a_full_buffer_drops_and_counts(trace_dir: Path) -> None:
     with run_broker(trace_enabled=True, trace_dir=str(trace_dir), trace_buffer=10) as broker:
         conn = connect(broker)
         ch = conn.channel()
-        ch.queue_declare("burst")
+        ch.queue_declare("burst", durable=True)
         for _ in range(300):  # one socket read: the writer cannot drain in between
             ch.basic_publish("", "burst", b"x")
         conn.process_data_events(0.3)
@@ -318,7 +321,7 @@ def test_a_stalled_writer_never_stalls_the_broker(trace_dir: Path) -> None:
         try:
             conn = connect(broker)
             ch = conn.channel()
-            ch.queue_declare("stalled")
+            ch.queue_declare("stalled", durable=True)
             ch.confirm_delivery()
             for _ in range(20_000):  # ~3 MB of events: more than the pipe and the buffer
                 ch.basic_publish("", "stalled", b"x")
@@ -342,7 +345,7 @@ def test_a_dead_writer_costs_the_trace_not_the_broker(trace_dir: Path) -> None:
     with run_broker(trace_enabled=True, trace_dir=str(trace_dir)) as broker:
         conn = connect(broker)
         ch = conn.channel()
-        ch.queue_declare("orphan")
+        ch.queue_declare("orphan", durable=True)
         ch.basic_publish("", "orphan", b"before")
         read_trace(broker, trace_dir)
         child = broker.call(lambda: broker.server.broker.tracing.writer._child)
@@ -364,7 +367,7 @@ def test_files_rotate_by_size_and_lines_stay_whole(trace_dir: Path) -> None:
     with run_broker(trace_enabled=True, trace_dir=str(trace_dir), trace_rotate_size=3000) as broker:
         conn = connect(broker)
         ch = conn.channel()
-        ch.queue_declare("r")
+        ch.queue_declare("r", durable=True)
         for i in range(40):
             ch.basic_publish("", "r", b"x")
             if i % 5 == 0:
@@ -382,7 +385,7 @@ def test_only_the_configured_vhosts(trace_dir: Path) -> None:
         for view in (b, orders):
             conn = connect(view)
             ch = conn.channel()
-            ch.queue_declare("q")
+            ch.queue_declare("q", durable=True)
             ch.basic_publish("", "q", b"x")
             conn.close()
         events = read_trace(b, trace_dir)
@@ -409,7 +412,7 @@ def test_on_and_off_at_run_time(trace_dir: Path) -> None:
         def publish(body: bytes) -> None:
             conn = connect(broker)
             ch = conn.channel()
-            ch.queue_declare("q")
+            ch.queue_declare("q", durable=True)
             ch.basic_publish("", "q", body)
             conn.close()
 
@@ -442,14 +445,14 @@ def test_reused_names_and_a_new_writer_keep_events_right(trace_dir: Path) -> Non
         tracing = broker.server.broker.tracing
         conn = connect(broker)
         first = conn.channel()
-        first.queue_declare("a")
+        first.queue_declare("a", durable=True)
         first.basic_publish("", "a", b"1")
         first.close()
         second = conn.channel()  # pika reuses the lowest free number
         assert second.channel_number == first.channel_number
         second.queue_delete("a")
-        second.queue_declare("a")
-        second.queue_declare("b")
+        second.queue_declare("a", durable=True)
+        second.queue_declare("b", durable=True)
         second.basic_publish("", "b", b"2")
         got: list[int] = []
         second.basic_consume("b", lambda c, m, p, b: got.append(m.delivery_tag), consumer_tag="x")
@@ -499,9 +502,9 @@ def test_config_keys() -> None:
 def test_firehose_copies_publishes_and_deliveries_as_rabbitmq_does(traced: RunningBroker) -> None:
     conn = connect(traced)
     ch = conn.channel()
-    ch.queue_declare("fh.sink")
+    ch.queue_declare("fh.sink", durable=True)
     ch.queue_bind("fh.sink", "amq.rabbitmq.trace", "#")
-    ch.queue_declare("fh.work")
+    ch.queue_declare("fh.work", durable=True)
     props = pika.BasicProperties(
         content_type="text/plain", delivery_mode=2, priority=3, headers={"a": 1},
         message_id="m1", timestamp=1700000000,

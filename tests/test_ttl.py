@@ -51,7 +51,7 @@ def dlq(client: RawClient, janitor: Janitor, name: str) -> str:
     exchange = janitor.exchange(f"{name}.dlx")
     queue = janitor.queue(f"{name}.dlq")
     client.declare_exchange(1, exchange, "fanout")
-    client.declare_queue(1, queue)
+    client.declare_queue(1, queue, durable=True)
     client.bind_queue(1, queue, exchange)
     client.channel_open(2)
     client.consume(2, queue, consumer_tag="dlq", no_ack=True)
@@ -64,7 +64,7 @@ def ttl_queue(
     args = dict(arguments)
     if dlx is not None:
         args["x-dead-letter-exchange"] = dlx
-    return str(c.declare_queue(1, janitor.queue(name), arguments=args).queue)
+    return str(c.declare_queue(1, janitor.queue(name), arguments=args, durable=True).queue)
 
 
 def invalid_arg(arg: str, queue: str, detail: str) -> str:
@@ -82,7 +82,7 @@ def test_ttl_argument_of_any_integer_type(
 ) -> None:
     q = janitor.queue(name)
     table = raw_table([("x-message-ttl", fv(tag, 20)), ("x-dead-letter-exchange", fv("S", dlq))])
-    client.send_method_raw(1, 50, 10, b"\x00\x00" + shortstr(q) + b"\x00" + table)
+    client.send_method_raw(1, 50, 10, b"\x00\x00" + shortstr(q) + b"\x02" + table)  # durable
     client.expect_method(commands.Queue.DeclareOk, 1)
     publish(client, q, b"short-lived")
     d = client.read_delivery(2)  # the integer was read as 20 ms: the message expired
@@ -119,7 +119,7 @@ def test_ttl_and_expires_ceiling_is_ten_years(
     client: RawClient, janitor: Janitor, name: str, arg: str
 ) -> None:
     q = janitor.queue(name)
-    client.declare_queue(1, q, arguments={arg: TEN_YEARS_MS})
+    client.declare_queue(1, q, arguments={arg: TEN_YEARS_MS}, durable=True)
     client.delete_queue(1, q)
     too_long = TEN_YEARS_MS + 1
     assert declare_refused(client, q, {arg: too_long}) == (
@@ -461,7 +461,7 @@ def test_expired_queue_cancels_nothing_and_can_be_declared_again(
     start = time.monotonic()
     q = ttl_queue(client, janitor, name, **{"x-expires": 50})
     deleted_after(client, q, start)
-    assert client.declare_queue(1, q, arguments={"x-expires": 50}).message_count == 0
+    assert client.declare_queue(1, q, arguments={"x-expires": 50}, durable=True).message_count == 0
 
 
 def test_get_skips_an_expired_head(
@@ -494,5 +494,7 @@ def test_declare_ok_counts_only_unexpired(
     publish(client, q, b"1", b"2")
     for _ in range(2):
         client.read_delivery(2)
-    ok = client.declare_queue(1, q, arguments={"x-message-ttl": 40, "x-dead-letter-exchange": dlq})
+    ok = client.declare_queue(
+        1, q, arguments={"x-message-ttl": 40, "x-dead-letter-exchange": dlq}, durable=True
+    )
     assert ok.message_count == 0

@@ -100,7 +100,7 @@ def test_bad_credentials_are_77(warren: RunningBroker) -> None:
 def test_bad_arguments_are_64(
     warren: RunningBroker, api: HttpApi, args: list[str], message: str
 ) -> None:
-    api.ok("PUT", "/api/queues/%2F/ctl-columns")
+    api.ok("PUT", "/api/queues/%2F/ctl-columns", {"durable": True})
     result = ctl(warren, *args)
     assert result.returncode == 64, result.stderr
     assert result.stderr.count("\n") == 1
@@ -291,7 +291,7 @@ def test_exchange_binding_connection_channel_consumer_lists(
     warren: RunningBroker, api: HttpApi
 ) -> None:
     api.ok("PUT", "/api/exchanges/%2F/ctl-x", {"type": "topic"})
-    api.ok("PUT", "/api/queues/%2F/ctl-bq")
+    api.ok("PUT", "/api/queues/%2F/ctl-bq", {"durable": True})
     api.ok("POST", "/api/bindings/%2F/e/ctl-x/q/ctl-bq", {"routing_key": "a.#"})
     assert ["ctl-x", "topic"] in rows(ok(warren, "list_exchanges"))
     bindings = rows(ok(warren, "list_bindings"))

@@ -244,6 +244,10 @@ def put_vhost(mgmt: Management, name: str, body: dict[str, Any]) -> bool:
     meta.description = description
     meta.tags = list(parse_tags(tags or []))
     meta.default_queue_type = queue_type if isinstance(queue_type, str) else None
+    default = mgmt.broker.settings.default_queue_type  # unless the vhost names a known type
+    if meta.default_queue_type in ("classic", "quorum"):
+        default = meta.default_queue_type
+    mgmt.broker.vhosts[name].default_queue_type = default
     meta.tracing = parse_bool(body.get("tracing"))
     return not existed
 

@@ -37,7 +37,8 @@ from warren.broker.management.formats import (
 from warren.broker.management.overview import API_VERSION
 from warren.broker.management.policies import set_policy
 from warren.config import ConfigError
-from warren.protocol.errors import AMQPError
+from warren.protocol.constants import INTERNAL_ERROR
+from warren.protocol.errors import AMQPError, ConnectionError_
 
 if TYPE_CHECKING:
     from warren.broker.management.core import Management
@@ -117,14 +118,16 @@ def export(mgmt: Management, only: str | None = None) -> dict[str, Any]:
     vhosts = []
     for name in names:
         meta = mgmt.meta(name)
-        vhosts.append(
-            {
-                "name": name,
-                "description": meta.description,
-                "tags": list(meta.tags),
-                "metadata": {"description": meta.description, "tags": list(meta.tags)},
-            }
-        )
+        entry: dict[str, Any] = {
+            "name": name,
+            "description": meta.description,
+            "tags": list(meta.tags),
+            "metadata": {"description": meta.description, "tags": list(meta.tags)},
+        }
+        if meta.default_queue_type:  # RabbitMQ 4.x exports it, also inside metadata
+            entry["default_queue_type"] = meta.default_queue_type
+            entry["metadata"]["default_queue_type"] = meta.default_queue_type
+        vhosts.append(entry)
     return {
         "rabbit_version": API_VERSION,
         "rabbitmq_version": API_VERSION,
@@ -183,7 +186,14 @@ def _import_queue(mgmt: Management, item: dict[str, Any], only: str | None) -> N
     name = _name(item)
     if name.startswith("amq.") or name in vhost.queues:
         return
-    operations.declare_queue(mgmt, vhost, name, item, None)
+    # RabbitMQ 4.3 (rabbit_definitions:add_queue_int/3): durable unless the file says not,
+    # and a queue refused as a deprecated feature is skipped (declare's result is ignored)
+    try:
+        operations.declare_queue(mgmt, vhost, name, {"durable": True, **item}, None)
+    except ConnectionError_ as exc:
+        if exc.code != INTERNAL_ERROR:
+            raise
+        mgmt.broker.log.warning("definitions: queue skipped", vhost=vhost.name, queue=name)
 
 
 def _import_binding(mgmt: Management, item: dict[str, Any], only: str | None) -> None:

@@ -5,7 +5,8 @@ Fixtures:
 * ``warren_broker``: a broker of its own for each test, on 127.0.0.1 and a
   free port; ``.url``, ``.port``, ``.management_url``, ``.queue_depth(name)``,
   ``.queue_counts(name)``, ``.queues()``, ``.restart()``, ``.call(fn, ...)``.
-  ``@pytest.mark.warren(**settings)`` changes its settings for one test.
+  ``@pytest.mark.warren(**settings)`` changes its settings for one test, e.g.
+  ``deprecated_features_permit={"global_qos": True}`` for RabbitMQ 3.x's behaviour.
 * ``warren_broker_session``: one broker for the whole session, and a fresh
   vhost for each test (deleted afterwards); the same attributes, with
   ``.url`` and the queue helpers pointing at that vhost.
@@ -99,6 +100,9 @@ def _changes(config: pytest.Config, **changes: Any) -> dict[str, Any]:
 
     if config.getini("warren_management"):
         changes.setdefault("management_port", 0)
+    permits = changes.get("deprecated_features_permit")
+    if isinstance(permits, dict):  # @pytest.mark.warren(deprecated_features_permit={...})
+        changes["deprecated_features_permit"] = tuple(permits.items())
     try:
         load_settings(environ={}, overrides=changes)
     except ConfigError as exc:
