@@ -66,6 +66,10 @@ class Settings:
     trace_rotate_size: int = 64 * 1024 * 1024  # bytes
     trace_rotate_interval: int = 3600  # seconds
     trace_buffer: int = 262144  # events held for the writer; past this they are dropped
+    # the test kit (docs/test-kit.md): broker time "real" or "manual" (warren.clock), and
+    # the /api/warren/* test endpoints, which also record what happens (warren.test_api)
+    clock: str = "real"
+    test_api: bool = False
     # keys of a real rabbitmq.conf that Warren accepts but does not use
     ignored_keys: tuple[str, ...] = field(default=(), compare=False)
     # the files these settings were read from, in the order they were applied

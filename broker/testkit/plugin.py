@@ -4,8 +4,11 @@ Fixtures:
 
 * ``warren_broker``: a broker of its own for each test, on 127.0.0.1 and a
   free port; ``.url``, ``.port``, ``.management_url``, ``.queue_depth(name)``,
-  ``.queue_counts(name)``, ``.queues()``, ``.restart()``, ``.call(fn, ...)``.
-  ``@pytest.mark.warren(**settings)`` changes its settings for one test.
+  ``.queue_counts(name)``, ``.queues()``, ``.restart()``, ``.call(fn, ...)``,
+  and the test kit (docs/test-kit.md): ``.clock``, ``.published()``,
+  ``.outcomes(queue)``, ``.reset()``, ``.wait_for(predicate)``.
+  ``@pytest.mark.warren(**settings)`` changes its settings for one test
+  (``clock="manual"``: broker time moves only with ``.clock.advance(seconds)``).
 * ``warren_broker_session``: one broker for the whole session, and a fresh
   vhost for each test (deleted afterwards); the same attributes, with
   ``.url`` and the queue helpers pointing at that vhost.
@@ -67,7 +70,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "warren(**settings): config.Settings fields for this test's warren_broker, "
-        "e.g. @pytest.mark.warren(consumer_timeout=500, max_message_size=1024)",
+        "e.g. @pytest.mark.warren(consumer_timeout=500, clock='manual')",
     )
 
 
@@ -99,6 +102,10 @@ def _changes(config: pytest.Config, **changes: Any) -> dict[str, Any]:
 
     if config.getini("warren_management"):
         changes.setdefault("management_port", 0)
+    if changes.get("clock", "real") not in ("real", "manual"):
+        raise pytest.UsageError(
+            f"warren: clock: expected 'real' or 'manual', got {changes['clock']!r}"
+        )
     try:
         load_settings(environ={}, overrides=changes)
     except ConfigError as exc:
