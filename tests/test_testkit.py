@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -571,3 +572,50 @@ def test_warren_server_does_not_record() -> None:
     assert Broker(Settings(data_dir=None, test_api=True)).recording is not None
     with run_broker(record=False) as broker:
         assert broker.call(lambda: broker.server.broker.recording) is None
+
+
+# --------------------------------------------------------------------------
+# recording and the lifecycle trace share the engine's hook
+
+
+def test_recording_and_tracing_together(tmp_path: Path) -> None:
+    from tests.test_tracing import of, read_trace
+
+    trace_dir = tmp_path / "trace"
+    with run_broker(trace_enabled=True, trace_dir=str(trace_dir)) as broker:
+        conn = connect(broker)
+        try:
+            ch = conn.channel()
+            ch.queue_declare("q")
+            ch.confirm_delivery()
+            ch.basic_publish("", "q", b"both")
+            _, _, body = ch.basic_get("q", auto_ack=True)
+            assert body == b"both"
+        finally:
+            conn.close()
+        assert [p.body for p in broker.published()] == [b"both"]
+        events = read_trace(broker, trace_dir)
+        (published,) = of(events, "published", rk="q")
+        assert published["msg"] == broker.published()[0].id  # one id for both records
+        tracing = broker.server.broker.tracing
+        vhost = broker.call(lambda: broker.server.broker.vhosts["/"])
+        assert broker.call(tracing.disable, vhost) is True
+        assert broker.call(tracing.disable, vhost) is False
+        assert broker.call(tracing.enable, vhost) is True  # behind the recorder again
+        assert broker.call(tracing.enable, vhost) is False
+        assert broker.published()[0].body == b"both"  # the record survived both
+
+
+def test_firehose_stays_off_while_only_recording(manual: RunningBroker) -> None:
+    conn = connect(manual)
+    try:
+        ch = conn.channel()
+        ch.queue_declare("fire")
+        ch.queue_bind("fire", "amq.rabbitmq.trace", "#")
+        ch.queue_declare("q")
+        ch.confirm_delivery()
+        ch.basic_publish("", "q", b"x")
+        assert ch.basic_get("q", auto_ack=True)[2] == b"x"
+        assert manual.queue_depth("fire") == 0  # RabbitMQ: the firehose is on with trace_on
+    finally:
+        conn.close()
