@@ -182,8 +182,9 @@ class Recording:
         self.wakers: set[Callable[[], None]] = set()
 
     def attach(self, vhost: VirtualHost) -> None:
-        if vhost.name in self.recorders:
-            return
+        current = self.recorders.get(vhost.name)
+        if current is not None and current.host is vhost:
+            return  # (a recovered store makes its vhosts anew: those are attached again)
         recorder = Recorder(self, vhost, vhost.tracer)
         vhost.tracer = recorder
         self.recorders[vhost.name] = recorder

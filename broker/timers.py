@@ -78,6 +78,7 @@ class ManualTimers(Timers):
         self._wall_offset = time.time() - self._now
         self._heap: list[tuple[float, int, _ManualHandle]] = []
         self._order = itertools.count()  # equal deadlines fire in the order they were set
+        self.advanced = 0.0  # seconds advanced so far, over restarts too (fork)
 
     def now(self) -> float:
         return self._now
@@ -97,6 +98,7 @@ class ManualTimers(Timers):
         """The same time, no timers: for a broker that takes over (the test kit's restart)."""
         other = ManualTimers()
         other._now, other._wall_offset = self._now, self._wall_offset
+        other.advanced = self.advanced
         return other
 
     def next_due(self) -> float | None:
@@ -113,6 +115,7 @@ class ManualTimers(Timers):
         if seconds < 0:
             raise ValueError("time does not go back: seconds must be >= 0")
         target = self._now + seconds
+        self.advanced += seconds
         heap = self._heap
         fired = 0
         while heap and heap[0][0] <= target:

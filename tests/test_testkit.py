@@ -619,3 +619,22 @@ def test_firehose_stays_off_while_only_recording(manual: RunningBroker) -> None:
         assert manual.queue_depth("fire") == 0  # RabbitMQ: the firehose is on with trace_on
     finally:
         conn.close()
+
+
+def test_recording_with_a_data_dir_and_over_a_restart(tmp_path: Path) -> None:
+    """Recovery makes the vhosts anew: they are recorded too; a restart starts a new record
+    and keeps broker time where it was."""
+    with run_broker(data_dir=str(tmp_path), clock="manual") as broker:
+        conn = connect(broker)
+        ch = conn.channel()
+        ch.queue_declare("jobs", durable=True, arguments={"x-message-ttl": 3_600_000})
+        ch.confirm_delivery()
+        ch.basic_publish("", "jobs", b"j", pika.BasicProperties(delivery_mode=2))
+        assert [p.body for p in broker.published()] == [b"j"]
+        broker.clock.advance(1800)
+        broker.restart()
+        assert broker.clock.advanced == 1800
+        assert broker.published() == [] and broker.queue_depth("jobs") == 1
+        broker.clock.advance(1800)  # the TTL counts on from before the restart
+        assert broker.queue_depth("jobs") == 0
+        assert broker.outcome_names("jobs") == ["expired"]

@@ -8,6 +8,7 @@ path); administrators only. ``POST reset`` empties one vhost or all of them,
 
 from __future__ import annotations
 
+import datetime
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ from warren.broker.management import auth
 from warren.broker.management.app import Ctx, Router, json_response
 from warren.broker.management.errors import bad_request, not_found
 from warren.broker.recorder import reset_vhost
-from warren.broker.timers import ManualTimers
+from warren.broker.timers import ManualTimers, Timers
 
 if TYPE_CHECKING:
     from warren.broker.recorder import Recording
@@ -43,14 +44,22 @@ def reset(ctx: Ctx) -> web.StreamResponse:
     return json_response({"reset": result})
 
 
+def _time(clock: Timers) -> dict[str, Any]:
+    wall = clock.wall()
+    return {
+        "advanced": clock.advanced if isinstance(clock, ManualTimers) else 0,
+        "time": datetime.datetime.fromtimestamp(wall, datetime.UTC).isoformat(),
+        "wall": wall,
+    }
+
+
 def clock_status(ctx: Ctx) -> web.StreamResponse:
     clock = ctx.mgmt.broker.clock
     manual = isinstance(clock, ManualTimers)
     return json_response(
         {
             "clock": "manual" if manual else "real",
-            "now": clock.now(),
-            "wall": clock.wall(),
+            **_time(clock),
             "next_due": clock.next_due() if isinstance(clock, ManualTimers) else None,
         }
     )
@@ -69,7 +78,7 @@ def clock_advance(ctx: Ctx) -> web.StreamResponse:
     ):
         raise bad_request('seconds: expected a number >= 0, e.g. {"seconds": 60}')
     fired = clock.advance(seconds)
-    return json_response({"fired": fired, "now": clock.now(), "wall": clock.wall()})
+    return json_response({"fired": fired, **_time(clock)})
 
 
 def published(ctx: Ctx) -> web.StreamResponse:

@@ -423,6 +423,12 @@ class Clock:
         """Broker time as seconds since the epoch (what x-death's ``time`` shows)."""
         return self._broker.call(lambda: self._broker.server.broker.clock.wall())
 
+    @property
+    def advanced(self) -> float:
+        """Seconds advanced so far (0 with the real clock)."""
+        manual = self._broker._engine.manual
+        return manual.advanced if manual is not None else 0.0
+
     def advance(self, seconds: float) -> int:
         """Move broker time on by ``seconds`` and, before returning, fire everything that
         falls due, in deadline order (the frames it sends are on their way on return);
