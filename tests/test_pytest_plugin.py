@@ -366,6 +366,10 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
+def test_readme_example_is_the_one_tested() -> None:
+    assert README_EXAMPLE.strip() in (ROOT / "README.md").read_text()
+
+
 def test_plugin_fixtures_in_another_project(project: pytest.Pytester) -> None:
     project.makepyfile(test_readme=README_EXAMPLE, test_plugin=PLUGIN_TESTS)
     result = project.runpytest_subprocess("-p", "no:cacheprovider")
