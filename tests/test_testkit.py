@@ -638,3 +638,48 @@ def test_recording_with_a_data_dir_and_over_a_restart(tmp_path: Path) -> None:
         broker.clock.advance(1800)  # the TTL counts on from before the restart
         assert broker.queue_depth("jobs") == 0
         assert broker.outcome_names("jobs") == ["expired"]
+
+
+async def test_acks_rejects_and_timeouts_recorded_with_aio_pika_on_another_loop(
+    manual: RunningBroker,
+) -> None:
+    """The threaded broker (as the fixtures run it) and aio-pika on the test's own loop:
+    wait_for_async wakes across threads."""
+    connection = await aio_pika.connect(manual.url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        await channel.set_qos(prefetch_count=10)
+        queue = await channel.declare_queue(
+            "tasks",
+            durable=True,
+            arguments={**QUORUM, "x-consumer-timeout": 60_000},
+        )
+        for body in (b"ok", b"bad", b"slow"):
+            await channel.default_exchange.publish(aio_pika.Message(body), routing_key="tasks")
+        received: list[aio_pika.abc.AbstractIncomingMessage] = []
+
+        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            received.append(message)
+            if message.body == b"ok":
+                await message.ack()
+            elif message.body == b"bad":
+                await message.reject(requeue=False)
+
+        tag = await queue.consume(on_message)
+        await manual.wait_for_async(
+            lambda: manual.outcome_names("tasks") == ["acked", "rejected", "unacked"]
+        )
+        manual.clock.advance(60)  # the one-minute consumer timeout of "slow"
+        outcomes = manual.outcomes("tasks")
+        assert [(o.body, o.outcome, o.consumer_tag) for o in outcomes] == [
+            (b"ok", "acked", tag),
+            (b"bad", "rejected", tag),
+            (b"slow", "timed-out", tag),
+        ]
+        assert outcomes[2].timeout_ms == 60_000
+        assert [p.body for p in manual.published(routing_key="tasks")] == [
+            b"ok",
+            b"bad",
+            b"slow",
+        ]
+        assert channel.is_closed is False
