@@ -448,7 +448,9 @@ class MessageStore:
             if _FADVISE:
                 # a queue's next bodies mostly follow these: have the kernel read them in the
                 # background, so the next batch is a page-cache copy, not a wait for the disk
-                os.posix_fadvise(self._reader(segment), end, 2 * READ_AHEAD, os.POSIX_FADV_WILLNEED)
+                os.posix_fadvise(
+                    self._reader(segment), end, 2 * READ_AHEAD, os.POSIX_FADV_WILLNEED
+                )
             for msg in batch[start:stop]:
                 at = msg.store_offset - begin
                 unpage(msg, data[at : at + msg.body_size()])
