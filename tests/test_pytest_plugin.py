@@ -307,6 +307,12 @@ def test_marker_changes_settings(warren_broker):
     assert warren_broker.management_url is None
 
 
+@pytest.mark.warren(record=False)
+def test_marker_turns_recording_off(warren_broker):
+    with pytest.raises(RuntimeError, match="does not record"):
+        warren_broker.published()
+
+
 @pytest.mark.parametrize("n", [1, 2])
 async def test_session_vhosts_are_fresh(warren_broker_session, n):
     assert warren_broker_session.vhost != "/"
@@ -373,7 +379,7 @@ def test_readme_example_is_the_one_tested() -> None:
 def test_plugin_fixtures_in_another_project(project: pytest.Pytester) -> None:
     project.makepyfile(test_readme=README_EXAMPLE, test_plugin=PLUGIN_TESTS)
     result = project.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=9)
+    result.assert_outcomes(passed=10)
 
 
 def test_plugin_reads_its_ini_options(project: pytest.Pytester) -> None:
@@ -536,7 +542,7 @@ def test_installed_wheel_gives_the_fixture_to_another_project(tmp_path: Path) ->
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "11 passed" in result.stdout
+    assert "12 passed" in result.stdout
     # nothing but the one package (and its metadata) lands at the top of site-packages
     mine = {p.name for p in Path(site).iterdir()} - {"test-deps.pth", "_virtualenv.pth"}
     assert {n for n in mine if not n.startswith(("warren", "__pycache__"))} == set(), mine

@@ -8,7 +8,8 @@ Fixtures:
   and the test kit (docs/test-kit.md): ``.clock``, ``.published()``,
   ``.outcomes(queue)``, ``.reset()``, ``.wait_for(predicate)``.
   ``@pytest.mark.warren(**settings)`` changes its settings for one test
-  (``clock="manual"``: broker time moves only with ``.clock.advance(seconds)``).
+  (``clock="manual"``: broker time moves only with ``.clock.advance(seconds)``;
+  ``record=False``: nothing is recorded, for tests that push many messages).
 * ``warren_broker_session``: one broker for the whole session, and a fresh
   vhost for each test (deleted afterwards); the same attributes, with
   ``.url`` and the queue helpers pointing at that vhost.
@@ -140,8 +141,9 @@ def warren_broker(
             raise pytest.UsageError("@pytest.mark.warren takes keyword arguments only")
         marked.update(marker.kwargs)
     data_dir = _data_dir(request.config, _safe(request.node.name))
+    record = marked.pop("record", True)  # not a setting: the test kit's record (run_broker)
     changes = _changes(request.config, **{"data_dir": data_dir, **marked})
-    with run_broker(warren_settings, **changes) as broker:
+    with run_broker(warren_settings, record=record, **changes) as broker:
         yield broker
 
 
