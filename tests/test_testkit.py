@@ -683,3 +683,43 @@ async def test_acks_rejects_and_timeouts_recorded_with_aio_pika_on_another_loop(
             b"slow",
         ]
         assert channel.is_closed is False
+
+
+def test_delivery_limit_after_delayed_retries_pika(manual: RunningBroker) -> None:
+    conn = connect(manual)
+    try:
+        ch = conn.channel()
+        ch.queue_declare("dead")
+        ch.queue_declare(
+            "limited",
+            durable=True,
+            arguments={
+                **QUORUM,
+                "x-delivery-limit": 1,
+                "x-delayed-retry-type": "all",
+                "x-delayed-retry-min": 60_000,
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": "dead",
+            },
+        )
+        ch.confirm_delivery()
+        ch.basic_publish("", "limited", b"flaky")
+        method, _, _ = ch.basic_get("limited")
+        ch.basic_nack(method.delivery_tag, requeue=True)  # 1st failure: retried in a minute
+        assert ch.basic_get("limited") == (None, None, None)
+        manual.clock.advance(60)
+        method, props, _ = ch.basic_get("limited")
+        assert props.headers["x-delivery-count"] == 1
+        ch.basic_nack(method.delivery_tag, requeue=True)  # 2nd: past the limit
+        manual.wait_for(lambda: manual.outcome_names("dead") == ["ready"])
+        (outcome,) = manual.outcomes("limited")
+        assert (outcome.outcome, outcome.reason, outcome.count) == (
+            "dead-lettered",
+            "delivery_limit",
+            2,
+        )
+        assert outcome.history == [
+            "published", "got", "nacked", "retry-scheduled", "got", "nacked", "dead-lettered",
+        ]  # fmt: skip
+    finally:
+        conn.close()
