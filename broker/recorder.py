@@ -127,7 +127,9 @@ class Outcome:
         view.history = list(self.history)
         view._msg = None
         msg = self._msg
-        if self._got and self.outcome == "unacked" and msg is not None and msg.state == GONE:
+        # gone without ever getting a tag: no-ack (an unacked one keeps its tag)
+        got_no_ack = self._got and msg is not None and msg.state == GONE and msg.tag == 0
+        if got_no_ack and self.outcome == "unacked":
             view.outcome = "acked"
         return view
 

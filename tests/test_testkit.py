@@ -115,6 +115,7 @@ def test_x_expires_and_delayed_retry_follow_the_clock_pika(manual: RunningBroker
         manual.clock.advance(600)
         method, _, body = ch.basic_get("retrying", auto_ack=True)
         assert body == b"r" and method.redelivered
+        assert manual.outcome_names("retrying") == ["acked"]  # basic.get with no-ack
         assert "unused" in manual.queues()
         manual.clock.advance(24 * 3600)
         assert "unused" not in manual.queues()
