@@ -116,7 +116,7 @@ class Broker:
         from warren.broker.recorder import Recording
 
         if on and self.recording is None:
-            self.recording = Recording(self.tracing)
+            self.recording = Recording()
             for vhost in self.vhosts.values():
                 self.recording.attach(vhost)
         elif not on and self.recording is not None:

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from warren.broker.channel import Channel
     from warren.broker.consumer import Consumer
     from warren.broker.queue import Queue
-    from warren.broker.tracing import Tracing
     from warren.broker.vhost import VirtualHost
 
 
@@ -66,6 +65,7 @@ class Published:
     vhost: str
     mandatory: bool = False
     id: int = 0  # the message's id: its outcomes in each queue carry the same
+    order: int = field(default=0, repr=False)  # broker-wide publish order
 
     @property
     def properties(self) -> dict[str, Any]:
@@ -176,9 +176,9 @@ def _jsonable(value: Any) -> Any:
 class Recording:
     """The broker's recording switch: a Recorder per vhost, and who waits for news."""
 
-    def __init__(self, tracing: Tracing) -> None:
-        self.tracing = tracing
-        self.ids = itertools.count(1)
+    def __init__(self) -> None:
+        self.ids = itertools.count(1)  # message ids while no tracer gives them
+        self.order = itertools.count()
         self.recorders: dict[str, Recorder] = {}
         # called (on the broker's loop) after every recorded event: RunningBroker.wait_for
         self.wakers: set[Callable[[], None]] = set()
@@ -211,7 +211,7 @@ class Recording:
             recorder = self.recorders.get(name)
             if recorder is not None:
                 out.extend(recorder.publishes)
-        out.sort(key=_by_id)
+        out.sort(key=_by_order)
         return out
 
     def outcomes(self, vhost: str, queue: str) -> list[Outcome]:
@@ -221,8 +221,8 @@ class Recording:
         return [o.snapshot() for o in recorder.by_queue.get(queue, ())]
 
 
-def _by_id(p: Published) -> int:
-    return p.id
+def _by_order(p: Published) -> int:
+    return p.order
 
 
 class Recorder(Tracer):
@@ -276,7 +276,7 @@ class Recorder(Tracer):
         self.publishes.append(
             Published(
                 msg.exchange, msg.routing_key, msg.body, msg.properties, names, self.vhost,
-                mandatory, msg.trace_id,
+                mandatory, msg.trace_id, next(self.recording.order),
             )
         )  # fmt: skip
         for name in names:
