@@ -11,7 +11,7 @@ from warren.broker.alarms import ResourceMonitor
 from warren.broker.auth import AccessControl
 from warren.broker.deprecated import DeprecatedFeatures
 from warren.broker.persistence import Persistence
-from warren.broker.timers import Timers
+from warren.broker.timers import ManualTimers, Timers
 from warren.broker.tracing import Tracing
 from warren.broker.vhost import VirtualHost
 from warren.config import Settings
@@ -19,6 +19,7 @@ from warren.config import Settings
 if TYPE_CHECKING:
     from warren.broker.channel import Channel
     from warren.broker.connection import Connection
+    from warren.broker.recorder import Recording
 
 
 class BrokerStats:
@@ -58,9 +59,22 @@ class BrokerStats:
 
 
 class Broker:
-    def __init__(self, settings: Settings | None = None, timers: Timers | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        timers: Timers | None = None,
+        clock: Timers | None = None,
+    ) -> None:
         self.settings = settings or Settings()
-        self.timers = timers or Timers()
+        self.timers = timers or Timers()  # real time: connections and resource checks
+        if clock is None and self.settings.clock not in ("real", "manual"):
+            raise ValueError(f"clock: expected 'real' or 'manual', got {self.settings.clock!r}")
+        if clock is None:
+            clock = ManualTimers() if self.settings.clock == "manual" else self.timers
+        # broker time (broker/timers.py): what messages and queues wait for, in every vhost
+        self.clock: Timers = clock
+        # the test kit's record of what happened (broker/recorder.py); None: not recording
+        self.recording: Recording | None = None
         self.log: Any = structlog.get_logger("warren")
         self.deprecated = DeprecatedFeatures(self.settings.deprecated_features_permit, self.log)
         self.vhosts: dict[str, VirtualHost] = {}
@@ -78,6 +92,8 @@ class Broker:
         self.reply_channels: dict[str, Channel] = {}  # direct reply-to token -> channel
         self.tracing = Tracing(self.settings, self.timers)
         self._unopened_vhost: VirtualHost | None = None  # see default_vhost_obj
+        if settings.test_api:
+            self.record(True)
         self.add_vhost(settings.default_vhost)
         self.access.set_permissions(
             settings.default_user, settings.default_vhost, *settings.default_permissions
@@ -87,16 +103,31 @@ class Broker:
         vhost = self.vhosts.get(name)
         if vhost is None:
             vhost = self.vhosts[name] = VirtualHost(
-                name, self.timers, self.settings.consumer_timeout
+                name, self.clock, self.settings.consumer_timeout
             )
             vhost.persistence = self.persistence
             vhost.stats = self.stats
             vhost.deprecated = self.deprecated
             vhost.default_queue_type = self.settings.default_queue_type
             self.tracing.attach(vhost)
+            if self.recording is not None:
+                self.recording.attach(vhost)
             if persist and self.persistence is not None:
                 self.persistence.vhost_added(name)
         return vhost
+
+    def record(self, on: bool) -> Recording | None:
+        """Start (or stop) recording publishes and outcomes in every vhost (the test kit)."""
+        from warren.broker.recorder import Recording
+
+        if on and self.recording is None:
+            self.recording = Recording()
+            for vhost in self.vhosts.values():
+                self.recording.attach(vhost)
+        elif not on and self.recording is not None:
+            self.recording.close()
+            self.recording = None
+        return self.recording
 
     def open_store(self) -> None:
         """Open the data directory and rebuild what it holds (before listening)."""
@@ -121,6 +152,8 @@ class Broker:
         if vhost is None:
             return False
         self.tracing.disable(vhost)
+        if self.recording is not None:
+            self.recording.detach(vhost)
         for connection in list(self.connections):
             if connection.vhost is vhost:
                 connection.force_close(f"vhost '{name}' is deleted")

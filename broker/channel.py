@@ -486,15 +486,15 @@ class Channel:
     def on_basic_reject(self, method: BasicReject) -> None:
         msgs = self._take(method.delivery_tag, False)
         if self.tx:
-            self.tx_settles.append(("nack", msgs, method.requeue))
+            self.tx_settles.append(("reject", msgs, method.requeue))
             return
-        self._reject(msgs, method.requeue)
+        self._reject(msgs, method.requeue, rejected=True)
 
-    def _reject(self, msgs: list[Message], requeue: bool) -> None:
+    def _reject(self, msgs: list[Message], requeue: bool, rejected: bool = False) -> None:
         by_queue = self._group(msgs)
         for queue, group in by_queue.items():
             if (tracer := self.vhost.tracer) is not None:
-                tracer.nacked(queue, group, requeue)
+                tracer.nacked(queue, group, requeue, rejected)
             if requeue:
                 queue.return_unacked(group, "nack")
             else:
@@ -867,7 +867,7 @@ class Channel:
             if kind == "ack":
                 self._ack(msgs)
             else:
-                self._reject(msgs, requeue)
+                self._reject(msgs, requeue, kind == "reject")
         if store is not None and (store.published != stored_before or store.commits_waiting):
             store.after_sync(self._commit_synced)  # like a confirm: once the messages are on disk
             return

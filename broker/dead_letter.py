@@ -7,6 +7,7 @@ property keeps the publisher's bytes.
 from __future__ import annotations
 
 import datetime
+import time
 from typing import Any
 
 from warren.broker.message import Message
@@ -15,9 +16,17 @@ from warren.protocol.tables import decode_table, encode_value, join_entries, tab
 
 
 def dead_letter_copy(
-    msg: Message, queue: str, reason: str, exchange: str, routing_key: str
+    msg: Message,
+    queue: str,
+    reason: str,
+    exchange: str,
+    routing_key: str,
+    wall: float | None = None,
 ) -> tuple[Message, list[dict[str, Any]]]:
-    """Return the copy to route to the dead-letter exchange, and its x-death list."""
+    """Return the copy to route to the dead-letter exchange, and its x-death list.
+
+    ``wall``: the broker clock's time (seconds since the epoch) for x-death's ``time``.
+    """
     fields = split_properties(msg.properties)
     expiration = fields.pop("expiration", None)
     entries: dict[str, bytes] = {}
@@ -28,7 +37,9 @@ def dead_letter_copy(
         raw = entries["x-death"]
         if raw[:1] == b"A":
             deaths = _decode_array(raw)
-    now = datetime.datetime.now(tz=datetime.UTC).replace(microsecond=0)
+    now = datetime.datetime.fromtimestamp(
+        time.time() if wall is None else wall, tz=datetime.UTC
+    ).replace(microsecond=0)
     for i, death in enumerate(deaths):
         if death.get("queue") == queue and death.get("reason") == reason:
             death = deaths.pop(i)

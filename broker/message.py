@@ -58,7 +58,7 @@ class Message:
         self._headers: dict[str, Any] | None = None
         self.seq = 0
         self.redelivered = False
-        self.expires_at: float | None = None  # monotonic seconds
+        self.expires_at: float | None = None  # broker-clock seconds (vhost.timers.now())
         self.delivery_count = 0
         self.retries = 0  # delayed retries so far
         self.priority = 0  # read from the properties by priority queues only

@@ -187,7 +187,7 @@ class Persistence:
                 host.bind(source, target, routing_key, arguments, persist=False)
         self.messages.page_limit = broker.settings.queue_body_memory_limit
         stored = self.messages.recover()
-        now_wall, now_mono = time.time(), broker.timers.now()
+        now_wall, now_mono = broker.clock.wall(), broker.clock.now()
         by_queue: dict[Queue, list[Any]] = {}
         delayed: dict[int, Any] = {
             getattr(ex, "store_id", 0): ex

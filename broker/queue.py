@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -134,6 +133,7 @@ class Queue:
         self._had_consumers = False
         timers = vhost.timers
         self._now = timers.now
+        self._wall = timers.wall  # the store's deadlines: broker time, as the wall clock
         # per-message deadlines: (expires_at, seq, message), earliest first
         self._expiry: list[tuple[float, int, Message]] = []
         self._expiry_timer = Deadline(timers, self._expire_due)
@@ -246,7 +246,7 @@ class Queue:
         if self.store_id and is_persistent(msg.properties):
             store = self.message_store
             assert store is not None
-            store.publish(self.store_id, msg, time.time() + ttl / 1000 if ttl is not None else 0.0)
+            store.publish(self.store_id, msg, self._wall() + ttl / 1000 if ttl is not None else 0.0)
             limit = store.page_limit
             if limit is not None and self.ready_bytes - self.paged_bytes + len(msg.body) > limit:
                 store.page_later(msg)  # over the memory limit: its body leaves once on disk
@@ -482,7 +482,7 @@ class Queue:
             if msg.expires_at is not None:
                 self._track_expiry(msg)  # it may expire while it waits
             if msg.store_id:
-                self.message_store.state(msg, time.time() + delay)  # type: ignore[union-attr]
+                self.message_store.state(msg, self._wall() + delay)  # type: ignore[union-attr]
         if self._delayed:
             self._delay_timer.arm(self._delayed[0][0])
 

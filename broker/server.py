@@ -78,9 +78,10 @@ def tls_context(settings: Settings) -> ssl.SSLContext:
 class Server:
     """A broker with its TCP and TLS listeners on the running loop."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, clock: Timers | None = None) -> None:
         self.settings = settings
-        self.broker = Broker(settings, Timers(asyncio.get_running_loop()))
+        # ``clock``: broker time that outlives this server (the test kit's restart)
+        self.broker = Broker(settings, Timers(asyncio.get_running_loop()), clock)
         self.servers: list[asyncio.AbstractServer] = []
         self.tls_servers: list[asyncio.AbstractServer] = []  # kept apart: .addresses is AMQP
         self.management = Management(self.broker)

@@ -2,11 +2,20 @@
 
 Times are monotonic seconds (the event loop's clock). The engine arms at
 most one timer per queue and purpose, always at the earliest deadline.
+
+A broker has two: ``broker.timers`` is real time, for what keeps a connection alive
+(heartbeats, the handshake timeout, the close-ok wait) and for resource checks;
+``broker.clock`` (every ``vhost.timers``) is broker time, for everything a message or
+a queue waits for (TTL and expiration, x-expires, consumer timeouts, delayed retries,
+delivery limits). Both are one :class:`Timers` unless ``warren.clock = manual``: then
+``broker.clock`` is a :class:`ManualTimers`, which stands still until ``advance()``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -31,6 +40,10 @@ class Timers:
     def now(self) -> float:
         return self.loop.time() if self._loop is not None else time.monotonic()
 
+    def wall(self) -> float:
+        """Seconds since the epoch (timestamps a client sees: x-death's time)."""
+        return time.time()
+
     def call_at(self, when: float, callback: Callable[[], None]) -> TimerHandle:
         return self.loop.call_at(when, callback)
 
@@ -39,6 +52,87 @@ class Timers:
 
     def call_soon(self, callback: Callable[[], None]) -> TimerHandle:
         return self.loop.call_soon(callback)
+
+
+class _ManualHandle:
+    __slots__ = ("callback", "cancelled")
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ManualTimers(Timers):
+    """Broker time that stands still until :meth:`advance` (``warren.clock = manual``).
+
+    Timers wait in a heap, not on the loop; ``call_soon`` still goes to the loop,
+    since "now" needs no clock. Only the engine's loop may call these.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        super().__init__(loop)
+        self._now = time.monotonic()  # a plausible start; only differences matter
+        self._wall_offset = time.time() - self._now
+        self._heap: list[tuple[float, int, _ManualHandle]] = []
+        self._order = itertools.count()  # equal deadlines fire in the order they were set
+        self.advanced = 0.0  # seconds advanced so far, over restarts too (fork)
+
+    def now(self) -> float:
+        return self._now
+
+    def wall(self) -> float:
+        return self._now + self._wall_offset
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> TimerHandle:
+        handle = _ManualHandle(callback)
+        heapq.heappush(self._heap, (when, next(self._order), handle))
+        return handle
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:
+        return self.call_at(self._now + delay, callback)
+
+    def fork(self) -> ManualTimers:
+        """The same time, no timers: for a broker that takes over (the test kit's restart)."""
+        other = ManualTimers()
+        other._now, other._wall_offset = self._now, self._wall_offset
+        other.advanced = self.advanced
+        return other
+
+    def next_due(self) -> float | None:
+        """Seconds from now until the next timer falls due, None if none is set."""
+        heap = self._heap
+        while heap and heap[0][2].cancelled:
+            heapq.heappop(heap)
+        return max(heap[0][0] - self._now, 0.0) if heap else None
+
+    def advance(self, seconds: float) -> int:
+        """Move time on by ``seconds``, firing what falls due in deadline order; returns how
+        many fired. Each fires with ``now()`` at its own deadline, so timers it sets are
+        fired too if they fall due within the step."""
+        if seconds < 0:
+            raise ValueError("time does not go back: seconds must be >= 0")
+        target = self._now + seconds
+        self.advanced += seconds
+        heap = self._heap
+        fired = 0
+        while heap and heap[0][0] <= target:
+            when, _, handle = heapq.heappop(heap)
+            if handle.cancelled:
+                continue
+            handle.cancelled = True
+            self._now = max(self._now, when)
+            fired += 1
+            try:
+                handle.callback()
+            except Exception as exc:  # as the loop does: report it, go on with the others
+                self.loop.call_exception_handler(
+                    {"message": "exception in a manual-clock timer", "exception": exc}
+                )
+        self._now = target
+        return fired
 
 
 class Deadline:

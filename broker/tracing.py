@@ -282,7 +282,10 @@ class Tracer:
 
     # ---- settling ----
 
-    def nacked(self, queue: Queue, msgs: list[Message], requeue: bool) -> None:
+    def nacked(
+        self, queue: Queue, msgs: list[Message], requeue: bool, rejected: bool = False
+    ) -> None:
+        """basic.nack, or basic.reject (``rejected``: the trace writes both as nacked)."""
         if self._full(len(msgs)):
             return
         now, append, name = _mono(), self._put, queue.name
@@ -376,14 +379,7 @@ class Tracer:
     def channel_closed(self, channel: Channel) -> str:
         """The channel ends: say why, for its consumers; the reason the messages it returns
         are requeued with (Channel.close passes it on)."""
-        conn = channel.conn
-        reason = conn.close_reason
-        if conn.closing or (reason and reason != "missed heartbeats"):  # AMQP close, any side
-            why = "connection_closed"
-        elif conn.closed or conn.transport.is_closing():  # the socket went, or went quiet
-            why = "connection_lost"
-        else:
-            why = "channel_closed"
+        why = close_why(channel)
         for consumer in channel.consumers.values():
             self.consumer_cancelled(consumer, why)
         self._w.forget(channel)
@@ -415,6 +411,17 @@ class Tracer:
     def mark(self, event: str) -> None:
         if not self._full():
             self._put((MARK, _mono(), self.vhost, event))
+
+
+def close_why(channel: Channel) -> str:
+    """Why a channel ends: connection_closed, connection_lost or channel_closed."""
+    conn = channel.conn
+    reason = conn.close_reason
+    if conn.closing or (reason and reason != "missed heartbeats"):  # AMQP close, any side
+        return "connection_closed"
+    if conn.closed or conn.transport.is_closing():  # the socket went, or went quiet
+        return "connection_lost"
+    return "channel_closed"
 
 
 # ---- the writer: a timer on the loop here, a process for the formatting ----
@@ -864,7 +871,12 @@ class Tracing:
 
     def enable(self, vhost: VirtualHost) -> bool:
         """Start tracing ``vhost``; False if it already traces."""
-        if vhost.tracer is not None:
+        from warren.broker.recorder import Recorder
+
+        current = vhost.tracer
+        # the test kit's recorder stays in front and hands every event on to the tracer
+        recorder = current if isinstance(current, Recorder) else None
+        if current is not None and (recorder is None or recorder.inner is not None):
             return False
         if self.writer is None:
             settings = self.settings
@@ -876,18 +888,32 @@ class Tracing:
                 self.timers.loop,
             )
             self.writer.start()
-        vhost.tracer = Tracer(self.writer, vhost.name, vhost.exchanges[TRACE_EXCHANGE])
-        vhost.tracer.mark("trace_started")
+        tracer = Tracer(self.writer, vhost.name, vhost.exchanges[TRACE_EXCHANGE])
+        if recorder is not None:
+            recorder.inner = tracer
+            recorder.firehose = tracer.firehose
+        else:
+            vhost.tracer = tracer
+        tracer.mark("trace_started")
         self.traced[vhost.name] = vhost
         return True
 
     def disable(self, vhost: VirtualHost) -> bool:
         """Stop tracing ``vhost``; False if it did not trace."""
+        from warren.broker.recorder import NO_FIREHOSE, Recorder
+
         tracer = vhost.tracer
+        recorder = tracer if isinstance(tracer, Recorder) else None
+        if recorder is not None:
+            tracer = recorder.inner
         if tracer is None:
             return False
         tracer.mark("trace_stopped")
-        vhost.tracer = None
+        if recorder is not None:
+            recorder.inner = None
+            recorder.firehose = NO_FIREHOSE
+        else:
+            vhost.tracer = None
         self.traced.pop(vhost.name, None)
         return True
 

@@ -497,6 +497,7 @@ class VirtualHost:
             reason,
             dlx_name,
             routing_key if routing_key is not None else msg.routing_key,
+            self.timers.wall(),
         )
         targets = self.route(exchange, copy)
         if reason != "rejected":

@@ -390,6 +390,8 @@ _KEYS: Mapping[str, _Key] = {
     "trace.buffer": _Key(
         _int_between(1, None, "expected a positive integer (events)"), "trace_buffer"
     ),
+    "warren.clock": _Key(_choice("real", "manual"), "clock"),
+    "warren.test_api": _Key(_boolean, "test_api"),
 }
 
 # keys of the form "<family>.<name>", one entry per name

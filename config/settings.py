@@ -80,6 +80,10 @@ class Settings:
     # default_queue_type: the type of a queue declared without x-queue-type (RabbitMQ 4.x);
     # a vhost's own default_queue_type (management API, definitions) wins over it
     default_queue_type: str = "classic"
+    # the test kit (docs/test-kit.md): broker time "real" or "manual" (warren.clock), and
+    # the /api/warren/* test endpoints, which also record what happens (warren.test_api)
+    clock: str = "real"
+    test_api: bool = False
     # keys of a real rabbitmq.conf that Warren accepts but does not use
     ignored_keys: tuple[str, ...] = field(default=(), compare=False)
     # the files these settings were read from, in the order they were applied

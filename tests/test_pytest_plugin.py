@@ -249,18 +249,36 @@ async def test_run_broker_async_restart_and_vhost() -> None:
 # The README's example, verbatim: aio-pika against the fixture.
 README_EXAMPLE = """
 import aio_pika
+import pytest
 
 
-async def test_order_is_queued(warren_broker):
+@pytest.mark.warren(clock="manual")  # broker time moves only when the test moves it
+async def test_unpaid_order_expires_after_an_hour(warren_broker):
     connection = await aio_pika.connect(warren_broker.url)
     async with connection:
         channel = await connection.channel(publisher_confirms=True)
-        await channel.declare_queue("orders", durable=True)
+        expired = await channel.declare_queue("expired-orders")
+        await channel.declare_queue("orders", arguments={
+            "x-message-ttl": 3_600_000,  # an hour, then dead-lettered to expired-orders
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": "expired-orders",
+        })
         await channel.default_exchange.publish(
             aio_pika.Message(b'{"id": 1}'), routing_key="orders"
         )
+        assert [p.routed_to for p in warren_broker.published()] == [["orders"]]
 
-    assert warren_broker.queue_depth("orders") == 1
+        warren_broker.clock.advance(3600)  # the hour passes in about a millisecond
+        assert warren_broker.outcome_names("orders") == ["dead-lettered"]
+
+        message = await expired.get()
+        await message.ack()
+        await warren_broker.wait_for_async(  # waits on the broker's events, not a sleep
+            lambda: warren_broker.outcome_names("expired-orders") == ["acked"]
+        )
+
+    warren_broker.reset()  # a fresh broker on the same port, without a restart
+    assert warren_broker.queues() == {} and warren_broker.published() == []
 """
 
 PLUGIN_TESTS = """
@@ -304,6 +322,12 @@ def test_marker_permits_a_deprecated_feature(warren_broker):
     conn.close()
 
 
+@pytest.mark.warren(record=False)
+def test_marker_turns_recording_off(warren_broker):
+    with pytest.raises(RuntimeError, match="does not record"):
+        warren_broker.published()
+
+
 @pytest.mark.parametrize("n", [1, 2])
 async def test_session_vhosts_are_fresh(warren_broker_session, n):
     assert warren_broker_session.vhost != "/"
@@ -328,6 +352,30 @@ def test_one_broker_for_the_session_again(warren_broker_session, request):
 
 
 PORTS = pytest.StashKey()
+
+
+@pytest.mark.warren(clock="manual")
+def test_manual_clock_with_pika(warren_broker):
+    conn = pika.BlockingConnection(pika.URLParameters(warren_broker.url))
+    ch = conn.channel()
+    ch.queue_declare("q", arguments={"x-message-ttl": 60_000})
+    ch.confirm_delivery()
+    ch.basic_publish("", "q", b"m")
+    warren_broker.clock.advance(60)
+    assert [o.outcome for o in warren_broker.outcomes("q")] == ["expired"]
+    conn.close()
+
+
+def test_session_vhost_records_and_resets(warren_broker_session):
+    conn = pika.BlockingConnection(pika.URLParameters(warren_broker_session.url))
+    ch = conn.channel()
+    ch.queue_declare("q")
+    ch.confirm_delivery()
+    ch.basic_publish("", "q", b"m")
+    assert [p.body for p in warren_broker_session.published()] == [b"m"]
+    warren_broker_session.reset()
+    assert warren_broker_session.queues() == {}
+    assert warren_broker_session.published() == []
 """
 
 
@@ -339,10 +387,14 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
+def test_readme_example_is_the_one_tested() -> None:
+    assert README_EXAMPLE.strip() in (ROOT / "README.md").read_text()
+
+
 def test_plugin_fixtures_in_another_project(project: pytest.Pytester) -> None:
     project.makepyfile(test_readme=README_EXAMPLE, test_plugin=PLUGIN_TESTS)
     result = project.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=9)
+    result.assert_outcomes(passed=12)
 
 
 def test_plugin_reads_its_ini_options(project: pytest.Pytester) -> None:
@@ -443,6 +495,8 @@ def test_installed_wheel_gives_the_fixture_to_another_project(tmp_path: Path) ->
     venv.EnvBuilder(with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
     (wheel,) = wheels.glob("warren-*.whl")
+    # a PYTHONPATH to a checkout (with its warren.egg-info) makes pip think it is installed
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     subprocess.run(
         [
             sys.executable,
@@ -458,6 +512,7 @@ def test_installed_wheel_gives_the_fixture_to_another_project(tmp_path: Path) ->
         ],
         check=True,
         capture_output=True,
+        env=env,
     )
     # the dependencies (pytest, aio-pika, ...) come from this virtualenv, after the wheel's
     site = subprocess.run(
@@ -478,6 +533,8 @@ def test_installed_wheel_gives_the_fixture_to_another_project(tmp_path: Path) ->
     other.mkdir()
     (other / "pyproject.toml").write_text('[tool.pytest.ini_options]\nasyncio_mode = "auto"\n')
     (other / "test_readme.py").write_text(README_EXAMPLE)
+    # the test kit as a new user meets it: clock, published/outcomes, reset, in both fixtures
+    (other / "test_plugin.py").write_text(PLUGIN_TESTS)
     # the project's own modules named like Warren's folders stay the project's
     for name in ("config", "broker", "protocol", "pipeline"):
         (other / f"{name}.py").write_text(f"OWNER = 'other-project:{name}'\n")
@@ -491,7 +548,6 @@ def test_installed_wheel_gives_the_fixture_to_another_project(tmp_path: Path) ->
         "    for module in (broker, config, pipeline, protocol):\n"
         "        assert module.OWNER == 'other-project:' + module.__name__\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     result = subprocess.run(
         [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider"],
         cwd=other,
@@ -501,7 +557,7 @@ def test_installed_wheel_gives_the_fixture_to_another_project(tmp_path: Path) ->
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 passed" in result.stdout
+    assert "12 passed" in result.stdout
     # nothing but the one package (and its metadata) lands at the top of site-packages
     mine = {p.name for p in Path(site).iterdir()} - {"test-deps.pth", "_virtualenv.pth"}
     assert {n for n in mine if not n.startswith(("warren", "__pycache__"))} == set(), mine

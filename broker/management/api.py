@@ -17,7 +17,7 @@ from warren.broker.management.app import HttpSite, ManagementApp, Router
 from warren.broker.management.core import Management
 
 
-def build_router() -> Router:
+def build_router(test_api: bool = False) -> Router:
     router = Router()
     for module in (
         overview,
@@ -31,8 +31,12 @@ def build_router() -> Router:
         trace,
     ):
         module.routes(router)
+    if test_api:  # warren.test_api: without it these paths do not exist (404)
+        from warren.broker.management import testapi
+
+        testapi.routes(router)
     return router
 
 
 def management_app(mgmt: Management) -> HttpSite:
-    return HttpSite(ManagementApp(mgmt, build_router()).app)
+    return HttpSite(ManagementApp(mgmt, build_router(mgmt.broker.settings.test_api)).app)

@@ -18,7 +18,6 @@ import contextlib
 import os
 import queue
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -504,7 +503,7 @@ class MessageStore:
             queue_ = msg.queue
             queue_id = queue_.store_id if queue_ is not None else 0
             expires_wall = (
-                time.time() + (msg.expires_at - queue_.vhost.timers.now())
+                queue_.vhost.timers.wall() + (msg.expires_at - queue_.vhost.timers.now())
                 if msg.expires_at is not None and queue_ is not None else 0.0
             )  # fmt: skip
             # a paged-out body comes back for the copy (at most half a segment's worth) and

@@ -12,13 +12,21 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from warren.broker.testkit.runner import (
         BrokerRunner,
+        Clock,
         QueueDepth,
         RunningBroker,
         run_broker,
         run_broker_async,
     )
 
-__all__ = ["BrokerRunner", "QueueDepth", "RunningBroker", "run_broker", "run_broker_async"]
+__all__ = [
+    "BrokerRunner",
+    "Clock",
+    "QueueDepth",
+    "RunningBroker",
+    "run_broker",
+    "run_broker_async",
+]
 
 
 def __getattr__(name: str) -> Any:

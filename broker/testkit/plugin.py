@@ -4,9 +4,13 @@ Fixtures:
 
 * ``warren_broker``: a broker of its own for each test, on 127.0.0.1 and a
   free port; ``.url``, ``.port``, ``.management_url``, ``.queue_depth(name)``,
-  ``.queue_counts(name)``, ``.queues()``, ``.restart()``, ``.call(fn, ...)``.
-  ``@pytest.mark.warren(**settings)`` changes its settings for one test, e.g.
-  ``deprecated_features_permit={"global_qos": True}`` for RabbitMQ 3.x's behaviour.
+  ``.queue_counts(name)``, ``.queues()``, ``.restart()``, ``.call(fn, ...)``,
+  and the test kit (docs/test-kit.md): ``.clock``, ``.published()``,
+  ``.outcomes(queue)``, ``.reset()``, ``.wait_for(predicate)``.
+  ``@pytest.mark.warren(**settings)`` changes its settings for one test
+  (``deprecated_features_permit={"global_qos": True}`` for RabbitMQ 3.x's behaviour;
+  ``clock="manual"``: broker time moves only with ``.clock.advance(seconds)``;
+  ``record=False``: nothing is recorded, for tests that push many messages).
 * ``warren_broker_session``: one broker for the whole session, and a fresh
   vhost for each test (deleted afterwards); the same attributes, with
   ``.url`` and the queue helpers pointing at that vhost.
@@ -68,7 +72,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "warren(**settings): config.Settings fields for this test's warren_broker, "
-        "e.g. @pytest.mark.warren(consumer_timeout=500, max_message_size=1024)",
+        "e.g. @pytest.mark.warren(consumer_timeout=500, clock='manual')",
     )
 
 
@@ -103,6 +107,10 @@ def _changes(config: pytest.Config, **changes: Any) -> dict[str, Any]:
     permits = changes.get("deprecated_features_permit")
     if isinstance(permits, dict):  # @pytest.mark.warren(deprecated_features_permit={...})
         changes["deprecated_features_permit"] = tuple(permits.items())
+    if changes.get("clock", "real") not in ("real", "manual"):
+        raise pytest.UsageError(
+            f"warren: clock: expected 'real' or 'manual', got {changes['clock']!r}"
+        )
     try:
         load_settings(environ={}, overrides=changes)
     except ConfigError as exc:
@@ -137,8 +145,9 @@ def warren_broker(
             raise pytest.UsageError("@pytest.mark.warren takes keyword arguments only")
         marked.update(marker.kwargs)
     data_dir = _data_dir(request.config, _safe(request.node.name))
+    record = marked.pop("record", True)  # not a setting: the test kit's record (run_broker)
     changes = _changes(request.config, **{"data_dir": data_dir, **marked})
-    with run_broker(warren_settings, **changes) as broker:
+    with run_broker(warren_settings, record=record, **changes) as broker:
         yield broker
 
 

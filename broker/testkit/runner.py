@@ -11,6 +11,11 @@ Async (the broker runs on the current event loop; no thread)::
     async with run_broker() as broker:
         connection = await aio_pika.connect(broker.url)
 
+What happened is recorded (``published()``, ``outcomes(queue)``), ``reset()``
+empties the vhost in a millisecond, ``wait_for(predicate)`` waits on the broker's
+own events, and with ``clock="manual"`` broker time stands still until
+``clock.advance(seconds)`` (docs/test-kit.md).
+
 Keyword arguments are :class:`config.Settings` fields. Unless given as
 keywords, the AMQP listener is 127.0.0.1 on a free port, the management
 and Prometheus endpoints are off (``management_port=0`` turns management
@@ -24,15 +29,27 @@ import asyncio
 import contextlib
 import dataclasses
 import threading
+import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
 from warren.broker.server import Server
+from warren.broker.timers import ManualTimers
 from warren.config import Listener, Settings
 
-__all__ = ["BrokerRunner", "QueueDepth", "RunningBroker", "run_broker", "run_broker_async"]
+if TYPE_CHECKING:
+    from warren.broker.recorder import Outcome, Published, Recording
+
+__all__ = [
+    "BrokerRunner",
+    "Clock",
+    "QueueDepth",
+    "RunningBroker",
+    "run_broker",
+    "run_broker_async",
+]
 
 T = TypeVar("T")
 START_TIMEOUT = 10.0  # seconds; a start that takes longer is a failure, not a slow machine
@@ -51,15 +68,24 @@ class QueueDepth:
 class _Engine:
     """The state every view of one running broker shares: a restart swaps ``server``."""
 
-    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, settings: Settings, loop: asyncio.AbstractEventLoop, record: bool = True
+    ) -> None:
         self.settings = settings
         self.loop = loop
         # made on the loop's own thread: calls from there need no hop (RunningBroker.call)
         self.loop_thread = threading.get_ident()
         self.server: Server | None = None
+        self.record = record
+        # the manual clock belongs to the engine: a restart keeps broker time where it is
+        self.manual: ManualTimers | None = (
+            ManualTimers(loop) if settings.clock == "manual" else None
+        )
 
     async def start(self) -> Server:
-        server = Server(self.settings)
+        server = Server(self.settings, self.manual)
+        if self.record:
+            server.broker.record(True)
         try:
             await server.start()
         except BaseException:
@@ -83,6 +109,8 @@ class _Engine:
                 changes[endpoint] = port
         await old.stop()
         self.settings = self.settings.replace(**changes)
+        if self.manual is not None:  # the old broker's timers stay behind with it
+            self.manual = self.manual.fork()
         await self.start()
 
 
@@ -191,6 +219,130 @@ class RunningBroker:
         """:meth:`restart` for a broker started with ``async with``."""
         await self._engine.restart()
 
+    # ---- the test kit: clock, what happened, reset, waiting ----
+
+    @property
+    def clock(self) -> Clock:
+        """Broker time; with ``clock="manual"`` it moves only when the test advances it."""
+        return Clock(self)
+
+    @property
+    def recording(self) -> Recording:
+        recording = self.server.broker.recording
+        if recording is None:
+            raise RuntimeError("this broker does not record (run_broker(record=False))")
+        return recording
+
+    def published(
+        self, exchange: str | None = None, routing_key: str | None = None
+    ) -> list[Published]:
+        """What was published in this vhost since start or the last :meth:`reset`, in order.
+
+        Each has ``.exchange``, ``.routing_key``, ``.body`` (bytes), ``.properties``
+        (decoded, ``headers`` included), ``.headers``, ``.routed_to`` (queue names) and
+        ``.vhost``. ``exchange`` and ``routing_key`` filter when given.
+        """
+
+        def read() -> list[Published]:
+            return [
+                p
+                for p in self.recording.published(self.vhost)
+                if (exchange is None or p.exchange == exchange)
+                and (routing_key is None or p.routing_key == routing_key)
+            ]
+
+        return self.call(read)
+
+    def outcomes(self, queue: str) -> list[Outcome]:
+        """Every message that reached ``queue`` (since start or reset), in arrival order,
+        with ``.outcome`` (acked, nacked, rejected, requeued, expired, dead-lettered,
+        timed-out, dropped, ready, unacked) and its details."""
+        return self.call(lambda: self.recording.outcomes(self.vhost, queue))
+
+    def outcome_names(self, queue: str) -> list[str]:
+        """Just the ``.outcome`` of each message of ``queue``, in order (for asserts)."""
+        return [o.outcome for o in self.outcomes(queue)]
+
+    def reset(self, close_connections: bool = True) -> dict[str, int]:
+        """Back to a fresh vhost without a restart: same port, same URL, in about a millisecond.
+
+        Queues, messages, exchanges (the built-in ones stay), bindings, policies, limits
+        and the record go. Connections to this vhost are closed with 320
+        CONNECTION_FORCED, unless ``close_connections=False`` keeps them (consumers of
+        deleted queues then get basic.cancel). Broker time is not turned back.
+        Returns how many queues, exchanges, policies and connections went.
+        """
+        from warren.broker.recorder import reset_vhost
+
+        return self._run(lambda: reset_vhost(self.server.broker, self.vhost, close_connections))
+
+    def wait_for(self, predicate: Callable[[], T], timeout: float = 5.0, poll: float = 0.05) -> T:
+        """Return ``predicate()``'s value once it is true, re-checked after every broker
+        event (publish, delivery, ack, expiry...) and every ``poll`` seconds; TimeoutError
+        after ``timeout`` seconds. Threaded mode; ``await wait_for_async`` on the
+        broker's own loop."""
+        if threading.get_ident() == self._engine.loop_thread:
+            raise RuntimeError("on the broker's loop use `await broker.wait_for_async(...)`")
+        woke = threading.Event()
+        wake = woke.set
+        deadline = time.monotonic() + timeout
+        self.call(self.recording.wakers.add, wake)
+        try:
+            while True:
+                woke.clear()  # before the check: an event after it wakes the wait below
+                result = predicate()
+                if result:
+                    return result
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"the condition was not met within {timeout} s")
+                woke.wait(min(left, poll))
+        finally:
+            self.call(self.recording.wakers.discard, wake)
+
+    async def wait_for_async(
+        self, predicate: Callable[[], T], timeout: float = 5.0, poll: float = 0.05
+    ) -> T:
+        """:meth:`wait_for` for async tests, in either mode (the broker's loop or another)."""
+        loop = asyncio.get_running_loop()
+        woke = asyncio.Event()
+        if self.loop is loop:
+            wake: Callable[[], None] = woke.set
+        else:
+
+            def wake() -> None:
+                loop.call_soon_threadsafe(woke.set)
+
+        deadline = loop.time() + timeout
+        self.call(self.recording.wakers.add, wake)
+        try:
+            while True:
+                woke.clear()
+                result = predicate()
+                if result:
+                    return result
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise TimeoutError(f"the condition was not met within {timeout} s")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woke.wait(), min(left, poll))
+        finally:
+            self.call(self.recording.wakers.discard, wake)
+
+    def _run(self, fn: Callable[[], T]) -> T:
+        """``call``, and in threaded mode one more turn of the broker's loop after it,
+        so that the frames it wrote (basic.cancel, connection.close) are sent on return."""
+        if threading.get_ident() == self._engine.loop_thread:
+            return fn()
+
+        async def run() -> T:
+            result = fn()
+            await asyncio.sleep(0)
+            return result
+
+        future = asyncio.run_coroutine_threadsafe(run(), self.loop)
+        return future.result(timeout=10)
+
     # ---- vhosts ----
 
     def add_vhost(self, name: str) -> RunningBroker:
@@ -242,6 +394,57 @@ async def _call(fn: Callable[..., T], *args: Any) -> T:
     return fn(*args)
 
 
+class Clock:
+    """Broker time as a test sees it: what message TTLs, x-expires, consumer timeouts,
+    delayed retries and delivery limits wait for. Heartbeats and the handshake timeout
+    stay on real time, so advancing an hour never costs the test its connection."""
+
+    def __init__(self, broker: RunningBroker) -> None:
+        self._broker = broker
+
+    @property
+    def manual(self) -> bool:
+        return self._broker._engine.manual is not None
+
+    def _manual(self) -> ManualTimers:
+        manual = self._broker._engine.manual
+        if manual is None:
+            raise RuntimeError(
+                "broker time is real here: start the broker with clock='manual' "
+                "(@pytest.mark.warren(clock='manual'), run_broker(clock='manual'))"
+            )
+        return manual
+
+    def now(self) -> float:
+        """Broker time in seconds (monotonic: only differences mean something)."""
+        return self._broker.call(lambda: self._broker.server.broker.clock.now())
+
+    def wall(self) -> float:
+        """Broker time as seconds since the epoch (what x-death's ``time`` shows)."""
+        return self._broker.call(lambda: self._broker.server.broker.clock.wall())
+
+    @property
+    def advanced(self) -> float:
+        """Seconds advanced so far (0 with the real clock)."""
+        manual = self._broker._engine.manual
+        return manual.advanced if manual is not None else 0.0
+
+    def advance(self, seconds: float) -> int:
+        """Move broker time on by ``seconds`` and, before returning, fire everything that
+        falls due, in deadline order (the frames it sends are on their way on return);
+        returns how many timers fired. Manual clock only."""
+        manual = self._manual()
+        return self._broker._run(lambda: manual.advance(seconds))
+
+    def next_due(self) -> float | None:
+        """Seconds until the next broker timer falls due (None: none is set). Manual only."""
+        manual = self._manual()
+        return self._broker.call(manual.next_due)
+
+    def __repr__(self) -> str:
+        return f"<Clock {'manual' if self.manual else 'real'}>"
+
+
 def _new_loop() -> asyncio.AbstractEventLoop:
     try:
         import uvloop
@@ -254,9 +457,12 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 class BrokerRunner:
     """What :func:`run_broker` returns: use it with ``with`` or ``async with``."""
 
-    def __init__(self, settings: Settings | None, changes: dict[str, Any]) -> None:
+    def __init__(
+        self, settings: Settings | None, changes: dict[str, Any], record: bool = True
+    ) -> None:
         self._base = settings or Settings()
         self._changes = dict(changes)
+        self._record = record
         self._engine: _Engine | None = None
         self._thread: threading.Thread | None = None
         self._stop: asyncio.Event | None = None
@@ -284,7 +490,7 @@ class BrokerRunner:
         stop = asyncio.Event()
 
         async def main() -> None:
-            engine = _Engine(settings, loop)
+            engine = _Engine(settings, loop, self._record)
             await engine.start()
             self._engine = engine
             ready.set()
@@ -334,7 +540,7 @@ class BrokerRunner:
 
     async def __aenter__(self) -> RunningBroker:
         settings = self._settings()
-        engine = _Engine(settings, asyncio.get_running_loop())
+        engine = _Engine(settings, asyncio.get_running_loop(), self._record)
         await engine.start()
         self._engine = engine
         return RunningBroker(engine)
@@ -351,16 +557,22 @@ class BrokerRunner:
             engine.server = None
 
 
-def run_broker(settings: Settings | None = None, **changes: Any) -> BrokerRunner:
+def run_broker(
+    settings: Settings | None = None, *, record: bool = True, **changes: Any
+) -> BrokerRunner:
     """A broker for a test: ``with run_broker() as b`` (own thread) or ``async with`` (this loop).
 
     ``settings`` is the base (default: RabbitMQ's defaults); keyword arguments
-    are Settings fields that replace its values. See the module docstring for
-    the ports and data_dir chosen unless given as keywords.
+    are Settings fields that replace its values (``clock="manual"``: broker time
+    moves only with ``b.clock.advance``). See the module docstring for the ports
+    and data_dir chosen unless given as keywords. ``record=False``: no
+    ``published()``/``outcomes()``, the message path exactly as in production.
     """
-    return BrokerRunner(settings, changes)
+    return BrokerRunner(settings, changes, record)
 
 
-def run_broker_async(settings: Settings | None = None, **changes: Any) -> BrokerRunner:
+def run_broker_async(
+    settings: Settings | None = None, *, record: bool = True, **changes: Any
+) -> BrokerRunner:
     """The same as :func:`run_broker`; a name that says ``async with`` is meant."""
-    return BrokerRunner(settings, changes)
+    return BrokerRunner(settings, changes, record)
