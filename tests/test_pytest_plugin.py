@@ -257,8 +257,8 @@ async def test_unpaid_order_expires_after_an_hour(warren_broker):
     connection = await aio_pika.connect(warren_broker.url)
     async with connection:
         channel = await connection.channel(publisher_confirms=True)
-        expired = await channel.declare_queue("expired-orders")
-        await channel.declare_queue("orders", arguments={
+        expired = await channel.declare_queue("expired-orders", durable=True)
+        await channel.declare_queue("orders", durable=True, arguments={
             "x-message-ttl": 3_600_000,  # an hour, then dead-lettered to expired-orders
             "x-dead-letter-exchange": "",
             "x-dead-letter-routing-key": "expired-orders",
@@ -358,7 +358,7 @@ PORTS = pytest.StashKey()
 def test_manual_clock_with_pika(warren_broker):
     conn = pika.BlockingConnection(pika.URLParameters(warren_broker.url))
     ch = conn.channel()
-    ch.queue_declare("q", arguments={"x-message-ttl": 60_000})
+    ch.queue_declare("q", durable=True, arguments={"x-message-ttl": 60_000})
     ch.confirm_delivery()
     ch.basic_publish("", "q", b"m")
     warren_broker.clock.advance(60)
@@ -369,7 +369,7 @@ def test_manual_clock_with_pika(warren_broker):
 def test_session_vhost_records_and_resets(warren_broker_session):
     conn = pika.BlockingConnection(pika.URLParameters(warren_broker_session.url))
     ch = conn.channel()
-    ch.queue_declare("q")
+    ch.queue_declare("q", durable=True)
     ch.confirm_delivery()
     ch.basic_publish("", "q", b"m")
     assert [p.body for p in warren_broker_session.published()] == [b"m"]
@@ -557,7 +557,7 @@ def test_installed_wheel_gives_the_fixture_to_another_project(tmp_path: Path) ->
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "12 passed" in result.stdout
+    assert "14 passed" in result.stdout
     # nothing but the one package (and its metadata) lands at the top of site-packages
     mine = {p.name for p in Path(site).iterdir()} - {"test-deps.pth", "_virtualenv.pth"}
     assert {n for n in mine if not n.startswith(("warren", "__pycache__"))} == set(), mine

@@ -78,8 +78,8 @@ def test_one_hour_ttl_per_queue_and_per_message_pika(manual: RunningBroker) -> N
     conn = connect(manual)
     try:
         ch = conn.channel()
-        ch.queue_declare("hourly", arguments={"x-message-ttl": 3_600_000})
-        ch.queue_declare("plain")
+        ch.queue_declare("hourly", durable=True, arguments={"x-message-ttl": 3_600_000})
+        ch.queue_declare("plain", durable=True)
         ch.confirm_delivery()
         ch.basic_publish("", "hourly", b"a")
         ch.basic_publish("", "plain", b"b", pika.BasicProperties(expiration="3600000"))
@@ -100,9 +100,11 @@ def test_x_expires_and_delayed_retry_follow_the_clock_pika(manual: RunningBroker
     conn = connect(manual)
     try:
         ch = conn.channel()
-        ch.queue_declare("unused", arguments={"x-expires": 24 * 3_600_000})  # a day
+        ch.queue_declare("unused", durable=True, arguments={"x-expires": 24 * 3_600_000})  # a day
         ch.queue_declare(
-            "retrying", arguments={"x-delayed-retry-type": "all", "x-delayed-retry-min": 600_000}
+            "retrying",
+            durable=True,
+            arguments={"x-delayed-retry-type": "all", "x-delayed-retry-min": 600_000},
         )
         ch.basic_publish("", "retrying", b"r")
         method, _, _ = ch.basic_get("retrying")
@@ -139,7 +141,7 @@ def test_advancing_hours_keeps_the_connection_heartbeats_are_real_time(
         manual.clock.advance(3 * 3600)
         assert manual.clock.now() - before == pytest.approx(3 * 3600)
         conn.process_data_events(time_limit=0.05)
-        ch.queue_declare("still-here")
+        ch.queue_declare("still-here", durable=True)
         assert conn.is_open and ch.is_open
     finally:
         conn.close()
@@ -149,9 +151,10 @@ def test_x_death_time_is_broker_time(manual: RunningBroker) -> None:
     conn = connect(manual)
     try:
         ch = conn.channel()
-        ch.queue_declare("dlq")
+        ch.queue_declare("dlq", durable=True)
         ch.queue_declare(
             "src",
+            durable=True,
             arguments={
                 "x-message-ttl": 7_200_000,
                 "x-dead-letter-exchange": "",
@@ -190,13 +193,15 @@ def test_published_and_outcomes_exact_for_a_scripted_scenario_pika(
         ch = conn.channel()
         ch.exchange_declare("shop", "topic")
         ch.exchange_declare("dlx", "fanout")
-        ch.queue_declare("dead")
+        ch.queue_declare("dead", durable=True)
         ch.queue_bind("dead", "dlx")
         ch.queue_declare(
-            "work", arguments={"x-dead-letter-exchange": "dlx", "x-message-ttl": 600_000}
+            "work",
+            durable=True,
+            arguments={"x-dead-letter-exchange": "dlx", "x-message-ttl": 600_000},
         )
         ch.queue_bind("work", "shop", "order.created")
-        ch.queue_declare("plain")
+        ch.queue_declare("plain", durable=True)
         ch.queue_bind("plain", "shop", "order.paid")
         ch.queue_declare("slow", durable=True, arguments=QUORUM)
         ch.queue_bind("slow", "shop", "order.shipped")
@@ -279,9 +284,9 @@ def test_outcomes_of_consumers_auto_ack_maxlen_and_ready(manual: RunningBroker) 
     conn = connect(manual)
     try:
         ch = conn.channel()
-        ch.queue_declare("short", arguments={"x-max-length": 1})
-        ch.queue_declare("auto")
-        ch.queue_declare("held")
+        ch.queue_declare("short", durable=True, arguments={"x-max-length": 1})
+        ch.queue_declare("auto", durable=True)
+        ch.queue_declare("held", durable=True)
         ch.confirm_delivery()
         ch.basic_publish("", "short", b"old")
         ch.basic_publish("", "short", b"new")  # drop-head: "old" is dropped
@@ -317,7 +322,9 @@ async def test_clock_and_outcomes_with_aio_pika() -> None:
         async with connection:
             channel = await connection.channel()
             await channel.declare_queue("slow", durable=True, arguments=QUORUM)
-            await channel.declare_queue("hourly", arguments={"x-message-ttl": 3_600_000})
+            await channel.declare_queue(
+                "hourly", durable=True, arguments={"x-message-ttl": 3_600_000}
+            )
             await channel.default_exchange.publish(aio_pika.Message(b"job"), routing_key="slow")
             await channel.default_exchange.publish(aio_pika.Message(b"tick"), "hourly")
             queue = await channel.get_queue("slow")
@@ -341,7 +348,7 @@ async def test_wait_for_async_and_reset_with_aio_pika() -> None:
     async with run_broker() as broker:
         connection = await aio_pika.connect(broker.url)
         channel = await connection.channel()
-        queue = await channel.declare_queue("q")
+        queue = await channel.declare_queue("q", durable=True)
         await channel.default_exchange.publish(aio_pika.Message(b"m"), routing_key="q")
         message = await queue.get(no_ack=False)
         await message.ack()
@@ -372,7 +379,7 @@ def test_reset_with_100_queues(manual: RunningBroker) -> None:
     ch.exchange_declare("ex2", "fanout")
     ch.exchange_bind("ex2", "amq.direct", "k")
     for i in range(100):
-        ch.queue_declare(f"q{i}", arguments={"x-message-ttl": 60_000})
+        ch.queue_declare(f"q{i}", durable=True, arguments={"x-message-ttl": 60_000})
         ch.queue_bind(f"q{i}", "ex", f"k{i}")
         ch.basic_publish("ex", f"k{i}", b"m")
     ch.queue_bind("q0", "amq.topic", "#")
@@ -416,7 +423,7 @@ def test_reset_with_100_queues(manual: RunningBroker) -> None:
     }
     conn = connect(manual)  # the same URL works at once
     ch = conn.channel()
-    ch.queue_declare("q0")
+    ch.queue_declare("q0", durable=True)
     ch.basic_publish("", "q0", b"fresh")
     manual.wait_for(lambda: manual.outcome_names("q0") == ["ready"])
     # timers of the deleted queues went with them: advancing fires none of them
@@ -434,7 +441,7 @@ def test_reset_keeping_connections_cancels_their_consumers(manual: RunningBroker
     conn = connect(manual)
     try:
         ch = conn.channel()
-        ch.queue_declare("q")
+        ch.queue_declare("q", durable=True)
         cancelled: list[Any] = []
         ch.add_on_cancel_callback(cancelled.append)
         ch.basic_consume("q", lambda *a: None)
@@ -442,7 +449,7 @@ def test_reset_keeping_connections_cancels_their_consumers(manual: RunningBroker
         assert result["connections"] == 0
         pump(conn, lambda: bool(cancelled))
         assert conn.is_open and ch.is_open
-        ch.queue_declare("q2")  # the channel goes on in the fresh vhost
+        ch.queue_declare("q2", durable=True)  # the channel goes on in the fresh vhost
         assert list(manual.queues()) == ["q2"]
     finally:
         conn.close()
@@ -453,7 +460,7 @@ def test_session_view_reset_touches_only_its_vhost() -> None:
         other = broker.add_vhost("other")
         for view in (broker, other):
             conn = connect(view)
-            conn.channel().queue_declare("q")
+            conn.channel().queue_declare("q", durable=True)
             conn.close()
         other.reset()
         assert other.queues() == {} and list(broker.queues()) == ["q"]
@@ -477,7 +484,7 @@ def test_http_test_api_with_the_key(http_broker: RunningBroker) -> None:
     http = api(http_broker)
     conn = connect(http_broker)
     ch = conn.channel()
-    ch.queue_declare("q", arguments={"x-message-ttl": 60_000})
+    ch.queue_declare("q", durable=True, arguments={"x-message-ttl": 60_000})
     ch.confirm_delivery()
     ch.basic_publish("", "q", b"hello", pika.BasicProperties(headers={"k": "v"}))
     ch.basic_publish("amq.direct", "nowhere", b"\xff\x00")
@@ -587,7 +594,7 @@ def test_recording_and_tracing_together(tmp_path: Path) -> None:
         conn = connect(broker)
         try:
             ch = conn.channel()
-            ch.queue_declare("q")
+            ch.queue_declare("q", durable=True)
             ch.confirm_delivery()
             ch.basic_publish("", "q", b"both")
             _, _, body = ch.basic_get("q", auto_ack=True)
@@ -611,9 +618,9 @@ def test_firehose_stays_off_while_only_recording(manual: RunningBroker) -> None:
     conn = connect(manual)
     try:
         ch = conn.channel()
-        ch.queue_declare("fire")
+        ch.queue_declare("fire", durable=True)
         ch.queue_bind("fire", "amq.rabbitmq.trace", "#")
-        ch.queue_declare("q")
+        ch.queue_declare("q", durable=True)
         ch.confirm_delivery()
         ch.basic_publish("", "q", b"x")
         assert ch.basic_get("q", auto_ack=True)[2] == b"x"
@@ -690,7 +697,7 @@ def test_delivery_limit_after_delayed_retries_pika(manual: RunningBroker) -> Non
     conn = connect(manual)
     try:
         ch = conn.channel()
-        ch.queue_declare("dead")
+        ch.queue_declare("dead", durable=True)
         ch.queue_declare(
             "limited",
             durable=True,
