@@ -450,7 +450,7 @@ class VirtualHost:
             if (tracer := self.tracer) is not None:
                 tracer.published_by_api(msg, [])
                 tracer.delayed(msg, exchange.name, delay)
-            return True  # the plugin's route/2 returns no queues, but it took the message
+            return False  # taken, but the plugin's route/3 gives no queue: "routed": false
         queues = self.route(exchange, msg)
         if (tracer := self.tracer) is not None:
             tracer.published_by_api(msg, queues)

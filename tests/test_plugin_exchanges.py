@@ -137,9 +137,7 @@ def test_consistent_hash_on_a_header(conn: pika.BlockingConnection, name: str) -
     assert got["none"] == ring[jump_consistent_hash(phash2(None), 6)]
 
 
-def test_consistent_hash_weights_are_proportional(
-    conn: pika.BlockingConnection, name: str
-) -> None:
+def test_consistent_hash_weights_are_proportional(conn: pika.BlockingConnection, name: str) -> None:
     ch = conn.channel()
     ch.exchange_declare(name, "x-consistent-hash", auto_delete=True)
     queues = bind_queues(ch, name, name, ["1", "3"])
@@ -421,6 +419,12 @@ def test_api_counts_held_messages_and_delete_drops_them(warren: RunningBroker, n
     assert reply.body["messages_delayed"] == 3
     listed = {e["name"]: e for e in api.get("/api/exchanges/%2F").body}
     assert listed[name]["messages_delayed"] == 3
+    from tests.test_metrics import scrape
+
+    totals, _ = scrape(warren)
+    assert totals["warren_exchange_messages_delayed"] >= 3
+    per_object, _ = scrape(warren, "/metrics/per-object")
+    assert per_object[f'warren_exchange_messages_delayed{{vhost="/",exchange="{name}"}}'] == 3
     types = {t["name"] for t in api.get("/api/overview").body["exchange_types"]}
     assert {"x-delayed-message", "x-consistent-hash", "x-modulus-hash", "x-local-random"} <= types
     ch.exchange_delete(name)
@@ -448,7 +452,46 @@ def test_lifecycle_trace_records_delayed_and_released(tmp_path: Path) -> None:
     assert delayed["delay_ms"] == 100
     assert of(events, "released", exchange="tr.x", msg=delayed["msg"])[0]["queues"] == ["tr.q"]
     steps = history(events, delayed["msg"])
-    assert steps[steps.index("delayed:"):][:3] == ["delayed:", "released:", "delivered:tr.q"]
+    assert steps[steps.index("delayed:") :][:3] == ["delayed:", "released:", "delivered:tr.q"]
+
+
+def test_definitions_round_trip_and_warrenctl(warren: RunningBroker, name: str) -> None:
+    from tests.test_warrenctl import ok, rows
+
+    api = HttpApi(int(str(warren.management_url).rsplit(":", 1)[1]))
+    kinds = {
+        "x-consistent-hash": {"hash-header": "h"},
+        "x-modulus-hash": {},
+        "x-local-random": {},
+        "x-delayed-message": {"x-delayed-type": "topic"},
+    }
+    definitions = {
+        "queues": [{"name": name, "vhost": "/", "durable": True, "auto_delete": False,
+                    "arguments": {}}],
+        "exchanges": [
+            {"name": f"{name}.{kind}", "vhost": "/", "type": kind, "durable": True,
+             "auto_delete": False, "internal": False, "arguments": args}
+            for kind, args in kinds.items()
+        ],
+        "bindings": [
+            {"source": f"{name}.{kind}", "vhost": "/", "destination": name,
+             "destination_type": "queue", "routing_key": key, "arguments": {}}
+            for kind, key in (("x-consistent-hash", "5"), ("x-local-random", ""),
+                              ("x-delayed-message", "a.#"))
+        ],
+    }  # fmt: skip
+    assert api.post("/api/definitions", definitions).status == 204
+    exported = api.get("/api/definitions").body
+    mine = {e["name"]: e for e in exported["exchanges"] if e["name"].startswith(name)}
+    assert {e["type"]: e["arguments"] for e in mine.values()} == kinds
+    assert all("messages_delayed" not in e for e in mine.values())
+    keys = {b["source"]: b["routing_key"] for b in exported["bindings"] if b["destination"] == name}
+    assert keys[f"{name}.x-consistent-hash"] == "5"
+    listed = rows(ok(warren, "list_exchanges", "name", "type", "messages_delayed"))
+    assert [f"{name}.x-delayed-message", "x-delayed-message", "0"] in listed
+    for kind in kinds:
+        api.delete(f"/api/exchanges/%2F/{q(name + '.' + kind)}")
+    api.delete(f"/api/queues/%2F/{q(name)}")
 
 
 # ---- durability ----
