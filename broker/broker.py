@@ -88,6 +88,8 @@ class Broker:
             )
             vhost.persistence = self.persistence
             vhost.stats = self.stats
+            if not self.settings.local_random_exchange_enabled:
+                vhost.disabled_exchange_types = frozenset({"x-local-random"})
             self.tracing.attach(vhost)
             if persist and self.persistence is not None:
                 self.persistence.vhost_added(name)

@@ -21,12 +21,14 @@ import datetime
 import heapq
 import random
 import re
+import sys
 import time
 from typing import TYPE_CHECKING, Any, cast
 
 from warren.broker.erlang_hash import jump_consistent_hash, phash2
 from warren.broker.exchange import EXCHANGE_TYPES, Exchange, HeadersFn
 from warren.broker.message import Message
+from warren.broker.persistence import is_persistent
 from warren.broker.timers import Deadline
 from warren.protocol.constants import COMMAND_INVALID, PRECONDITION_FAILED
 from warren.protocol.errors import ChannelError, ConnectionError_, erlang_binary
@@ -248,6 +250,11 @@ def delay_of(headers: dict[str, Any]) -> int | None:
     return value
 
 
+# a held message: logged (due, seq, Message, ttl, delay), or, in memory only,
+# (due, seq, routing key, properties, body, trace id, ttl, delay)
+_Held = tuple[Any, ...]
+
+
 def _ttl_of(properties: bytes) -> int | None:
     if not has_flag(properties, FLAG_EXPIRATION):
         return None
@@ -270,7 +277,7 @@ class DelayedMessageExchange(Exchange):
         self.delayed_kind = inner.kind
         self._inner = inner(self.name, arguments=self.arguments)
         self._inner.bindings = self.bindings  # one set of bindings, the inner type's index
-        self._heap: list[tuple[float, int, Message, int | None]] = []
+        self._heap: list[_Held] = []
         self._seq = 0
         self.vhost: VirtualHost | None = None
         self.store_id = 0  # the message log's id for this exchange's held messages (durable)
@@ -319,29 +326,31 @@ class DelayedMessageExchange(Exchange):
 
     # ---- holding ----
 
-    def hold(self, msg: Message, ttl: int | None) -> int:
-        """Keep ``msg`` if it asks for a delay (return it, in ms); 0: route it now."""
-        delay = delay_of(msg.headers)
-        if delay is None or self.vhost is None:
-            return 0
-        msg._headers = None  # held for long: the decoded table would cost more than the bytes
-        timers = self.vhost.timers
-        due = timers.now() + delay / 1000
+    def delay(self, msg: Message) -> int:
+        """The delay ``msg`` asks for, in ms; 0: route it now."""
+        return delay_of(msg.headers) or 0
+
+    def hold(self, msg: Message, ttl: int | None, delay: int) -> None:
+        """Keep ``msg`` for ``delay`` ms (after tracing: it carries its trace id)."""
+        assert self.vhost is not None
+        due = self.vhost.timers.now() + delay / 1000
         store = self.message_store
-        if store is not None:
-            from warren.broker.persistence import is_persistent
-
-            if is_persistent(msg.properties):
-                msg.expires_at = due  # the log keeps the due time (wall clock) in its expiry
-                msg.queue = cast("Queue", self)  # the log asks a message's holder for its id
-                store.publish(self.store_id, msg, time.time() + delay / 1000)
-        self._push(due, msg, ttl)
-        return delay
-
-    def _push(self, due: float, msg: Message, ttl: int | None) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (due, self._seq, msg, ttl))
-        if self._heap[0][2] is msg and self._deadline is not None:
+        entry: _Held
+        if store is not None and is_persistent(msg.properties):
+            msg._headers = None
+            msg.expires_at = due  # the log keeps the due time (wall clock) in its expiry
+            msg.queue = cast("Queue", self)  # the log asks a message's holder for its id
+            store.publish(self.store_id, msg, time.time() + delay / 1000)
+            entry = (due, self._seq, msg, ttl, delay)
+        else:
+            # plain values only: a tuple of them leaves the GC's tracking, a Message would not,
+            # and a million tracked objects make every full collection a long pause
+            rk = sys.intern(msg.routing_key) if len(msg.routing_key) < 64 else msg.routing_key
+            entry = (due, self._seq, rk, msg.properties, msg.body, msg.trace_id, ttl, delay)
+        heap = self._heap
+        heapq.heappush(heap, entry)
+        if heap[0] is entry and self._deadline is not None:
             self._deadline.arm(due)
 
     def restore_messages(self, records: list[StoredMessage], now_wall: float) -> list[Message]:
@@ -362,33 +371,42 @@ class DelayedMessageExchange(Exchange):
             due = now_mono + max(0.0, record.expires_wall - now_wall)
             msg.expires_at = due
             msg.queue = cast("Queue", self)
-            self._push(due, msg, _ttl_of(record.properties))
+            self._seq += 1
+            entry = (due, self._seq, msg, _ttl_of(record.properties), delay_of(msg.headers) or 0)
+            msg._headers = None
+            heapq.heappush(self._heap, entry)
             restored.append(msg)
+        if self._heap and self._deadline is not None:
+            self._deadline.arm(self._heap[0][0])
         return restored
 
     def _release_due(self) -> None:
         assert self.vhost is not None
         heap = self._heap
-        now = self.vhost.timers.now()
+        # a timer may fire a fraction of a millisecond early (the loop's clock resolution)
+        now = self.vhost.timers.now() + 0.0005
         released = 0
         while heap and heap[0][0] <= now and released < RELEASE_BATCH:
-            _, _, msg, ttl = heapq.heappop(heap)
-            self._release(msg, ttl)
+            self._release(heapq.heappop(heap))
             released += 1
         if heap and self._deadline is not None:
             self._deadline.arm(heap[0][0] if released < RELEASE_BATCH else now)
 
-    def _release(self, msg: Message, ttl: int | None) -> None:
+    def _release(self, entry: _Held) -> None:
         vhost = self.vhost
         assert vhost is not None
-        if msg.store_id and self.message_store is not None:
-            self.message_store.remove(msg)
-        msg.queue = None
-        msg.expires_at = None
-        delay = delay_of(msg.headers)
-        if delay is not None:  # the plugin hands it on with x-delay negated
+        if len(entry) == 5:  # logged: the Message itself
+            _, _, msg, ttl, delay = entry
+            if msg.store_id and self.message_store is not None:
+                self.message_store.remove(msg)
+            msg.queue = None
+            msg.expires_at = None
+        else:
+            _, _, rk, props, body, trace_id, ttl, delay = entry
+            msg = Message(self.name, rk, props, body)
+            msg.trace_id = trace_id
+        if delay:  # the plugin hands it on with x-delay negated
             msg.properties = set_header(msg.properties, "x-delay", -delay)
-            msg._headers = None
         self.released += 1
         queues = vhost.route(self, msg)
         if (tracer := vhost.tracer) is not None:
@@ -401,10 +419,12 @@ class DelayedMessageExchange(Exchange):
         if self._deadline is not None:
             self._deadline.cancel()
         store = self.message_store
-        for _, _, msg, _ in self._heap:
-            if msg.store_id and store is not None:
-                store.forget(msg)
-            msg.queue = None
+        for entry in self._heap:
+            if len(entry) == 5:
+                msg = entry[2]
+                if msg.store_id and store is not None:
+                    store.forget(msg)
+                msg.queue = None
         self._heap.clear()
 
 

@@ -67,6 +67,7 @@ class VirtualHost:
         self.persistence: Any = None  # broker.persistence.Persistence, with a data directory
         self.log: Any = structlog.get_logger("warren")
         self.tracer: Tracer | None = None  # set while this vhost traces (broker/tracing.py)
+        self.disabled_exchange_types: frozenset[str] = frozenset()  # by configuration
         self.queues: dict[str, Queue] = {}
         self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self)}
         for ex_name, kind in STANDARD_EXCHANGES:
@@ -143,6 +144,8 @@ class VirtualHost:
                 existing, kind, durable, auto_delete, internal, arguments
             )
             return existing
+        if kind in self.disabled_exchange_types:  # 4.x: exchange_types.local_random.enabled
+            raise ChannelError(PRECONDITION_FAILED, f"{kind} exchange is disabled by configuration")
         cls.validate(arguments)
         exchange = cls(
             name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments
@@ -446,10 +449,11 @@ class VirtualHost:
         """Publish from outside AMQP (management API); True if any queue took the message."""
         exchange = self.exchange(exchange_name)
         msg = Message(exchange_name, routing_key, properties, body)
-        if exchange.delays and (delay := exchange.hold(msg, None)):
+        if exchange.delays and (delay := exchange.delay(msg)):
             if (tracer := self.tracer) is not None:
                 tracer.published_by_api(msg, [])
                 tracer.delayed(msg, exchange.name, delay)
+            exchange.hold(msg, None, delay)
             return False  # taken, but the plugin's route/3 gives no queue: "routed": false
         queues = self.route(exchange, msg)
         if (tracer := self.tracer) is not None:

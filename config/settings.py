@@ -44,6 +44,7 @@ class Settings:
     # publishes awaiting their confirm on one channel before its connection is not read
     max_unconfirmed_per_channel: int | None = 10000  # None = unlimited (Warren's own)
     max_message_size: int = 16 * 1024 * 1024
+    local_random_exchange_enabled: bool = True  # exchange_types.local_random.enabled
     log_console: bool = True
     log_level: str = "info"
     log_formatter: str = "plaintext"  # or "json"

@@ -242,6 +242,16 @@ def test_local_random_binding_restrictions(
         conn.channel().queue_delete(name)
 
 
+def test_local_random_can_be_disabled_by_configuration() -> None:
+    with run_broker(local_random_exchange_enabled=False) as running:
+        conn = pika.BlockingConnection(pika.URLParameters(running.url))
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+            conn.channel().exchange_declare("lr.off", "x-local-random")
+        text = "PRECONDITION_FAILED - x-local-random exchange is disabled by configuration"
+        assert closed_with(exc) == (406, text)
+        conn.close()
+
+
 def test_local_random_takes_no_exchange(conn: pika.BlockingConnection, name: str) -> None:
     ch = conn.channel()
     ch.exchange_declare(name, "x-local-random", auto_delete=True)

@@ -133,7 +133,10 @@ def publish(ctx: Ctx) -> web.StreamResponse:
         return reply(ctx, {"routed": False})  # replies need an AMQP channel to reach
     msg = Message(name, routing_key, properties, data)
     # x-delayed-message: held, so no queue now (the plugin's route/3), as over AMQP
-    queues = [] if exchange.delays and exchange.hold(msg, ttl) else vhost.route(exchange, msg)
+    delay = exchange.delay(msg) if exchange.delays else 0
+    queues = [] if delay else vhost.route(exchange, msg)
+    if delay:
+        exchange.hold(msg, ttl, delay)
     if not queues:
         stats.unroutable_returned += 1
         stats.confirmed += 1
