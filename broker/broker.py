@@ -123,6 +123,8 @@ class Broker:
                 connection.force_close(f"vhost '{name}' is deleted")
         for queue in list(vhost.queues.values()):
             vhost.delete_queue(queue)
+        for exchange in vhost.exchanges.values():
+            exchange.close()  # x-delayed-message: its timer and held messages go
         for user, vhost_name in list(self.access.permissions):
             if vhost_name == name:
                 self.access.clear_permissions(user, vhost_name)

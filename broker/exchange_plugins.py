@@ -132,10 +132,10 @@ class ConsistentHashExchange(Exchange):
         return value if isinstance(value, int) else phash2(value)
 
     def _property_value(self, headers: HeadersFn) -> bytes | None:
-        props = getattr(headers, "properties", None)
-        if props is None:
+        msg = getattr(headers, "__self__", None)  # Message.get_headers, bound
+        if not isinstance(msg, Message):
             return None
-        raw = split_properties(props).get(cast(str, self._property))
+        raw = split_properties(msg.properties).get(cast(str, self._property))
         if raw is None:
             return None
         value = decode_field(cast(str, self._property), raw)
@@ -150,19 +150,6 @@ class ConsistentHashExchange(Exchange):
         if not ring:
             return []
         return [ring[jump_consistent_hash(self._key(routing_key, headers), len(ring))]]
-
-
-class _Headers:
-    """The headers callable the vhost passes, plus the raw properties (hash-property)."""
-
-    __slots__ = ("msg", "properties")
-
-    def __init__(self, msg: Message) -> None:
-        self.msg = msg
-        self.properties = msg.properties
-
-    def __call__(self) -> dict[str, Any]:
-        return self.msg.headers
 
 
 # ---- x-modulus-hash ----
@@ -426,11 +413,6 @@ class DelayedMessageExchange(Exchange):
                     store.forget(msg)
                 msg.queue = None
         self._heap.clear()
-
-
-def headers_for(msg: Message) -> HeadersFn:
-    """The vhost's headers callable for ``msg``, carrying its properties for hash-property."""
-    return _Headers(msg)
 
 
 PLUGIN_EXCHANGE_TYPES: dict[str, type[Exchange]] = {

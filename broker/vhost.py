@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+import warren.broker.exchange_plugins  # noqa: F401  (registers the plugins' exchange types)
 from warren.broker.arguments import check_equivalent_arguments, validate_queue_arguments
 from warren.broker.dead_letter import dead_letter_copy
 from warren.broker.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exchange
-from warren.broker.exchange_plugins import headers_for
 from warren.broker.firehose import TRACE_EXCHANGE
 from warren.broker.message import Message
 from warren.broker.policy import Policy, pick
@@ -407,7 +407,7 @@ class VirtualHost:
 
     def route(self, exchange: Exchange, msg: Message) -> list[Queue]:
         """The queues a message published to ``exchange`` reaches."""
-        dests = exchange.route(msg.routing_key, headers_for(msg))
+        dests = exchange.route(msg.routing_key, msg.get_headers)
         if not exchange.has_exchange_destinations and (dests or not exchange.alternate_exchange):
             return dests
         queues: list[Queue] = []
@@ -424,7 +424,7 @@ class VirtualHost:
         everything reached through it (nested exchanges included) found no queue.
         """
         rk = msg.routing_key
-        headers = headers_for(msg)
+        headers = msg.get_headers
 
         stack = [(exchange, len(queues), iter(exchange.route(rk, headers)))]
         while stack:
