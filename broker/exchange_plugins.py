@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from warren.broker.vhost import VirtualHost
 
 MAX_BINDING_WEIGHT = 10_000
+_ROUTE_CACHE_MAX = 4096
 MAX_DELAY_MS = 4294967295  # the plugin's limit (Erlang's longest timer); longer: no delay
 RELEASE_BATCH = 20_000  # releases in one loop turn before yielding to other work
 _INTEGER = re.compile(r"[+-]?[0-9]+")
@@ -89,6 +90,7 @@ class ConsistentHashExchange(Exchange):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._ring: list[Any] = []
+        self._cache: dict[int | bytes | str | None, list[Any]] = {}
         self._header, self._property = _hash_args(self.arguments)
 
     @classmethod
@@ -120,16 +122,15 @@ class ConsistentHashExchange(Exchange):
                 seen.add(id(binding.destination))
                 ring.extend([binding.destination] * int(binding.routing_key))
         self._ring = ring
+        self._cache = {}
 
-    def _key(self, routing_key: str, headers: HeadersFn) -> int:
-        value: int | bytes | str | None
+    def _value(self, routing_key: str, headers: HeadersFn) -> int | bytes | str | None:
+        """What is hashed: an int is the key itself (unhashed), anything else goes to phash2."""
         if self._header is not None:
-            value = _header_key(headers().get(self._header))
-        elif self._property is not None:
-            value = self._property_value(headers)
-        else:
-            value = routing_key.encode("utf-8", "surrogateescape")
-        return value if isinstance(value, int) else phash2(value)
+            return _header_key(headers().get(self._header))
+        if self._property is not None:
+            return self._property_value(headers)
+        return routing_key.encode("utf-8", "surrogateescape")
 
     def _property_value(self, headers: HeadersFn) -> bytes | None:
         msg = getattr(headers, "__self__", None)  # Message.get_headers, bound
@@ -149,7 +150,15 @@ class ConsistentHashExchange(Exchange):
         ring = self._ring
         if not ring:
             return []
-        return [ring[jump_consistent_hash(self._key(routing_key, headers), len(ring))]]
+        value = self._value(routing_key, headers)
+        # Erlang's hash and RNG in Python cost ~8 us a message: remember recent keys' picks
+        cached = self._cache.get(value)
+        if cached is None:
+            key = value if isinstance(value, int) else phash2(value)
+            if len(self._cache) >= _ROUTE_CACHE_MAX:
+                self._cache.clear()
+            cached = self._cache[value] = [ring[jump_consistent_hash(key, len(ring))]]
+        return cached
 
 
 # ---- x-modulus-hash ----
@@ -166,16 +175,23 @@ class ModulusHashExchange(Exchange):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._sorted: list[Any] = []
+        self._cache: dict[str, list[Any]] = {}
 
     def _changed(self) -> None:
         self._sorted = sorted((b.destination for b in self.bindings.values()), key=_sort_key)
+        self._cache = {}
 
     def route(self, routing_key: str, headers: HeadersFn) -> list[Any]:
         dests = self._sorted
         if not dests:
             return []
-        key = phash2([routing_key.encode("utf-8", "surrogateescape")])
-        return [dests[key % len(dests)]]
+        cached = self._cache.get(routing_key)
+        if cached is None:
+            key = phash2([routing_key.encode("utf-8", "surrogateescape")])
+            if len(self._cache) >= _ROUTE_CACHE_MAX:
+                self._cache.clear()
+            cached = self._cache[routing_key] = [dests[key % len(dests)]]
+        return cached
 
 
 # ---- x-local-random ----
