@@ -105,6 +105,13 @@ def test_consistent_hash_sends_each_key_where_rabbitmq_does(
     for key in RABBITMQ_RING:
         ch.basic_publish(name, key, key.encode())
     assert where(ch, queues) == RABBITMQ_RING
+    ch.queue_unbind(queues[2], name, "3")  # the ring shrinks to a, b, b: routes follow
+    for key in RABBITMQ_RING:
+        ch.basic_publish(name, key, key.encode())
+    ring = "abb"
+    assert where(ch, queues) == {
+        key: ring[jump_consistent_hash(phash2(key.encode()), 3)] for key in RABBITMQ_RING
+    }
 
 
 def test_consistent_hash_on_a_property(conn: pika.BlockingConnection, name: str) -> None:
