@@ -62,7 +62,7 @@ class Exchange:
         self.has_exchange_destinations = False  # any exchange-to-exchange binding from here
 
     # hooks for the types in broker/exchange_plugins.py
-    delays = False  # x-delayed-message: publishes go through hold() first
+    delays = False  # x-delayed-message: a publish asks delay() first, then hold() or route
 
     @classmethod
     def validate(cls, arguments: dict[str, Any]) -> None:

@@ -93,7 +93,7 @@ class Message:
 
     def get_headers(self) -> dict[str, Any]:
         """``headers`` as a callable for Exchange.route: a bound method is cheaper than a
-        lambda, and its ``__self__`` gives an exchange that hashes a property the message."""
+        lambda, and through its ``__self__`` an exchange hashing a property finds the message."""
         return self.headers
 
     def body_size(self) -> int:
