@@ -318,6 +318,41 @@ def test_delayed_redeclare_is_checked(conn: pika.BlockingConnection, name: str) 
     )
 
 
+def test_delayed_bindings_are_checked_by_the_routing_type(
+    conn: pika.BlockingConnection, name: str
+) -> None:
+    ch = conn.channel()
+    ch.queue_declare(name, exclusive=True)
+    delayed_exchange(ch, name + ".ch", "x-consistent-hash", auto_delete=True)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        ch.queue_bind(name, name + ".ch", "heavy")
+    assert closed_with(exc) == (
+        406,
+        'PRECONDITION_FAILED - The binding key must be an integer: <<"heavy">>',
+    )
+    ch = conn.channel()
+    delayed_exchange(ch, name + ".h", "headers", auto_delete=True)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        ch.queue_bind(name, name + ".h", "", arguments={"x-match": "some"})
+    assert exc.value.args[0] == 406
+
+
+def test_delayed_consistent_hash_routes_by_the_ring(
+    conn: pika.BlockingConnection, name: str
+) -> None:
+    ch = conn.channel()
+    delayed_exchange(ch, name, "x-consistent-hash", auto_delete=True)
+    queues = bind_queues(ch, name, name, ["1", "2", "3"])
+    keys = list(RABBITMQ_RING)[:6]
+    for key in keys:
+        ch.basic_publish(name, key, key.encode(), pika.BasicProperties(headers={"x-delay": 50}))
+    for queue in {RABBITMQ_RING[k] for k in keys}:
+        wanted = [k for k in keys if RABBITMQ_RING[k] == queue]
+        got = get_n(ch, f"{name}.{queue}", len(wanted), 5)
+        assert sorted(body.decode() for _, body, _ in got) == sorted(wanted)
+    assert all(drain(ch, q) == [] for q in queues)
+
+
 # ---- x-delayed-message: publishing ----
 
 
