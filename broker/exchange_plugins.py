@@ -53,7 +53,7 @@ _INTEGER = re.compile(r"[+-]?[0-9]+")
 _PROPERTIES = ("correlation_id", "message_id", "timestamp")
 
 
-def _binding_error(text: str) -> ChannelError:
+def _precondition(text: str) -> ChannelError:
     return ChannelError(PRECONDITION_FAILED, text)
 
 
@@ -97,21 +97,21 @@ class ConsistentHashExchange(Exchange):
     def validate(cls, arguments: dict[str, Any]) -> None:
         header, prop = _hash_args(arguments)
         if header is not None and prop is not None:
-            raise _binding_error("hash-header and hash-property are mutually exclusive")
+            raise _precondition("hash-header and hash-property are mutually exclusive")
         if prop is not None and prop not in _PROPERTIES:
-            raise _binding_error(f"Unsupported property: {prop}")
+            raise _precondition(f"Unsupported property: {prop}")
 
     def validate_binding(
         self, destination: Any, routing_key: str, arguments: dict[str, Any]
     ) -> None:
         if not _INTEGER.fullmatch(routing_key):
             raw = routing_key.encode("utf-8", "surrogateescape")
-            raise _binding_error(f"The binding key must be an integer: {erlang_binary(raw)}")
+            raise _precondition(f"The binding key must be an integer: {erlang_binary(raw)}")
         weight = int(routing_key)
         if weight < 1:
-            raise _binding_error("The binding key must be greater than 0")
+            raise _precondition("The binding key must be greater than 0")
         if weight > MAX_BINDING_WEIGHT:
-            raise _binding_error(f"The binding key must not exceed {MAX_BINDING_WEIGHT}")
+            raise _precondition(f"The binding key must not exceed {MAX_BINDING_WEIGHT}")
 
     def _changed(self) -> None:
         # buckets in binding order; a destination bound again adds none (RabbitMQ: already_exists)
@@ -210,13 +210,13 @@ class LocalRandomExchange(Exchange):
         self, destination: Any, routing_key: str, arguments: dict[str, Any]
     ) -> None:
         if routing_key:
-            raise _binding_error(f"Non empty binding '{routing_key}' key not permitted")
+            raise _precondition(f"Non empty binding '{routing_key}' key not permitted")
         if isinstance(destination, Exchange):
-            raise _binding_error("Destination not found")
+            raise _precondition("Destination not found")
         kind = getattr(destination, "queue_type", "classic")
         if kind != "classic":
             module = _QUEUE_MODULES.get(kind, kind)
-            raise _binding_error(f"Queue type {module} not valid for this exchange type")
+            raise _precondition(f"Queue type {module} not valid for this exchange type")
 
     def _changed(self) -> None:
         queues: list[Any] = []
@@ -286,17 +286,16 @@ class DelayedMessageExchange(Exchange):
         self.store_id = 0  # the message log's id for this exchange's held messages (durable)
         self.message_store: MessageStore | None = None
         self._deadline: Deadline | None = None
-        self.released = 0
 
     @classmethod
     def validate(cls, arguments: dict[str, Any]) -> None:
         kind = arguments.get("x-delayed-type")
         if kind == "x-delayed-message":
-            raise _binding_error(
+            raise _precondition(
                 "Invalid argument, 'x-delayed-message' can't be used for 'x-delayed-type'"
             )
         if not isinstance(kind, str):
-            raise _binding_error(
+            raise _precondition(
                 "Invalid argument, 'x-delayed-type' must be an existing exchange type"
             )
         inner = EXCHANGE_TYPES.get(kind)
@@ -410,7 +409,6 @@ class DelayedMessageExchange(Exchange):
             msg.trace_id = trace_id
         if delay:  # the plugin hands it on with x-delay negated
             msg.properties = set_header(msg.properties, "x-delay", -delay)
-        self.released += 1
         queues = vhost.route(self, msg)
         if (tracer := vhost.tracer) is not None:
             tracer.released(msg, self.name, queues)
