@@ -446,6 +446,45 @@ def test_delays_release_in_due_order(conn: pika.BlockingConnection, name: str) -
     assert [body for _, body, _ in get_n(ch, name, 3, 5)] == [b"200", b"400", b"600"]
 
 
+async def test_aio_pika_delayed_publish_is_confirmed_then_released(
+    amqp_url: str, name: str
+) -> None:
+    """The same with an asyncio client: the confirm comes on accept, the message later."""
+    import asyncio
+
+    import aio_pika
+    import aiormq
+
+    async with asyncio.timeout(10):
+        connection = await aio_pika.connect(amqp_url)
+        async with connection:
+            channel = await connection.channel()
+            exchange = await channel.declare_exchange(
+                name, "x-delayed-message", auto_delete=True, arguments={"x-delayed-type": "fanout"}
+            )
+            queue = await channel.declare_queue(name, exclusive=True)
+            await queue.bind(exchange)
+            # aio-pika publishes mandatory by default: held, so returned (as with the plugin)
+            returned = await exchange.publish(
+                aio_pika.Message(b"returned", headers={"x-delay": 300}), routing_key=""
+            )
+            assert not isinstance(returned, aiormq.spec.Basic.Ack)
+            confirm = await exchange.publish(
+                aio_pika.Message(b"soon", headers={"x-delay": 300}), routing_key="", mandatory=False
+            )
+            assert isinstance(confirm, aiormq.spec.Basic.Ack)
+            assert await queue.get(no_ack=True, fail=False) is None  # held, not yet routed
+            bodies = []
+            async with queue.iterator() as messages:
+                async for message in messages:
+                    assert message.headers == {"x-delay": -300}
+                    await message.ack()
+                    bodies.append(message.body)
+                    if len(bodies) == 2:
+                        break
+            assert sorted(bodies) == [b"returned", b"soon"]  # both released later
+
+
 # ---- management: messages_delayed, types, deletion ----
 
 
