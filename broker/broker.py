@@ -109,6 +109,8 @@ class Broker:
             vhost.stats = self.stats
             vhost.deprecated = self.deprecated
             vhost.default_queue_type = self.settings.default_queue_type
+            if not self.settings.local_random_exchange_enabled:
+                vhost.disabled_exchange_types = frozenset({"x-local-random"})
             self.tracing.attach(vhost)
             if self.recording is not None:
                 self.recording.attach(vhost)
@@ -159,6 +161,8 @@ class Broker:
                 connection.force_close(f"vhost '{name}' is deleted")
         for queue in list(vhost.queues.values()):
             vhost.delete_queue(queue)
+        for exchange in vhost.exchanges.values():
+            exchange.close()  # x-delayed-message: its timer and held messages go
         for user, vhost_name in list(self.access.permissions):
             if vhost_name == name:
                 self.access.clear_permissions(user, vhost_name)

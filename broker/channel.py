@@ -345,14 +345,16 @@ class Channel:
         store = self._store
         stored_before = store.published if store is not None else 0
         # x-delayed-message keeps a delayed message back: no queue now, as the plugin
-        held = exchange.hold(msg, ttl) if exchange.delays else 0
-        queues = [] if held else self.vhost.route(exchange, msg)
+        delay = exchange.delay(msg) if exchange.delays else 0
+        queues = [] if delay else self.vhost.route(exchange, msg)
         if (tracer := self.vhost.tracer) is not None:
             tracer.published(self, msg, queues, mandatory, seq)
-            if held:
-                tracer.delayed(msg, exchange.name, held)
+            if delay:
+                tracer.delayed(msg, exchange.name, delay)
             if tracer.firehose.bindings:
                 firehose.published(tracer.firehose, self, msg, queues)
+        if delay:
+            exchange.hold(msg, ttl, delay)
         accepted = True
         if queues:
             self.stats.routed += 1

@@ -62,7 +62,7 @@ class Exchange:
         self.has_exchange_destinations = False  # any exchange-to-exchange binding from here
 
     # hooks for the types in broker/exchange_plugins.py
-    delays = False  # x-delayed-message: publishes go through hold() first
+    delays = False  # x-delayed-message: a publish asks delay() first, then hold() or route
 
     @classmethod
     def validate(cls, arguments: dict[str, Any]) -> None:
@@ -79,9 +79,12 @@ class Exchange:
     def close(self) -> None:
         """The exchange was deleted."""
 
-    def hold(self, msg: Any, ttl: int | None) -> int:
-        """Keep a published message back instead of routing it now: its delay in ms, or 0."""
+    def delay(self, msg: Any) -> int:
+        """How long (ms) to keep a published message back before routing it; 0: not at all."""
         return 0
+
+    def hold(self, msg: Any, ttl: int | None, delay: int) -> None:
+        """Keep the message back for ``delay`` ms, then route it (delays only)."""
 
     @property
     def alternate_exchange(self) -> str | None:

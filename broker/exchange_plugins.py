@@ -21,7 +21,7 @@ import datetime
 import heapq
 import random
 import re
-import time
+import sys
 from typing import TYPE_CHECKING, Any, cast
 
 from warren.broker.erlang_hash import jump_consistent_hash, phash2
@@ -45,13 +45,14 @@ if TYPE_CHECKING:
     from warren.broker.vhost import VirtualHost
 
 MAX_BINDING_WEIGHT = 10_000
+_ROUTE_CACHE_MAX = 4096
 MAX_DELAY_MS = 4294967295  # the plugin's limit (Erlang's longest timer); longer: no delay
 RELEASE_BATCH = 20_000  # releases in one loop turn before yielding to other work
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _PROPERTIES = ("correlation_id", "message_id", "timestamp")
 
 
-def _binding_error(text: str) -> ChannelError:
+def _precondition(text: str) -> ChannelError:
     return ChannelError(PRECONDITION_FAILED, text)
 
 
@@ -88,27 +89,28 @@ class ConsistentHashExchange(Exchange):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._ring: list[Any] = []
+        self._cache: dict[int | bytes | str | None, list[Any]] = {}
         self._header, self._property = _hash_args(self.arguments)
 
     @classmethod
     def validate(cls, arguments: dict[str, Any]) -> None:
         header, prop = _hash_args(arguments)
         if header is not None and prop is not None:
-            raise _binding_error("hash-header and hash-property are mutually exclusive")
+            raise _precondition("hash-header and hash-property are mutually exclusive")
         if prop is not None and prop not in _PROPERTIES:
-            raise _binding_error(f"Unsupported property: {prop}")
+            raise _precondition(f"Unsupported property: {prop}")
 
     def validate_binding(
         self, destination: Any, routing_key: str, arguments: dict[str, Any]
     ) -> None:
         if not _INTEGER.fullmatch(routing_key):
             raw = routing_key.encode("utf-8", "surrogateescape")
-            raise _binding_error(f"The binding key must be an integer: {erlang_binary(raw)}")
+            raise _precondition(f"The binding key must be an integer: {erlang_binary(raw)}")
         weight = int(routing_key)
         if weight < 1:
-            raise _binding_error("The binding key must be greater than 0")
+            raise _precondition("The binding key must be greater than 0")
         if weight > MAX_BINDING_WEIGHT:
-            raise _binding_error(f"The binding key must not exceed {MAX_BINDING_WEIGHT}")
+            raise _precondition(f"The binding key must not exceed {MAX_BINDING_WEIGHT}")
 
     def _changed(self) -> None:
         # buckets in binding order; a destination bound again adds none (RabbitMQ: already_exists)
@@ -119,22 +121,21 @@ class ConsistentHashExchange(Exchange):
                 seen.add(id(binding.destination))
                 ring.extend([binding.destination] * int(binding.routing_key))
         self._ring = ring
+        self._cache = {}
 
-    def _key(self, routing_key: str, headers: HeadersFn) -> int:
-        value: int | bytes | str | None
+    def _value(self, routing_key: str, headers: HeadersFn) -> int | bytes | str | None:
+        """What is hashed: an int is the key itself (unhashed), anything else goes to phash2."""
         if self._header is not None:
-            value = _header_key(headers().get(self._header))
-        elif self._property is not None:
-            value = self._property_value(headers)
-        else:
-            value = routing_key.encode("utf-8", "surrogateescape")
-        return value if isinstance(value, int) else phash2(value)
+            return _header_key(headers().get(self._header))
+        if self._property is not None:
+            return self._property_value(headers)
+        return routing_key.encode("utf-8", "surrogateescape")
 
     def _property_value(self, headers: HeadersFn) -> bytes | None:
-        props = getattr(headers, "properties", None)
-        if props is None:
+        msg = getattr(headers, "__self__", None)  # Message.get_headers, bound
+        if not isinstance(msg, Message):
             return None
-        raw = split_properties(props).get(cast(str, self._property))
+        raw = split_properties(msg.properties).get(cast(str, self._property))
         if raw is None:
             return None
         value = decode_field(cast(str, self._property), raw)
@@ -148,20 +149,15 @@ class ConsistentHashExchange(Exchange):
         ring = self._ring
         if not ring:
             return []
-        return [ring[jump_consistent_hash(self._key(routing_key, headers), len(ring))]]
-
-
-class _Headers:
-    """The headers callable the vhost passes, plus the raw properties (hash-property)."""
-
-    __slots__ = ("msg", "properties")
-
-    def __init__(self, msg: Message) -> None:
-        self.msg = msg
-        self.properties = msg.properties
-
-    def __call__(self) -> dict[str, Any]:
-        return self.msg.headers
+        value = self._value(routing_key, headers)
+        # Erlang's hash and RNG in Python cost ~8 us a message: remember recent keys' picks
+        cached = self._cache.get(value)
+        if cached is None:
+            key = value if isinstance(value, int) else phash2(value)
+            if len(self._cache) >= _ROUTE_CACHE_MAX:
+                self._cache.clear()
+            cached = self._cache[value] = [ring[jump_consistent_hash(key, len(ring))]]
+        return cached
 
 
 # ---- x-modulus-hash ----
@@ -178,16 +174,23 @@ class ModulusHashExchange(Exchange):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._sorted: list[Any] = []
+        self._cache: dict[str, list[Any]] = {}
 
     def _changed(self) -> None:
         self._sorted = sorted((b.destination for b in self.bindings.values()), key=_sort_key)
+        self._cache = {}
 
     def route(self, routing_key: str, headers: HeadersFn) -> list[Any]:
         dests = self._sorted
         if not dests:
             return []
-        key = phash2([routing_key.encode("utf-8", "surrogateescape")])
-        return [dests[key % len(dests)]]
+        cached = self._cache.get(routing_key)
+        if cached is None:
+            key = phash2([routing_key.encode("utf-8", "surrogateescape")])
+            if len(self._cache) >= _ROUTE_CACHE_MAX:
+                self._cache.clear()
+            cached = self._cache[routing_key] = [dests[key % len(dests)]]
+        return cached
 
 
 # ---- x-local-random ----
@@ -206,13 +209,13 @@ class LocalRandomExchange(Exchange):
         self, destination: Any, routing_key: str, arguments: dict[str, Any]
     ) -> None:
         if routing_key:
-            raise _binding_error(f"Non empty binding '{routing_key}' key not permitted")
+            raise _precondition(f"Non empty binding '{routing_key}' key not permitted")
         if isinstance(destination, Exchange):
-            raise _binding_error("Destination not found")
+            raise _precondition("Destination not found")
         kind = getattr(destination, "queue_type", "classic")
         if kind != "classic":
             module = _QUEUE_MODULES.get(kind, kind)
-            raise _binding_error(f"Queue type {module} not valid for this exchange type")
+            raise _precondition(f"Queue type {module} not valid for this exchange type")
 
     def _changed(self) -> None:
         queues: list[Any] = []
@@ -249,6 +252,11 @@ def delay_of(headers: dict[str, Any]) -> int | None:
     return value
 
 
+# a held message: logged (due, seq, Message, ttl, delay), or, in memory only,
+# (due, seq, routing key, properties, body, trace id, ttl, delay)
+_Held = tuple[Any, ...]
+
+
 def _ttl_of(properties: bytes) -> int | None:
     if not has_flag(properties, FLAG_EXPIRATION):
         return None
@@ -271,23 +279,22 @@ class DelayedMessageExchange(Exchange):
         self.delayed_kind = inner.kind
         self._inner = inner(self.name, arguments=self.arguments)
         self._inner.bindings = self.bindings  # one set of bindings, the inner type's index
-        self._heap: list[tuple[float, int, Message, int | None]] = []
+        self._heap: list[_Held] = []
         self._seq = 0
         self.vhost: VirtualHost | None = None
         self.store_id = 0  # the message log's id for this exchange's held messages (durable)
         self.message_store: MessageStore | None = None
         self._deadline: Deadline | None = None
-        self.released = 0
 
     @classmethod
     def validate(cls, arguments: dict[str, Any]) -> None:
         kind = arguments.get("x-delayed-type")
         if kind == "x-delayed-message":
-            raise _binding_error(
+            raise _precondition(
                 "Invalid argument, 'x-delayed-message' can't be used for 'x-delayed-type'"
             )
         if not isinstance(kind, str):
-            raise _binding_error(
+            raise _precondition(
                 "Invalid argument, 'x-delayed-type' must be an existing exchange type"
             )
         inner = EXCHANGE_TYPES.get(kind)
@@ -320,26 +327,31 @@ class DelayedMessageExchange(Exchange):
 
     # ---- holding ----
 
-    def hold(self, msg: Message, ttl: int | None) -> int:
-        """Keep ``msg`` if it asks for a delay (return it, in ms); 0: route it now."""
-        delay = delay_of(msg.headers)
-        if delay is None or self.vhost is None:
-            return 0
-        msg._headers = None  # held for long: the decoded table would cost more than the bytes
-        timers = self.vhost.timers
-        due = timers.now() + delay / 1000
+    def delay(self, msg: Message) -> int:
+        """The delay ``msg`` asks for, in ms; 0: route it now."""
+        return delay_of(msg.headers) or 0
+
+    def hold(self, msg: Message, ttl: int | None, delay: int) -> None:
+        """Keep ``msg`` for ``delay`` ms (after tracing: it carries its trace id)."""
+        assert self.vhost is not None
+        due = self.vhost.timers.now() + delay / 1000
         store = self.message_store
+        self._seq += 1
+        entry: _Held
         if store is not None and is_persistent(msg.properties):
+            msg._headers = None
             msg.expires_at = due  # the log keeps the due time (wall clock) in its expiry
             msg.queue = cast("Queue", self)  # the log asks a message's holder for its id
-            store.publish(self.store_id, msg, time.time() + delay / 1000)
-        self._push(due, msg, ttl)
-        return delay
-
-    def _push(self, due: float, msg: Message, ttl: int | None) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (due, self._seq, msg, ttl))
-        if self._heap[0][2] is msg and self._deadline is not None:
+            store.publish(self.store_id, msg, self.vhost.timers.wall() + delay / 1000)
+            entry = (due, self._seq, msg, ttl, delay)
+        else:
+            # plain values only: a tuple of them leaves the GC's tracking, a Message would not,
+            # and a million tracked objects make every full collection a long pause
+            rk = sys.intern(msg.routing_key) if len(msg.routing_key) < 64 else msg.routing_key
+            entry = (due, self._seq, rk, msg.properties, msg.body, msg.trace_id, ttl, delay)
+        heap = self._heap
+        heapq.heappush(heap, entry)
+        if heap[0] is entry and self._deadline is not None:
             self._deadline.arm(due)
 
     def restore_messages(self, records: list[StoredMessage], now_wall: float) -> list[Message]:
@@ -360,34 +372,42 @@ class DelayedMessageExchange(Exchange):
             due = now_mono + max(0.0, record.expires_wall - now_wall)
             msg.expires_at = due
             msg.queue = cast("Queue", self)
-            self._push(due, msg, _ttl_of(record.properties))
+            self._seq += 1
+            entry = (due, self._seq, msg, _ttl_of(record.properties), delay_of(msg.headers) or 0)
+            msg._headers = None
+            heapq.heappush(self._heap, entry)
             restored.append(msg)
+        if self._heap and self._deadline is not None:
+            self._deadline.arm(self._heap[0][0])
         return restored
 
     def _release_due(self) -> None:
         assert self.vhost is not None
         heap = self._heap
-        now = self.vhost.timers.now()
+        # a timer may fire a fraction of a millisecond early (the loop's clock resolution)
+        now = self.vhost.timers.now() + 0.0005
         released = 0
         while heap and heap[0][0] <= now and released < RELEASE_BATCH:
-            _, _, msg, ttl = heapq.heappop(heap)
-            self._release(msg, ttl)
+            self._release(heapq.heappop(heap))
             released += 1
         if heap and self._deadline is not None:
             self._deadline.arm(heap[0][0] if released < RELEASE_BATCH else now)
 
-    def _release(self, msg: Message, ttl: int | None) -> None:
+    def _release(self, entry: _Held) -> None:
         vhost = self.vhost
         assert vhost is not None
-        if msg.store_id and self.message_store is not None:
-            self.message_store.remove(msg)
-        msg.queue = None
-        msg.expires_at = None
-        delay = delay_of(msg.headers)
-        if delay is not None:  # the plugin hands it on with x-delay negated
+        if len(entry) == 5:  # logged: the Message itself
+            _, _, msg, ttl, delay = entry
+            if msg.store_id and self.message_store is not None:
+                self.message_store.remove(msg)
+            msg.queue = None
+            msg.expires_at = None
+        else:
+            _, _, rk, props, body, trace_id, ttl, delay = entry
+            msg = Message(self.name, rk, props, body)
+            msg.trace_id = trace_id
+        if delay:  # the plugin hands it on with x-delay negated
             msg.properties = set_header(msg.properties, "x-delay", -delay)
-            msg._headers = None
-        self.released += 1
         queues = vhost.route(self, msg)
         if (tracer := vhost.tracer) is not None:
             tracer.released(msg, self.name, queues)
@@ -399,16 +419,13 @@ class DelayedMessageExchange(Exchange):
         if self._deadline is not None:
             self._deadline.cancel()
         store = self.message_store
-        for _, _, msg, _ in self._heap:
-            if msg.store_id and store is not None:
-                store.forget(msg)
-            msg.queue = None
+        for entry in self._heap:
+            if len(entry) == 5:
+                msg = entry[2]
+                if msg.store_id and store is not None:
+                    store.forget(msg)
+                msg.queue = None
         self._heap.clear()
-
-
-def headers_for(msg: Message) -> HeadersFn:
-    """The vhost's headers callable for ``msg``, carrying its properties for hash-property."""
-    return _Headers(msg)
 
 
 PLUGIN_EXCHANGE_TYPES: dict[str, type[Exchange]] = {

@@ -178,6 +178,19 @@ def render(mgmt: Management, per_object: bool) -> str:
     out.one("rabbitmq_consumers", "gauge", "Consumers currently connected", consumers)
     out.one("rabbitmq_queues", "gauge", "Queues available", len(queues))
 
+    delayed = [
+        ({"vhost": v.name, "exchange": x.name}, getattr(x, "messages_delayed", 0))
+        for v in broker.vhosts.values()
+        for x in v.exchanges.values()
+        if x.delays
+    ]
+    out.family(
+        "warren_exchange_messages_delayed",
+        "gauge",
+        "Messages an x-delayed-message exchange holds until their delay is over",
+        delayed if per_object else [({}, sum(count for _, count in delayed))],
+    )
+
     values = [(vhost, q, _queue_values(q)) for vhost, q in queues]
     for name, kind, help_text, key in QUEUE_FAMILIES:
         if per_object:

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+import warren.broker.exchange_plugins  # noqa: F401  (registers the plugins' exchange types)
 from warren.broker.arguments import check_equivalent_arguments, validate_queue_arguments
 from warren.broker.dead_letter import dead_letter_copy
 from warren.broker.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exchange
-from warren.broker.exchange_plugins import headers_for
 from warren.broker.firehose import TRACE_EXCHANGE
 from warren.broker.message import Message
 from warren.broker.policy import Policy, pick
@@ -72,6 +72,7 @@ class VirtualHost:
         self.default_queue_type = "classic"
         self.log: Any = structlog.get_logger("warren")
         self.tracer: Tracer | None = None  # set while this vhost traces (broker/tracing.py)
+        self.disabled_exchange_types: frozenset[str] = frozenset()  # by configuration
         self.queues: dict[str, Queue] = {}
         self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self)}
         for ex_name, kind in STANDARD_EXCHANGES:
@@ -148,6 +149,8 @@ class VirtualHost:
                 existing, kind, durable, auto_delete, internal, arguments
             )
             return existing
+        if kind in self.disabled_exchange_types:  # 4.x: exchange_types.local_random.enabled
+            raise ChannelError(PRECONDITION_FAILED, f"{kind} exchange is disabled by configuration")
         cls.validate(arguments)
         exchange = cls(
             name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments
@@ -427,7 +430,7 @@ class VirtualHost:
 
     def route(self, exchange: Exchange, msg: Message) -> list[Queue]:
         """The queues a message published to ``exchange`` reaches."""
-        dests = exchange.route(msg.routing_key, headers_for(msg))
+        dests = exchange.route(msg.routing_key, msg.get_headers)
         if not exchange.has_exchange_destinations and (dests or not exchange.alternate_exchange):
             return dests
         queues: list[Queue] = []
@@ -444,7 +447,7 @@ class VirtualHost:
         everything reached through it (nested exchanges included) found no queue.
         """
         rk = msg.routing_key
-        headers = headers_for(msg)
+        headers = msg.get_headers
 
         stack = [(exchange, len(queues), iter(exchange.route(rk, headers)))]
         while stack:
@@ -469,11 +472,12 @@ class VirtualHost:
         """Publish from outside AMQP (management API); True if any queue took the message."""
         exchange = self.exchange(exchange_name)
         msg = Message(exchange_name, routing_key, properties, body)
-        if exchange.delays and (delay := exchange.hold(msg, None)):
+        if exchange.delays and (delay := exchange.delay(msg)):
             if (tracer := self.tracer) is not None:
                 tracer.published_by_api(msg, [])
                 tracer.delayed(msg, exchange.name, delay)
-            return True  # the plugin's route/2 returns no queues, but it took the message
+            exchange.hold(msg, None, delay)
+            return False  # taken, but the plugin's route/3 gives no queue: "routed": false
         queues = self.route(exchange, msg)
         if (tracer := self.tracer) is not None:
             tracer.published_by_api(msg, queues)

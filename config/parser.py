@@ -381,6 +381,7 @@ _KEYS: Mapping[str, _Key] = {
     "message_store.segment_size": _Key(_information_unit, "segment_size"),
     "queue_body_memory_limit": _Key(_information_unit_or_infinity, "queue_body_memory_limit"),
     "trace.enabled": _Key(_boolean, "trace_enabled"),
+    "exchange_types.local_random.enabled": _Key(_boolean, "local_random_exchange_enabled"),
     "trace.dir": _Key(_path, "trace_dir"),
     "trace.vhosts": _Key(_vhost_list, "trace_vhosts"),
     "trace.rotate_size": _Key(_information_unit, "trace_rotate_size"),

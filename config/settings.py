@@ -49,6 +49,7 @@ class Settings:
     # management API's product_name / product_version; None: Warren's own version
     product_name: str = "Warren"
     product_version: str | None = None
+    local_random_exchange_enabled: bool = True  # exchange_types.local_random.enabled
     log_console: bool = True
     log_level: str = "info"
     log_formatter: str = "plaintext"  # or "json"

@@ -140,6 +140,11 @@ def test_escaped_dot_in_a_name() -> None:
         ("consumer_timeout = infinity", "consumer_timeout", None),
         ("consumer_timeout = none", "consumer_timeout", None),
         ("consumer_max_per_channel = 10", "consumer_max_per_channel", 10),
+        (
+            "exchange_types.local_random.enabled = false",
+            "local_random_exchange_enabled",
+            False,
+        ),
         ("consumer_max_per_channel = infinity", "consumer_max_per_channel", None),
         ("max_message_size = 1", "max_message_size", 1),
         ("max_message_size = 536870912", "max_message_size", 536870912),

@@ -326,6 +326,27 @@ def test_an_exchange_shows_its_bindings_and_publishes(
     page.close()
 
 
+def test_a_delayed_exchange_shows_what_it_holds(
+    warren: RunningBroker, browser: Browser, api: HttpApi
+) -> None:
+    arguments = {"x-delayed-type": "direct"}
+    api.ok(
+        "PUT",
+        "/api/exchanges/%2F/console.later",
+        {"type": "x-delayed-message", "arguments": arguments},
+    )
+    for _ in range(2):
+        body = {"routing_key": "k", "payload": "x", "payload_encoding": "string",
+                "properties": {"headers": {"x-delay": 600000}}}  # fmt: skip
+        assert api.ok("POST", "/api/exchanges/%2F/console.later/publish", body) == {"routed": False}
+    page = login(browser, api)
+    page.goto(f"{base(api)}#/exchange/%2F/console.later")
+    expect(page.locator(".card").first).to_contain_text("Messages delayed")
+    expect(page.locator(".card").first).to_contain_text("2")
+    page.close()
+    api.ok("DELETE", "/api/exchanges/%2F/console.later")
+
+
 # ---- policies ----
 
 

@@ -74,6 +74,7 @@ def _exported_exchanges(vhost: VirtualHost) -> list[dict[str, Any]]:
             continue
         entry = exchange_json(vhost, exchange)
         del entry["user_who_performed_action"]
+        entry.pop("messages_delayed", None)  # a count, not a definition
         out.append(entry)
     return out
 

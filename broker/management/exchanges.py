@@ -132,7 +132,11 @@ def publish(ctx: Ctx) -> web.StreamResponse:
     if name == "" and routing_key.startswith(REPLY_TO_PREFIX):
         return reply(ctx, {"routed": False})  # replies need an AMQP channel to reach
     msg = Message(name, routing_key, properties, data)
-    queues = vhost.route(exchange, msg)
+    # x-delayed-message: held, so no queue now (the plugin's route/3), as over AMQP
+    delay = exchange.delay(msg) if exchange.delays else 0
+    queues = [] if delay else vhost.route(exchange, msg)
+    if delay:
+        exchange.hold(msg, ttl, delay)
     if not queues:
         stats.unroutable_returned += 1
         stats.confirmed += 1

@@ -79,7 +79,8 @@ class DefinitionStore:
         self.db.execute("BEGIN")
         for table in ("vhosts",):
             self._run(f"DELETE FROM {table} WHERE name = ?", name)
-        for table in ("permissions", "policies", "exchanges", "queues", "bindings"):
+        tables = ("permissions", "policies", "exchanges", "delayed_exchanges", "queues", "bindings")
+        for table in tables:
             self._run(f"DELETE FROM {table} WHERE vhost = ?", name)
         self.db.execute("COMMIT")
 

@@ -309,7 +309,9 @@ export function exchange(ctx) {
   async function refresh() {
     const x = await api("GET", path);
     replace(info, kv([["Type", x.type], ["Durable", String(x.durable)], ["Auto-delete", String(x.auto_delete)],
-      ["Internal", String(x.internal)], ["Arguments", h("pre", {}, json(x.arguments))]]));
+      ["Internal", String(x.internal)], ["Arguments", h("pre", {}, json(x.arguments))],
+      // x-delayed-message: the messages it holds until their x-delay is over
+      ...(x.messages_delayed === undefined ? [] : [["Messages delayed", num(x.messages_delayed)]])]));
     if (!real) { replace(bindings, h("p", { class: "muted" }, "Every queue, by its name.")); return; }
     const b = await api("GET", `${path}/bindings/source`);
     replace(bindings, table(["To", "Routing key", "Arguments"], b.map((y) => h("tr", {},
