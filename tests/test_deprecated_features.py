@@ -393,3 +393,18 @@ def test_default_queue_type_of_a_vhost(default: RunningBroker, name: str) -> Non
     exported = {v["name"]: v for v in http.ok("GET", "/api/definitions")["vhosts"]}
     assert exported[name]["metadata"]["default_queue_type"] == "quorum"
     http.ok("DELETE", f"/api/vhosts/{name}")
+
+
+def test_quorum_queue_priorities_without_x_max_priority(default: RunningBroker, name: str) -> None:
+    # rabbit_fifo:msg_priority/1 (min(P, 31), 4 without the property) and rabbit_fifo_pq
+    # (strict, highest first, FIFO within a priority): 4.3 needs no x-max-priority
+    ch = channel(default)
+    ch.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+    for body, priority in (("none", None), ("p0", 0), ("p5", 5), ("p40", 40), ("p31", 31)):
+        ch.basic_publish("", name, body.encode(), pika.BasicProperties(priority=priority))
+    got = []
+    while (message := ch.basic_get(name, auto_ack=True))[0] is not None:
+        got.append(message[2].decode())
+    assert got == ["p40", "p31", "p5", "none", "p0"]
+    ch.queue_delete(name)
+    ch.connection.close()
