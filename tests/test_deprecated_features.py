@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -408,3 +409,45 @@ def test_quorum_queue_priorities_without_x_max_priority(default: RunningBroker, 
     assert got == ["p40", "p31", "p5", "none", "p0"]
     ch.queue_delete(name)
     ch.connection.close()
+
+
+def test_warren_server_reads_the_permit_keys(tmp_path: Path) -> None:
+    """A fresh ``warren-server --config``: refuses by default, accepts with the keys."""
+    for permit, expect_refusal in ((False, True), (True, False)):
+        conf = tmp_path / "rabbitmq.conf"
+        value = "true" if permit else "false"
+        conf.write_text(f"deprecated_features.permit.transient_nonexcl_queues = {value}\n")
+        port = _free_port()
+        args = ["--config", str(conf), "--port", str(port), "--bind", "127.0.0.1"]
+        args += ["--data-dir", str(tmp_path / "data"), "--management-port", "none"]
+        server = subprocess.Popen(
+            [sys.executable, "-m", "warren", *args, "--prometheus-port", "none"],
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        try:
+            assert server.stderr is not None
+            log = []
+            for line in server.stderr:
+                log.append(line)
+                if "ready" in line:
+                    break
+            assert not any("not used" in line for line in log), log
+            url = f"amqp://guest:guest@127.0.0.1:{port}/"
+            ch = pika.BlockingConnection(pika.URLParameters(url)).channel()
+            if expect_refusal:
+                with pytest.raises(ConnectionClosedByBroker):
+                    ch.queue_declare("transient")
+            else:
+                ch.queue_declare("transient")
+                ch.connection.close()
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
