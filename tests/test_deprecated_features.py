@@ -451,3 +451,26 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("arg", "value"),
+    [("x-max-priority", 10), ("x-queue-mode", "lazy"), ("x-queue-version", 2)],
+)
+def test_classic_arguments_on_a_quorum_queue_are_refused(
+    default: RunningBroker, name: str, arg: str, value: object
+) -> None:
+    # rabbit_amqqueue:check_declare_arguments/3 -> check_arguments_key/4: an argument of
+    # another queue type (rabbit_classic_queue:capabilities/0) is refused
+    with RawClient.connect((default.host, default.port)) as client:
+        arguments = {"x-queue-type": "quorum", arg: value}
+        client.send_method(
+            1, build(commands.Queue.Declare, queue=name, durable=True, arguments=arguments)
+        )
+        assert client.expect_channel_close(1) == (
+            406,
+            f"PRECONDITION_FAILED - invalid arg '{arg}' for queue '{name}' in vhost '/' of "
+            "queue type rabbit_quorum_queue",
+            50,
+            10,
+        )
