@@ -37,6 +37,8 @@ EQUIVALENCE_CHECKED = (  # in the order RabbitMQ checks them, so the same one is
 )
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
+# queue arguments of classic queues that RabbitMQ 4.3's quorum queues do not take
+CLASSIC_ONLY = ("x-max-priority", "x-queue-mode", "x-queue-version", "x-queue-master-locator")
 QUEUE_TYPES = ("classic", "quorum")
 
 
@@ -155,6 +157,14 @@ def validate_queue_arguments(
     if "x-dead-letter-routing-key" in args and "x-dead-letter-exchange" not in args:
         raise _invalid("x-dead-letter-routing-key", queue, vhost, "routing_key_but_no_dlx_defined")
     if args.get("x-queue-type") == "quorum":
+        # RabbitMQ 4.3 (rabbit_amqqueue:check_arguments_key/4): classic queues' own arguments
+        for arg in args:
+            if arg in CLASSIC_ONLY:
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"invalid arg '{arg}' for queue '{queue}' in vhost '{vhost}' of queue type "
+                    "rabbit_quorum_queue",
+                )
         # RabbitMQ: a quorum queue is durable, not exclusive and not auto-delete
         for bad, name in (
             (not durable, "non-durable"),

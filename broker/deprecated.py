@@ -41,6 +41,8 @@ class Feature:
     def text(self, permitted: bool) -> str:
         """The text RabbitMQ logs and puts in its refusals (``get_warning/2``)."""
         if self.phase not in (PERMITTED_BY_DEFAULT, DENIED_BY_DEFAULT):
+            if permitted and "when_permitted" in self.messages:  # Warren's 3.x allowance
+                return self.messages["when_permitted"]
             return self.messages.get("when_removed") or _removed_text(self.name)
         key = "when_permitted" if permitted else "when_denied"
         return self.messages.get(key) or _generated_text(self.name, self.phase, permitted)

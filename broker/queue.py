@@ -68,12 +68,12 @@ class QueueStats:
         self.retried = 0  # returns that waited for a delayed retry
 
 
-def message_priority(properties: bytes) -> int:
+def message_priority(properties: bytes, default: int = 0) -> int:
     if not has_flag(properties, FLAG_PRIORITY):
-        return 0
+        return default
     raw = split_properties(properties).get("priority")
-    value = decode_field("priority", raw) if raw is not None else 0
-    return value if isinstance(value, int) else 0
+    value = decode_field("priority", raw) if raw is not None else default
+    return value if isinstance(value, int) else default
 
 
 def retry_policy(args: dict[str, Any], definition: dict[str, Any]) -> RetryPolicy:
@@ -117,6 +117,11 @@ class Queue:
         self.max_priority: int = (
             max_priority if isinstance(max_priority, int) and max_priority > 0 else 0
         )
+        self.default_priority = 0  # of a message without the priority property
+        if self.arguments.get("x-queue-type") == "quorum" and not self.max_priority:
+            # RabbitMQ 4.3 (rabbit_fifo:msg_priority/1, rabbit_fifo_pq): quorum queues take
+            # priorities 0-31 without x-max-priority; no priority property counts as 4
+            self.max_priority, self.default_priority = 31, 4
         self.ready: Any = PriorityReady(self.max_priority) if self.max_priority else deque()
         self.ready_count = 0
         self.ready_bytes = 0
@@ -239,7 +244,7 @@ class Queue:
         msg.queue = self
         self.stats.published += 1
         if self.max_priority:
-            msg.priority = message_priority(msg.properties)
+            msg.priority = message_priority(msg.properties, self.default_priority)
         queue_ttl = self.message_ttl
         if queue_ttl is not None and (ttl is None or queue_ttl < ttl):
             ttl = queue_ttl
@@ -729,7 +734,7 @@ class Queue:
             msg.delivery_count = record.delivery_count
             msg.retries = record.retries
             if self.max_priority:
-                msg.priority = message_priority(msg.properties)
+                msg.priority = message_priority(msg.properties, self.default_priority)
             if record.expires_wall:
                 msg.expires_at = now_mono + (record.expires_wall - now_wall)
             restored.append(msg)

@@ -208,7 +208,7 @@ def peek_body(count: int) -> dict[str, object]:
 def test_an_api_error_shows_next_to_the_action(
     warren: RunningBroker, browser: Browser, api: HttpApi
 ) -> None:
-    api.ok("PUT", "/api/queues/%2F/console.bad-publish", {})
+    api.ok("PUT", "/api/queues/%2F/console.bad-publish", {"durable": True})
     page = login(browser, api)
     page.goto(f"{base(api)}/?refresh={POLL_MS}#/queue/%2F/console.bad-publish")
     form = page.locator("form[data-role=publish]")
@@ -309,7 +309,7 @@ def test_an_exchange_shows_its_bindings_and_publishes(
     warren: RunningBroker, browser: Browser, api: HttpApi
 ) -> None:
     api.ok("PUT", "/api/exchanges/%2F/console.events", {"type": "fanout"})
-    api.ok("PUT", "/api/queues/%2F/console.audit", {})
+    api.ok("PUT", "/api/queues/%2F/console.audit", {"durable": True})
     api.ok("POST", "/api/bindings/%2F/e/console.events/q/console.audit", {"routing_key": "all"})
     page = login(browser, api)
     page.click("nav >> text=Exchanges")
@@ -353,7 +353,7 @@ def test_a_delayed_exchange_shows_what_it_holds(
 def test_policy_validation_add_edit_and_delete(
     warren: RunningBroker, browser: Browser, api: HttpApi
 ) -> None:
-    api.ok("PUT", "/api/queues/%2F/console.policed", {})
+    api.ok("PUT", "/api/queues/%2F/console.policed", {"durable": True})
     page = login(browser, api)
     page.click("nav >> text=Policies")
     form = page.locator("form[data-role=policy-form]")
@@ -417,7 +417,7 @@ def test_a_monitoring_user_sees_but_does_not_change(
     api.ok("PUT", "/api/users/console-watcher", {"password": "w", "tags": "monitoring"})
     nothing = {"configure": "", "write": "", "read": ""}
     api.ok("PUT", "/api/permissions/%2F/console-watcher", nothing)
-    api.ok("PUT", "/api/queues/%2F/console.watched", {})
+    api.ok("PUT", "/api/queues/%2F/console.watched", {"durable": True})
     page = login(browser, api, "console-watcher", "w")
     expect(page.locator("nav a", has_text="Queues")).to_be_visible()
     expect(page.locator("nav a", has_text="Admin")).to_have_count(0)

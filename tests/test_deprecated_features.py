@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -393,3 +394,83 @@ def test_default_queue_type_of_a_vhost(default: RunningBroker, name: str) -> Non
     exported = {v["name"]: v for v in http.ok("GET", "/api/definitions")["vhosts"]}
     assert exported[name]["metadata"]["default_queue_type"] == "quorum"
     http.ok("DELETE", f"/api/vhosts/{name}")
+
+
+def test_quorum_queue_priorities_without_x_max_priority(default: RunningBroker, name: str) -> None:
+    # rabbit_fifo:msg_priority/1 (min(P, 31), 4 without the property) and rabbit_fifo_pq
+    # (strict, highest first, FIFO within a priority): 4.3 needs no x-max-priority
+    ch = channel(default)
+    ch.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+    for body, priority in (("none", None), ("p0", 0), ("p5", 5), ("p40", 40), ("p31", 31)):
+        ch.basic_publish("", name, body.encode(), pika.BasicProperties(priority=priority))
+    got = []
+    while (message := ch.basic_get(name, auto_ack=True))[0] is not None:
+        got.append(message[2].decode())
+    assert got == ["p40", "p31", "p5", "none", "p0"]
+    ch.queue_delete(name)
+    ch.connection.close()
+
+
+def test_warren_server_reads_the_permit_keys(tmp_path: Path) -> None:
+    """A fresh ``warren-server --config``: refuses by default, accepts with the keys."""
+    for permit, expect_refusal in ((False, True), (True, False)):
+        conf = tmp_path / "rabbitmq.conf"
+        value = "true" if permit else "false"
+        conf.write_text(f"deprecated_features.permit.transient_nonexcl_queues = {value}\n")
+        port = _free_port()
+        args = ["--config", str(conf), "--port", str(port), "--bind", "127.0.0.1"]
+        args += ["--data-dir", str(tmp_path / "data"), "--management-port", "none"]
+        server = subprocess.Popen(
+            [sys.executable, "-m", "warren", *args, "--prometheus-port", "none"],
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        try:
+            assert server.stderr is not None
+            log = []
+            for line in server.stderr:
+                log.append(line)
+                if "ready" in line:
+                    break
+            assert not any("not used" in line for line in log), log
+            url = f"amqp://guest:guest@127.0.0.1:{port}/"
+            ch = pika.BlockingConnection(pika.URLParameters(url)).channel()
+            if expect_refusal:
+                with pytest.raises(ConnectionClosedByBroker):
+                    ch.queue_declare("transient")
+            else:
+                ch.queue_declare("transient")
+                ch.connection.close()
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("arg", "value"),
+    [("x-max-priority", 10), ("x-queue-mode", "lazy"), ("x-queue-version", 2)],
+)
+def test_classic_arguments_on_a_quorum_queue_are_refused(
+    default: RunningBroker, name: str, arg: str, value: object
+) -> None:
+    # rabbit_amqqueue:check_declare_arguments/3 -> check_arguments_key/4: an argument of
+    # another queue type (rabbit_classic_queue:capabilities/0) is refused
+    with RawClient.connect((default.host, default.port)) as client:
+        arguments = {"x-queue-type": "quorum", arg: value}
+        client.send_method(
+            1, build(commands.Queue.Declare, queue=name, durable=True, arguments=arguments)
+        )
+        assert client.expect_channel_close(1) == (
+            406,
+            f"PRECONDITION_FAILED - invalid arg '{arg}' for queue '{name}' in vhost '/' of "
+            "queue type rabbit_quorum_queue",
+            50,
+            10,
+        )
