@@ -30,9 +30,13 @@ EX_USAGE, EX_DATAERR, EX_NOUSER, EX_UNAVAILABLE, EX_SOFTWARE, EX_NOPERM = 64, 65
 
 
 class CtlError(Exception):
-    def __init__(self, message: str, code: int = EX_SOFTWARE) -> None:
+    """Printed as rabbitmqctl prints errors: ``Error:`` on a line of its own, then the text;
+    ``bare`` errors (rabbitmqctl's "does not exist" of delete_vhost) print the text alone."""
+
+    def __init__(self, message: str, code: int = EX_SOFTWARE, bare: bool = False) -> None:
         super().__init__(message)
         self.code = code
+        self.bare = bare
 
 
 class HttpError(CtlError):
@@ -56,6 +60,7 @@ class Api:
         port = f":{parts.port}" if parts.port else ""
         self.base = f"{parts.scheme}://{host}{port}{parts.path.rstrip('/')}"
         self.timeout = timeout
+        self.source = "--url"  # where the address came from, said when nothing answers
 
     def request(
         self,
@@ -80,7 +85,7 @@ class Api:
         except (urllib.error.URLError, OSError) as exc:
             why = getattr(exc, "reason", exc)
             raise CtlError(
-                f"unable to reach Warren at {self.base}: {why}", EX_UNAVAILABLE
+                f"unable to reach Warren at {self.base} ({self.source}): {why}", EX_UNAVAILABLE
             ) from None
         return json.loads(raw) if raw else None
 
@@ -143,12 +148,16 @@ class Output:
             for column, path in zip(columns, paths, strict=True):
                 if all(_lookup(i, path) is None for i in items) and not _known(items[0], path):
                     known = ", ".join(sorted(_columns(items[0], aliases)))
-                    raise CtlError(f"unknown column '{column}'; known: {known}", EX_USAGE)
+                    raise CtlError(
+                        f"(argument validation): Info key(s) {column} are not supported "
+                        f"(known: {known})",
+                        EX_USAGE,
+                    )
         table = [[_lookup(i, p) for p in paths] for i in items]
         if self.json:
             print(json.dumps([dict(zip(columns, row, strict=True)) for row in table], indent=1))
             return
-        if self.headers:
+        if self.headers and table:  # rabbitmqctl prints no header over an empty listing
             print("\t".join(columns))
         for row in table:
             print("\t".join(_cell(v) for v in row))
@@ -200,24 +209,32 @@ def _list(
     aliases: dict[str, str] | None = None,
     per_vhost: bool = True,
     prepare: Callable[[dict[str, Any]], None] | None = None,
+    heading: str = "Listing {what} for vhost {vhost} ...",
+    missing_vhost_fails: bool = False,
 ) -> None:
+    """A listing verb. rabbitmqctl's headings differ per verb (quotes, "in", a missing
+    space); a vhost that does not exist is an empty listing, except where rabbitmqctl
+    says so and exits 65 (list_policies, list_permissions)."""
+
     def run(api: Api, args: argparse.Namespace, out: Output) -> None:
-        if per_vhost:
-            out.info(f"Listing {what} for vhost {args.vhost} ...")
-        else:
-            out.info(f"Listing {what} ...")
+        if name == "list_queues":  # the one listing rabbitmqctl heads with its timeout
+            out.info(f"Timeout: {args.timeout} seconds ...")
+        out.info(heading.format(what=what, vhost=args.vhost))
         columns = args.columns or args.default_columns
         try:
             items = api.get(path(args))
         except HttpError as exc:
             if exc.status == 404 and per_vhost:
-                raise CtlError(
-                    f"Virtual host '{args.vhost}' does not exist", EX_UNAVAILABLE
-                ) from None
-            raise
+                if missing_vhost_fails:
+                    raise _no_vhost(args.vhost, bare=True) from None
+                items = []
+            else:
+                raise
         if prepare is not None:
             for item in items:
                 prepare(item)
+        if name == "list_policies" and not items and not out.quiet:
+            print()  # rabbitmqctl's empty policy listing is one empty line
         out.rows(items, columns, aliases or {})
 
     command(name, f"list {what}", _columns_arg(default))(run)
@@ -248,6 +265,7 @@ _list(
         "destination_kind": "destination_type",
     },
     prepare=lambda b: b.setdefault("source_kind", "exchange"),
+    heading="Listing {what} for vhost {vhost}...",
 )
 _list(
     "list_connections",
@@ -256,6 +274,7 @@ _list(
     ["user", "peer_host", "peer_port", "state"],
     {"pid": "name", "connection_name": "user_provided_name"},
     per_vhost=False,
+    heading="Listing {what} ...",
 )
 _list(
     "list_channels",
@@ -264,6 +283,7 @@ _list(
     ["name", "user", "consumer_count", "messages_unacknowledged"],
     {"pid": "name", "connection": "connection_details.name"},
     per_vhost=False,
+    heading="Listing {what} ...",
 )
 _list(
     "list_consumers",
@@ -279,21 +299,42 @@ _list(
         "arguments",
     ],
     {"queue_name": "queue.name", "channel_pid": "channel_details.name"},
+    heading="Listing {what} in vhost {vhost} ...",
 )
 _list(
     "list_policies",
     "policies",
     lambda a: f"policies/{q(a.vhost)}",
     ["vhost", "name", "pattern", "apply-to", "definition", "priority"],
+    heading='Listing {what} for vhost "{vhost}" ...',
+    missing_vhost_fails=True,
 )
 _list(
     "list_permissions",
     "permissions",
     lambda a: f"vhosts/{q(a.vhost)}/permissions",
     ["user", "configure", "write", "read"],
+    heading='Listing {what} for vhost "{vhost}" ...',
+    missing_vhost_fails=True,
 )
-_list("list_users", "users", lambda a: "users", ["user", "tags"], {"user": "name"}, False)
-_list("list_vhosts", "vhosts", lambda a: "vhosts", ["name"], per_vhost=False)
+_list(
+    "list_users",
+    "users",
+    lambda a: "users",
+    ["user", "tags"],
+    {"user": "name"},
+    False,
+    heading="Listing {what} ...",
+)
+_list("list_vhosts", "vhosts", lambda a: "vhosts", ["name"], False, heading="Listing {what} ...")
+
+
+def _no_vhost(vhost: str, *, bare: bool = False) -> CtlError:
+    """rabbitmqctl's two ways to say it: quoted and 65 where the verb checks first,
+    unquoted and 69 where the operation itself fails."""
+    if bare:
+        return CtlError(f"Virtual host '{vhost}' does not exist", EX_DATAERR, bare=True)
+    return CtlError(f"Virtual host {vhost} does not exist", EX_UNAVAILABLE)
 
 
 @command(
@@ -303,11 +344,13 @@ _list("list_vhosts", "vhosts", lambda a: "vhosts", ["name"], per_vhost=False)
 )
 def list_user_permissions(api: Api, args: argparse.Namespace, out: Output) -> None:
     out.info(f'Listing permissions for user "{args.username}" ...')
-    out.rows(
-        _user_call(api, args.username, lambda: api.get(f"users/{q(args.username)}/permissions")),
-        ["vhost", "configure", "write", "read"],
-        {},
-    )
+    try:
+        items = api.get(f"users/{q(args.username)}/permissions")
+    except HttpError as exc:
+        if exc.status == 404:  # rabbitmqctl shows the Erlang error term here, and exits 69
+            raise CtlError(f'{{:no_such_user, "{args.username}"}}', EX_UNAVAILABLE) from None
+        raise
+    out.rows(items, ["vhost", "configure", "write", "read"], {})
 
 
 def _user_call(api: Api, name: str, fn: Callable[[], Any]) -> Any:
@@ -389,8 +432,8 @@ def set_policy(api: Api, args: argparse.Namespace, out: Output) -> None:
     )
     try:
         definition = json.loads(args.definition)
-    except ValueError as exc:
-        raise CtlError(f"policy definition is not JSON: {exc}", EX_USAGE) from None
+    except ValueError:
+        raise CtlError("JSON decoding error. Reason: badarg", EX_UNAVAILABLE) from None
     body = {
         "pattern": args.pattern,
         "definition": definition,
@@ -407,7 +450,7 @@ def _vhost_call(vhost: str, fn: Callable[[], Any]) -> Any:
         return fn()
     except HttpError as exc:
         if exc.status == 404 and "vhost" in str(exc):
-            raise CtlError(f"Virtual host '{vhost}' does not exist", EX_UNAVAILABLE) from None
+            raise _no_vhost(vhost) from None
         raise
 
 
@@ -418,9 +461,7 @@ def clear_policy(api: Api, args: argparse.Namespace, out: Output) -> None:
         api.request("DELETE", f"policies/{q(args.vhost)}/{q(args.name)}")
     except HttpError as exc:
         if exc.status == 404:
-            raise CtlError(
-                f'policy "{args.name}" does not exist in vhost "{args.vhost}"', EX_UNAVAILABLE
-            ) from None
+            raise CtlError("Parameter does not exist", EX_UNAVAILABLE) from None
         raise
 
 
@@ -441,7 +482,7 @@ def _trace_call(api: Api, method: str, vhost: str) -> None:
         api.request(method, f"trace/{q(vhost)}")
     except HttpError as exc:
         if exc.status == 404:
-            raise CtlError(f"Virtual host '{vhost}' does not exist", EX_UNAVAILABLE) from None
+            raise _no_vhost(vhost) from None
         raise
 
 
@@ -533,9 +574,7 @@ def delete_vhost(api: Api, args: argparse.Namespace, out: Output) -> None:
         api.request("DELETE", f"vhosts/{q(args.vhost_name)}")
     except HttpError as exc:
         if exc.status == 404:
-            raise CtlError(
-                f"Virtual host '{args.vhost_name}' does not exist", EX_UNAVAILABLE
-            ) from None
+            raise _no_vhost(args.vhost_name, bare=True) from None
         raise
 
 
@@ -551,11 +590,20 @@ def set_permissions(api: Api, args: argparse.Namespace, out: Output) -> None:
     try:
         api.request("PUT", f"permissions/{q(args.vhost)}/{q(args.username)}", body)
     except HttpError as exc:
-        if str(exc) == "vhost_or_user_not_found":
-            raise CtlError(
-                f"no user '{args.username}' or no vhost '{args.vhost}'", EX_UNAVAILABLE
-            ) from None
+        if exc.status in (400, 404):
+            raise _permission_target_missing(api, args) from None
         raise
+
+
+def _permission_target_missing(api: Api, args: argparse.Namespace) -> CtlError:
+    """Which of the two is missing, worded as rabbitmqctl words it: the vhost first."""
+    try:
+        api.get(f"vhosts/{q(args.vhost)}")
+    except HttpError as exc:
+        if exc.status == 404:
+            return _no_vhost(args.vhost)
+        raise
+    return CtlError(f"User {args.username} does not exist", EX_NOUSER)
 
 
 @command(
@@ -568,15 +616,24 @@ def clear_permissions(api: Api, args: argparse.Namespace, out: Output) -> None:
     try:
         api.request("DELETE", f"permissions/{q(args.vhost)}/{q(args.username)}")
     except HttpError as exc:
-        if exc.status == 404:
-            raise CtlError(
-                f"user '{args.username}' has no permissions in vhost '{args.vhost}'", EX_UNAVAILABLE
-            ) from None
-        raise
+        if exc.status != 404:
+            raise
+        try:
+            api.get(f"users/{q(args.username)}")
+        except HttpError as missing:
+            if missing.status != 404:
+                raise
+        else:  # rabbitmqctl: clearing permissions a user does not have succeeds
+            try:
+                api.get(f"vhosts/{q(args.vhost)}")
+            except HttpError:
+                raise _no_vhost(args.vhost) from None
+            return
+        raise _permission_target_missing(api, args) from None
 
 
 def _queue_missing(args: argparse.Namespace) -> CtlError:
-    return CtlError(f"queue '{args.queue}' in vhost '{args.vhost}' not found", EX_UNAVAILABLE)
+    return CtlError("not_found", EX_UNAVAILABLE)
 
 
 @command("purge_queue", "remove a queue's ready messages", lambda p: p.add_argument("queue"))
@@ -605,8 +662,8 @@ def delete_queue(api: Api, args: argparse.Namespace, out: Output) -> None:
         flags = [f for f, on in (("if-empty", args.if_empty), ("if-unused", args.if_unused)) if on]
         api.request("DELETE", path + ("?" + "&".join(f + "=true" for f in flags) if flags else ""))
     except HttpError as exc:
-        if exc.status == 404:
-            raise _queue_missing(args) from None
+        if exc.status == 404:  # rabbitmqctl: this one is 64, purge_queue's is 69
+            raise CtlError("Queue not found", EX_USAGE) from None
         raise
     out.info(f"Queue was successfully deleted with {ready} ready messages")
 
@@ -762,13 +819,18 @@ def main(argv: list[str] | None = None) -> int:
         fn(_connection(args), args, Output(args))
     except HttpError as exc:
         if exc.status == 401:
-            print(f"Error: not authorised: {exc}", file=sys.stderr)
+            print(f"Error:\nnot authorised: {exc}", file=sys.stderr)
         else:
-            print(f"Error: {exc}", file=sys.stderr)
+            print(f"Error:\n{exc}", file=sys.stderr)
         return exc.code
     except CtlError as exc:
         text = str(exc)
-        print(f"Error{'' if text.startswith('(') else ':'} {text}", file=sys.stderr)
+        if exc.bare:
+            print(text, file=sys.stderr)
+        elif text.startswith("("):  # "Error (argument validation): ...", on one line
+            print(f"Error {text}", file=sys.stderr)
+        else:
+            print(f"Error:\n{text}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         return 130
