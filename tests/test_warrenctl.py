@@ -86,7 +86,11 @@ def test_unreachable_broker_names_the_address_and_is_69() -> None:
 def test_bad_credentials_are_77(warren: RunningBroker) -> None:
     url = f"http://guest:wrong@127.0.0.1:{warren.server.management_port}"
     result = ctl(None, "list_queues", url=url)
-    assert (result.returncode, result.stderr) == (77, "Error:\nnot authorised: Login failed\n")
+    assert (result.returncode, result.stderr) == (
+        77,
+        f"Error:\nnot authorised by http://127.0.0.1:{warren.server.management_port} (--url): "
+        "Login failed\n",
+    )
 
 
 @pytest.mark.parametrize(
@@ -121,6 +125,7 @@ def test_ping_and_status(warren: RunningBroker) -> None:
     assert ok(warren, "ping").splitlines()[-1] == "Ping succeeded"
     status = ok(warren, "status")
     assert status.startswith("Status of node warren@")
+    assert f"Broker: http://127.0.0.1:{warren.server.management_port} (--url)" in status
     assert f"amqp: 127.0.0.1:{warren.port}" in status
     assert "Alarms: (none)" in status
     document = json.loads(ok(warren, "--formatter", "json", "status"))
@@ -145,6 +150,56 @@ def test_default_url_comes_from_the_config(warren: RunningBroker, tmp_path: Path
     )
     assert result.returncode == 0, result.stderr
     assert "Ping succeeded" in result.stdout
+
+
+def test_finds_a_running_server_through_its_data_dir(tmp_path: Path) -> None:
+    """A port chosen at start (0 here) is found from the data dir, and status says where."""
+    data = tmp_path / "data"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("RABBITMQ_CONFIG_FILE", None)
+    args = ["--port", "0", "--bind", "127.0.0.1", "--data-dir", str(data)]
+    args += ["--management-port", "0", "--prometheus-port", "none"]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "warren", *args], stderr=subprocess.PIPE, text=True, env=env
+    )
+    endpoints = data / "warren-endpoints.json"
+    try:
+        assert server.stderr is not None
+        for line in server.stderr:
+            if "management API listening" in line:
+                break
+        port = line.rsplit(":", 1)[1].split()[0]
+        while not endpoints.exists():  # written right after that line
+            assert server.poll() is None
+        ctl_args = ["-m", "warren.broker.tools.warrenctl", "--data-dir", str(data), "status"]
+        result = subprocess.run(
+            [sys.executable, *ctl_args], capture_output=True, text=True, timeout=30, env=env
+        )
+        assert result.returncode == 0, result.stderr
+        assert (
+            f"Broker: http://127.0.0.1:{port} (from {endpoints}, pid {server.pid})"
+            in result.stdout.splitlines()
+        )
+    finally:
+        server.terminate()
+        assert server.wait(10) == 0
+    assert not endpoints.exists()  # gone with the server: the config's port is used
+    conf = tmp_path / "rabbitmq.conf"
+    free = free_port()
+    conf.write_text(f"management.tcp.port = {free}\n")
+    ctl_args = ["-m", "warren.broker.tools.warrenctl", "--data-dir", str(data)]
+    result = subprocess.run(
+        [sys.executable, *ctl_args, "--config", str(conf), "ping"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    assert result.returncode == 69
+    assert result.stderr.startswith(
+        f"Error:\nunable to reach Warren at http://127.0.0.1:{free} "
+        f"(management.tcp.port in {conf}): "
+    )
 
 
 # ---- users, vhosts, permissions ----

@@ -27,6 +27,8 @@ from typing import Any, NoReturn
 from urllib.parse import quote, unquote, urlsplit
 
 EX_USAGE, EX_DATAERR, EX_NOUSER, EX_UNAVAILABLE, EX_SOFTWARE, EX_NOPERM = 64, 65, 67, 69, 70, 77
+# written by warren-server in its data dir while it runs (broker/__main__.py)
+ENDPOINTS_FILE = "warren-endpoints.json"
 
 
 class CtlError(Exception):
@@ -326,7 +328,14 @@ _list(
     False,
     heading="Listing {what} ...",
 )
-_list("list_vhosts", "vhosts", lambda a: "vhosts", ["name"], False, heading="Listing {what} ...")
+_list(
+    "list_vhosts",
+    "vhosts",
+    lambda a: "vhosts",
+    ["name"],
+    per_vhost=False,
+    heading="Listing {what} ...",
+)
 
 
 def _no_vhost(vhost: str, *, bare: bool = False) -> CtlError:
@@ -383,6 +392,7 @@ def status(api: Api, args: argparse.Namespace, out: Output) -> None:
     totals = overview.get("object_totals", {})
     messages = overview.get("queue_totals", {})
     print(f"Status of node {overview.get('node')} ...")
+    print(f"Broker: {api.base} ({api.source})")
     print(f"Product: {overview.get('product_name')} {overview.get('product_version')}")
     print(f"Management API: RabbitMQ {overview.get('management_version')} compatible")
     print(f"Uptime (seconds): {int(overview.get('uptime', 0)) // 1000}")
@@ -764,6 +774,12 @@ def _common(parser: argparse.ArgumentParser, defaults: bool) -> None:
         help="default: its default_pass",
     )
     parser.add_argument("--config", default=d(None), help="rabbitmq.conf to read defaults from")
+    parser.add_argument(
+        "--data-dir",
+        default=d(None),
+        help="a running Warren's data dir, to find its management port "
+        "(default: $WARREN_DATA_DIR, else the config's)",
+    )
     parser.add_argument("-p", "--vhost", default=d("/"), help="virtual host (default /)")
     parser.add_argument("--formatter", choices=["table", "json"], default=d("table"))
     parser.add_argument("-q", "--quiet", action="store_true", default=d(False))
@@ -796,16 +812,49 @@ def _connection(args: argparse.Namespace) -> Api:
             settings = load_settings(args.config)
         except ConfigError as exc:
             raise CtlError(f"configuration error: {exc}", EX_USAGE) from None
+        source = "--url"
         if url is None:
-            if settings.management_port is None:
-                raise CtlError("the management API is disabled in the configuration; use --url")
-            host = settings.management_ip
-            host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-            host = f"[{host}]" if ":" in host else host
-            url = f"http://{host}:{settings.management_port}"
+            url, source = _local_url(settings, args)
         user = settings.default_user if user is None else user
         password = settings.default_pass if password is None else password
+        api = Api(url, user, password, args.timeout)
+        api.source = source
+        return api
     return Api(url, user, password, args.timeout)
+
+
+def _local_url(settings: Any, args: argparse.Namespace) -> tuple[str, str]:
+    """The management API of the Warren running on this machine, and how it was found:
+    the endpoints file a running warren-server keeps in its data dir (it knows a port
+    given on the command line, or 0), else the configuration's management.tcp.port."""
+    import os
+
+    data_dir = args.data_dir or os.environ.get("WARREN_DATA_DIR") or settings.data_dir
+    if data_dir:
+        path = os.path.join(data_dir, ENDPOINTS_FILE)
+        running = _running_endpoints(path)
+        if running is not None:
+            return running["management"], f"from {path}, pid {running['pid']}"
+    if settings.management_port is None:
+        raise CtlError("the management API is disabled in the configuration; use --url")
+    host = settings.management_ip
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    host = f"[{host}]" if ":" in host else host
+    files = settings.config_files
+    where = f"management.tcp.port in {files[0]}" if files else "the default port, no config file"
+    return f"http://{host}:{settings.management_port}", where
+
+
+def _running_endpoints(path: str) -> dict[str, Any] | None:
+    import os
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            endpoints = json.load(fh)
+        os.kill(int(endpoints["pid"]), 0)  # a file left by a broker that died is ignored
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return endpoints if isinstance(endpoints.get("management"), str) else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -816,10 +865,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return EX_USAGE
         fn = COMMANDS[args.command][0]
-        fn(_connection(args), args, Output(args))
+        api = _connection(args)
+        fn(api, args, Output(args))
     except HttpError as exc:
-        if exc.status == 401:
-            print(f"Error:\nnot authorised: {exc}", file=sys.stderr)
+        if exc.status == 401:  # perhaps not Warren at all: say whom we asked
+            print(f"Error:\nnot authorised by {api.base} ({api.source}): {exc}", file=sys.stderr)
         else:
             print(f"Error:\n{exc}", file=sys.stderr)
         return exc.code
