@@ -376,8 +376,21 @@ def _user(api: Api, name: str) -> dict[str, Any]:
     return user
 
 
+LISTENER_PURPOSES = {
+    "amqp": "AMQP 0-9-1",
+    "amqp/ssl": "AMQP 0-9-1 over TLS",
+    "http": "HTTP API",
+    "http/prometheus": "Prometheus exporter API over HTTP",
+}
+
+
+def _gb(value: Any) -> str:
+    return "unknown" if value is None else f"{value / 1e9:.4f} gb"
+
+
 @command("status", "show the broker's status")
 def status(api: Api, args: argparse.Namespace, out: Output) -> None:
+    """rabbitmqctl status's sections and wording, those that apply to one Warren node."""
     overview = api.get("overview")
     try:
         health = api.get("health/checks/alarms")
@@ -387,29 +400,64 @@ def status(api: Api, args: argparse.Namespace, out: Output) -> None:
         health = {"status": "failed", "alarms": []}
     alarms = health.get("alarms", []) if isinstance(health, dict) else []
     if out.json:
-        out.document({**overview, "alarms": alarms})
+        out.document({**overview, "alarms": alarms, "broker": api.base, "found": api.source})
         return
+    node = _optional(api, f"nodes/{q(str(overview.get('node')))}") or {}
+    vhosts = _optional(api, "vhosts")
     totals = overview.get("object_totals", {})
-    messages = overview.get("queue_totals", {})
-    print(f"Status of node {overview.get('node')} ...")
-    print(f"Broker: {api.base} ({api.source})")
-    print(f"Product: {overview.get('product_name')} {overview.get('product_version')}")
-    print(f"Management API: RabbitMQ {overview.get('management_version')} compatible")
-    print(f"Uptime (seconds): {int(overview.get('uptime', 0)) // 1000}")
-    print("Listeners:")
+    lines = [
+        f"Status of node {overview.get('node')} ...",
+        "Runtime",
+        "",
+        f"Uptime (seconds): {int(overview.get('uptime', 0)) // 1000}",
+        "Is under maintenance?: false",
+        f"Product name: {overview.get('product_name')}",
+        f"Product version: {overview.get('product_version')}",
+        f"RabbitMQ version: {overview.get('rabbitmq_version')} (management API compatibility)",
+        f"Node name: {overview.get('node')}",
+        f"Broker: {api.base} ({api.source})",
+        "",
+        "Alarms",
+        "",
+        *([f"{a.get('resource', '?')} alarm" for a in alarms] or ["(none)"]),
+        "",
+        "Memory",
+        "",
+        f"Total memory used: {_gb(node.get('mem_used'))}",
+        "Calculation strategy: rss",
+        f"Memory high watermark: {_gb(node.get('mem_limit'))}",
+        "",
+        "Free Disk Space",
+        "",
+        f"Low free disk space watermark: {_gb(node.get('disk_free_limit'))}",
+        f"Free disk space: {_gb(node.get('disk_free'))}",
+        "",
+        "Totals",
+        "",
+        f"Connection count: {totals.get('connections', 0)}",
+        f"Queue count: {totals.get('queues', 0)}",
+        f"Virtual host count: {'unknown' if vhosts is None else len(vhosts)}",
+        "",
+        "Listeners",
+        "",
+    ]
     for listener in overview.get("listeners", []):
-        print(f"  {listener['protocol']}: {listener['ip_address']}:{listener['port']}")
-    print(
-        "Totals: "
-        + ", ".join(f"{k} {totals.get(k, 0)}" for k in ("connections", "channels", "consumers"))
-        + ", "
-        + ", ".join(f"{k} {totals.get(k, 0)}" for k in ("queues", "exchanges"))
-    )
-    print(
-        f"Messages: {messages.get('messages', 0)} (ready {messages.get('messages_ready', 0)}, "
-        f"unacknowledged {messages.get('messages_unacknowledged', 0)})"
-    )
-    print("Alarms: " + (", ".join(a.get("resource", "?") for a in alarms) or "(none)"))
+        protocol = listener["protocol"]
+        lines.append(
+            f"Interface: {listener['ip_address']}, port: {listener['port']}, protocol: "
+            f"{protocol}, purpose: {LISTENER_PURPOSES.get(protocol, protocol)}"
+        )
+    print("\n".join(lines))
+
+
+def _optional(api: Api, path: str) -> Any:
+    """What a user without the monitoring tag may not read is left out, not an error."""
+    try:
+        return api.get(path)
+    except HttpError as exc:
+        if exc.status in (401, 403, 404):
+            return None
+        raise
 
 
 @command("ping", "check that the broker answers (and that the credentials work)")
