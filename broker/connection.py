@@ -103,6 +103,9 @@ class Connection:
         self.closed = False
         self._out: list[bytes] = []
         self.out_bytes = 0  # message bodies in _out: past a limit they are written at once
+        # socket reads and writes (Prometheus' connection_{incoming,outgoing}_*): one
+        # increment per read or per flush, not per message
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
         self._flush_scheduled = False
         self._reading_paused = False
         self._continue_scheduled = False
@@ -154,6 +157,8 @@ class Connection:
             data = b"".join(self._out)
             self._out.clear()
             self._sent = True
+            self.send_oct += len(data)
+            self.send_cnt += 1
             self.transport.write(data)
         elif self._out:
             self._out.clear()
@@ -161,6 +166,8 @@ class Connection:
     # ---- input ----
 
     def data_received(self, data: bytes) -> None:
+        self.recv_oct += len(data)
+        self.recv_cnt += 1
         self._received = True
         self.protocol.receive_data(data)
         self._process()

@@ -268,7 +268,33 @@ CHANNEL_GROUPS: dict[str, tuple[Family, ...]] = {
 }
 
 CONNECTION_GROUPS: dict[str, tuple[Family, ...]] = {
+    "connection_coarse_metrics": (
+        Family(
+            "connection_incoming_bytes_total",
+            "counter",
+            "Total number of bytes received on a connection",
+            lambda c: c.recv_oct,
+        ),
+        Family(
+            "connection_outgoing_bytes_total",
+            "counter",
+            "Total number of bytes sent on a connection",
+            lambda c: c.send_oct,
+        ),
+    ),
     "connection_metrics": (
+        Family(
+            "connection_incoming_packets_total",
+            "counter",
+            "Total number of packets received on a connection",
+            lambda c: c.recv_cnt,
+        ),
+        Family(
+            "connection_outgoing_packets_total",
+            "counter",
+            "Total number of packets sent on a connection",
+            lambda c: c.send_cnt,
+        ),
         Family(
             "connection_channels",
             "gauge",

@@ -387,6 +387,16 @@ def test_delivery_modes_churn_and_channel_counters(warren: RunningBroker) -> Non
     assert any(
         k.startswith("rabbitmq_channel_get_empty_total{") and v == 1 for k, v in per_channel.items()
     )
+    received = [
+        v
+        for k, v in per_channel.items()
+        if k.startswith("rabbitmq_connection_incoming_bytes_total{")
+    ]
+    assert received and max(received) > 4 * 9  # the frames of four 1-byte messages at least
+    assert any(
+        k.startswith("rabbitmq_connection_outgoing_packets_total{") and v > 0
+        for k, v in per_channel.items()
+    )
     for name in ("process_open_fds", "process_max_fds", "process_resident_memory_bytes"):
         assert after[f"rabbitmq_{name}"] > 0
     assert (
