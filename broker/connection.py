@@ -435,7 +435,9 @@ class Connection:
                 ACCESS_REFUSED, f"unsupported authentication mechanism '{mechanism}'", 10, 11
             )
         name = user.decode(errors="replace")
+        stats = self.broker.stats
         if not self.broker.authenticate(name, password.decode(errors="replace")):
+            stats.auth_attempts_failed += 1
             self._refuse_login(
                 f"Login was refused using authentication mechanism {mechanism}. "
                 "For details see the broker logfile.",
@@ -443,8 +445,10 @@ class Connection:
             )
             return
         if name in self.broker.settings.loopback_users and not self._from_loopback():
+            stats.auth_attempts_failed += 1
             self._refuse_login(f"user '{name}' can only connect via localhost", name)
             return
+        stats.auth_attempts_succeeded += 1
         self.user = name
         settings = self.broker.settings
         self.send_method(

@@ -393,6 +393,23 @@ def _node_groups(out: Exposition, scope: Scope) -> None:
             ("queues_deleted_total", "Total number of queues deleted", stats.queues_deleted),
         ):
             out.one(p + name, "counter", help_text, value)
+    if scope.wants("auth_attempt_metrics"):
+        labels = PROTOCOL if scope.per_object else {}
+        ok, failed = stats.auth_attempts_succeeded, stats.auth_attempts_failed
+        for name, help_text, value in (
+            ("auth_attempts_total", "Total number of authentication attempts", ok + failed),
+            (
+                "auth_attempts_succeeded_total",
+                "Total number of successful authentication attempts",
+                ok,
+            ),
+            (
+                "auth_attempts_failed_total",
+                "Total number of failed authentication attempts",
+                failed,
+            ),
+        ):
+            out.family(p + name, "counter", help_text, [(labels, value)])
     if scope.wants("node_coarse_metrics"):
         out.one(p + "process_open_fds", "gauge", "Open file descriptors", _open_fds())
         out.one(

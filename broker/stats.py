@@ -71,6 +71,8 @@ class BrokerStats(ChannelStats):
     node-wide counters no channel owns (expiries, dead-letters, object churn)."""
 
     __slots__ = (
+        "auth_attempts_failed",
+        "auth_attempts_succeeded",
         "channels_closed",
         "channels_opened",
         "connections_closed",
@@ -91,6 +93,7 @@ class BrokerStats(ChannelStats):
         self.connections_opened = self.connections_closed = 0
         self.channels_opened = self.channels_closed = 0
         self.queues_declared = self.queues_created = self.queues_deleted = 0
+        self.auth_attempts_succeeded = self.auth_attempts_failed = 0  # AMQP logins
 
     def as_dict(self) -> dict[str, Any]:
         names = (*CHANNEL_COUNTERS, *BrokerStats.__slots__)

@@ -87,6 +87,16 @@ def test_every_family_has_help_and_type(warren: RunningBroker) -> None:
         assert required in names, required
 
 
+def test_failed_logins_are_counted(warren: RunningBroker) -> None:
+    before, _ = scrape(warren)
+    params = pika.URLParameters(warren.url.replace("guest:guest", "guest:wrong"))
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+        pika.BlockingConnection(params)
+    after, per_object = scrape(warren)[0], scrape(warren, "/metrics/per-object")[0]
+    assert _delta(after, before, "rabbitmq_auth_attempts_failed_total") == 1
+    assert 'rabbitmq_auth_attempts_failed_total{protocol="amqp091"}' in per_object
+
+
 def test_counts_follow_traffic(warren: RunningBroker) -> None:
     before, _ = scrape(warren)
     conn = pika.BlockingConnection(pika.URLParameters(warren.url))
@@ -377,6 +387,8 @@ def test_delivery_modes_churn_and_channel_counters(warren: RunningBroker) -> Non
     ):
         assert _delta(after, before, f"rabbitmq_{name}_total") == expected, name
     assert after["rabbitmq_global_publishers" + p] >= 1
+    assert _delta(after, before, "rabbitmq_auth_attempts_succeeded_total") == 1
+    assert _delta(after, before, "rabbitmq_auth_attempts_total") == 1
     # per channel: the publishing channel's counters, labelled as RabbitMQ labels channels
     published = {
         k: v
