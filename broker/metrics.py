@@ -127,18 +127,14 @@ QUEUE_GROUPS: dict[str, tuple[Family, ...]] = {
             lambda q: q.ready_bytes,
         ),
     ),
+    # of RabbitMQ's per-queue delivery counters only this one: Warren's queue counts
+    # deliveries without their ack mode, and settles no-ack deliveries as acks
     "queue_delivery_metrics": (
         Family(
             "queue_messages_redelivered_total",
             "counter",
             "Total number of messages redelivered from a queue to consumers",
             lambda q: q.stats.redelivered,
-        ),
-        Family(
-            "queue_messages_acked_total",
-            "counter",
-            "Total number of messages acknowledged by consumers on a queue",
-            lambda q: q.stats.acked,
         ),
     ),
     "channel_queue_exchange_metrics": (
