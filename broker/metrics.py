@@ -42,6 +42,13 @@ if TYPE_CHECKING:
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 QUEUE_TYPES = {"classic": "rabbit_classic_queue", "quorum": "rabbit_quorum_queue"}
 DEAD_LETTER_REASONS = ("expired", "rejected", "maxlen", "delivery_limit")
+DEAD_LETTER_HELP = {
+    "expired": "Total number of messages dead-lettered due to message TTL exceeded",
+    "rejected": "Total number of messages dead-lettered due to basic.reject or basic.nack",
+    "maxlen": "Total number of messages dead-lettered due to overflow drop-head or "
+    "reject-publish-dlx",
+    "delivery_limit": "Total number of messages dead-lettered due to delivery-limit exceeded",
+}
 PROTOCOL = {"protocol": "amqp091"}
 MAX_QUEUE_FILTER_LENGTH = 1000  # RabbitMQ's limit on the `queue` regex
 
@@ -821,7 +828,7 @@ def _dead_letters(
         out.family(
             f"rabbitmq_global_messages_dead_lettered_{reason}_total",
             "counter",
-            f"Total number of messages dead-lettered ({reason})",
+            DEAD_LETTER_HELP[reason],
             samples,
         )
     by_reason: dict[str, int] = {r: 0 for r in DEAD_LETTER_REASONS}

@@ -443,3 +443,55 @@ def test_detailed_endpoint_takes_family_vhost_and_queue(
     with pytest.raises(urllib.error.HTTPError) as bad:
         scrape(warren, "/metrics/detailed?family=queue_coarse_metrics&queue=(")
     assert bad.value.code == 400
+
+
+# HELP texts and types as RabbitMQ 4.x's plugin has them (rabbitmq-server:
+# deps/rabbitmq_prometheus/src/collectors/prometheus_rabbitmq_core_metrics_collector.erl,
+# deps/rabbit/src/rabbit_global_counters.erl, deps/rabbit/include/rabbit_global_counters.hrl)
+RABBITMQ_FAMILIES = {
+    "rabbitmq_build_info": ("untyped", "RabbitMQ & Erlang/OTP version info"),
+    "rabbitmq_identity_info": ("untyped", "RabbitMQ node & cluster identity info"),
+    "rabbitmq_connections_opened_total": ("counter", "Total number of connections opened"),
+    "rabbitmq_queues_declared_total": ("counter", "Total number of queues declared"),
+    "rabbitmq_process_resident_memory_bytes": ("gauge", "Memory used in bytes"),
+    "rabbitmq_resident_memory_limit_bytes": ("gauge", "Memory high watermark in bytes"),
+    "rabbitmq_disk_space_available_limit_bytes": (
+        "gauge",
+        "Free disk space low watermark in bytes",
+    ),
+    "rabbitmq_process_max_fds": ("gauge", "Open file descriptors limit"),
+    "rabbitmq_channel_acks_uncommitted": (
+        "gauge",
+        "Message acknowledgements in a transaction not yet committed",
+    ),
+    "rabbitmq_channel_get_empty_total": (
+        "counter",
+        "Total number of times basic.get operations fetched no message",
+    ),
+    "rabbitmq_global_messages_delivered_get_auto_ack_total": (
+        "counter",
+        "Total number of messages delivered to consumers using basic.get with automatic "
+        "acknowledgment",
+    ),
+    "rabbitmq_global_messages_received_confirm_total": (
+        "counter",
+        "Total number of messages received from publishers expecting confirmations",
+    ),
+    "rabbitmq_global_publishers": ("gauge", "Current number of publishers"),
+    "rabbitmq_global_messages_dead_lettered_expired_total": (
+        "counter",
+        "Total number of messages dead-lettered due to message TTL exceeded",
+    ),
+    "rabbitmq_alarms_memory_used_watermark": (
+        "untyped",
+        "is 1 if VM memory watermark alarm is in effect",
+    ),
+    "rabbitmq_queue_messages_ready": ("gauge", "Messages ready to be delivered to consumers"),
+}
+
+
+def test_families_have_rabbitmqs_types_and_help(warren: RunningBroker) -> None:
+    _, text = scrape(warren)
+    for name, (kind, help_text) in RABBITMQ_FAMILIES.items():
+        assert f"# TYPE {name} {kind}\n" in text, name
+        assert f"# HELP {name} {help_text}\n" in text, name
