@@ -6,7 +6,9 @@ tests/test_warrenctl.py runs the same script with warrenctl against Warren and c
 stdout, stderr and exit status line by line. The steps share one state: vhost ``ux``
 gets queue ``q1`` with two messages (published over AMQP, as SETUP says) after step 2.
 ``trace_on`` is left out: rabbitmqctl's switches the firehose, Warren's its lifecycle trace.
-``ping`` and ``status`` name the node and are checked field by field instead.
+``ping`` and ``status`` name the node and are checked field by field instead; the
+connection and channel listings depend on who else is connected. Where rabbitmqctl names
+itself (``See 'rabbitmqctl help set_permissions'``), warrenctl names itself.
 """
 
 from __future__ import annotations
@@ -43,6 +45,16 @@ SCRIPT: tuple[tuple[str, ...], ...] = (
     ("delete_queue", "-p", "ux", "nosuch"),
     ("delete_queue", "-p", "ux", "q1"),
     ("list_queues", "-p", "ux"),
+    ("add_user", "ux-user", "pw"),
+    ("set_user_tags", "ux-user", "management"),
+    ("change_password", "ux-user", "pw2"),
+    ("list_user_permissions", "ux-user"),
+    ("set_permissions", "-p", "ux", "ux-user", "^a", "^b", "^c"),
+    ("list_user_permissions", "ux-user"),
+    ("clear_permissions", "-p", "ux", "ux-user"),
+    ("clear_permissions", "-p", "ux", "ux-user"),
+    ("set_user_tags", "ux-user"),
+    ("delete_user", "ux-user"),
     ("add_user", "guest", "x"),
     ("delete_user", "nosuchuser"),
     ("change_password", "nosuchuser", "x"),

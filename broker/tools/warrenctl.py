@@ -282,7 +282,7 @@ _list(
     "list_channels",
     "channels",
     lambda a: "channels",
-    ["name", "user", "consumer_count", "messages_unacknowledged"],
+    ["pid", "user", "consumer_count", "messages_unacknowledged"],
     {"pid": "name", "connection": "connection_details.name"},
     per_vhost=False,
     heading="Listing {what} ...",
@@ -359,6 +359,8 @@ def list_user_permissions(api: Api, args: argparse.Namespace, out: Output) -> No
         if exc.status == 404:  # rabbitmqctl shows the Erlang error term here, and exits 69
             raise CtlError(f'{{:no_such_user, "{args.username}"}}', EX_UNAVAILABLE) from None
         raise
+    if not items and not out.quiet:
+        print()  # as list_policies: rabbitmqctl's empty listing is one empty line
     out.rows(items, ["vhost", "configure", "write", "read"], {})
 
 
@@ -565,7 +567,7 @@ def add_user(api: Api, args: argparse.Namespace, out: Output) -> None:
     api.request("PUT", f"users/{q(args.username)}", {"password": args.password, "tags": ""})
     out.info(
         "Done. Don't forget to grant the user permissions to some virtual hosts! "
-        "See 'warrenctl set_permissions --help' to learn more."
+        "See 'warrenctl help set_permissions' to learn more."
     )
 
 
@@ -847,6 +849,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         _common(p, defaults=False)
         arguments(p)
+    sub.add_parser("help", help="show a command's usage").add_argument("verb", nargs="?")
     return parser
 
 
@@ -912,6 +915,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return EX_USAGE
+        if args.command == "help":  # rabbitmqctl help [verb]
+            verb = args.verb
+            if verb is None:
+                parser.print_help()
+            elif verb in COMMANDS:
+                parser.parse_args([verb, "--help"])  # prints and exits 0
+            else:
+                raise CtlError(f"(argument validation): no command '{verb}'", EX_USAGE)
+            return 0
         fn = COMMANDS[args.command][0]
         api = _connection(args)
         fn(api, args, Output(args))
