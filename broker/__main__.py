@@ -109,7 +109,7 @@ def _write_endpoints(settings: Settings, management_port: int | None) -> Path | 
     import json
     import os
 
-    from warren.broker.tools.warrenctl import ENDPOINTS_FILE
+    from warren.broker.tools import ENDPOINTS_FILE  # not warrenctl: urllib is slow to import
 
     if not settings.data_dir or not management_port:
         return None

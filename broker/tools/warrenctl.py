@@ -26,9 +26,9 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 from urllib.parse import quote, unquote, urlsplit
 
+from warren.broker.tools import ENDPOINTS_FILE
+
 EX_USAGE, EX_DATAERR, EX_NOUSER, EX_UNAVAILABLE, EX_SOFTWARE, EX_NOPERM = 64, 65, 67, 69, 70, 77
-# written by warren-server in its data dir while it runs (broker/__main__.py)
-ENDPOINTS_FILE = "warren-endpoints.json"
 
 
 class CtlError(Exception):
