@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -90,9 +91,38 @@ async def serve(settings: Settings) -> None:
     ):
         if http_port:
             log.info(f"{name} listening", address=f"{ip}:{http_port}")
-    await stop.wait()
+    endpoints = _write_endpoints(settings, server.management_port)
+    try:
+        await stop.wait()
+    finally:
+        if endpoints is not None:
+            endpoints.unlink(missing_ok=True)
     log.info("shutting down", connections=len(server.broker.connections))
     await server.stop()
+
+
+def _write_endpoints(settings: Settings, management_port: int | None) -> Path | None:
+    """Where warrenctl on this machine finds this broker's API, even on a port given on
+    the command line or chosen by the OS (port 0)."""
+    import json
+    import os
+
+    from warren.broker.tools import ENDPOINTS_FILE  # not warrenctl: urllib is slow to import
+
+    if not settings.data_dir or not management_port:
+        return None
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(
+        settings.management_ip, settings.management_ip
+    )
+    host = f"[{host}]" if ":" in host else host
+    path = Path(settings.data_dir) / ENDPOINTS_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({"pid": os.getpid(), "management": f"http://{host}:{management_port}"})
+        path.write_text(text + "\n")
+    except OSError:
+        return None  # a read-only data dir: warrenctl falls back to the config
+    return path
 
 
 def _print_config_errors(exc: ConfigError) -> None:

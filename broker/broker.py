@@ -11,6 +11,7 @@ from warren.broker.alarms import ResourceMonitor
 from warren.broker.auth import AccessControl
 from warren.broker.deprecated import DeprecatedFeatures
 from warren.broker.persistence import Persistence
+from warren.broker.stats import BrokerStats, ChannelStats
 from warren.broker.timers import ManualTimers, Timers
 from warren.broker.tracing import Tracing
 from warren.broker.vhost import VirtualHost
@@ -20,42 +21,6 @@ if TYPE_CHECKING:
     from warren.broker.channel import Channel
     from warren.broker.connection import Connection
     from warren.broker.recorder import Recording
-
-
-class BrokerStats:
-    """Cumulative message counters (Prometheus' rabbitmq_global_messages_*_total)."""
-
-    __slots__ = (
-        "acked",
-        "confirmed",
-        "consumer_timeouts",
-        "dead_lettered",
-        "delivered",
-        "expired",
-        "received",
-        "redelivered",
-        "retried",
-        "routed",
-        "unroutable_dropped",
-        "unroutable_returned",
-    )
-
-    def __init__(self) -> None:
-        self.received = 0
-        self.routed = 0
-        self.unroutable_dropped = 0
-        self.unroutable_returned = 0
-        self.delivered = 0
-        self.redelivered = 0
-        self.acked = 0
-        self.confirmed = 0
-        self.consumer_timeouts = 0
-        self.expired = 0
-        self.retried = 0
-        self.dead_lettered: dict[str, int] = {}  # by reason
-
-    def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
 
 
 class Broker:
@@ -205,6 +170,21 @@ class Broker:
 
     def connection_opened(self, connection: Connection) -> None:
         self.connections.add(connection)
+        self.stats.connections_opened += 1
 
     def connection_closed(self, connection: Connection) -> None:
         self.connections.discard(connection)
+        if connection.opened:  # as connections_opened_total counted it
+            self.stats.connections_closed += 1
+
+    def message_totals(self) -> ChannelStats:
+        """The node's message counters: closed channels' and the API's, plus open channels'."""
+        totals = ChannelStats()
+        totals.add(self.stats)
+        for connection in self.connections:
+            for channel in connection.channels.values():
+                if not channel.closed:
+                    totals.add(channel.stats)
+                    if channel.confirm:
+                        totals.received_confirm += channel.confirms.seq
+        return totals

@@ -19,6 +19,7 @@ from warren.broker.confirms import Confirms
 from warren.broker.consumer import Consumer
 from warren.broker.exchange import Exchange
 from warren.broker.message import Message
+from warren.broker.stats import ChannelStats
 from warren.protocol.connection import Content
 from warren.protocol.constants import (
     ACCESS_REFUSED,
@@ -102,7 +103,8 @@ class Channel:
         self.id = channel_id
         self.conn = connection
         self.vhost = connection.vhost
-        self.stats = connection.broker.stats
+        self.stats = ChannelStats()  # added to the broker's when the channel closes
+        connection.broker.stats.channels_opened += 1
         self.consumers: dict[str, Consumer] = {}
         self.unacked: dict[int, Message] = {}
         # tags of deliveries returned on a consumer timeout: settling them is a no-op
@@ -174,12 +176,13 @@ class Channel:
             if tracer.firehose.bindings:
                 firehose.delivered(tracer.firehose, self, consumer.queue.name, msg)
         stats = self.stats
-        stats.delivered += 1
         if msg.redelivered:
             stats.redelivered += 1
         if consumer.no_ack:
+            stats.delivered_consume_auto += 1
             consumer.queue.settled(msg)
         else:
+            stats.delivered_consume_manual += 1
             msg.tag = tag
             msg.channel = self
             msg.consumer = consumer
@@ -636,17 +639,19 @@ class Channel:
         queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
         msg = queue.get()
         if msg is None:
+            self.stats.get_empty += 1
             self.reply(commands.Basic.GetEmpty())
             return
         self.next_tag = tag = self.next_tag + 1
-        self.stats.delivered += 1
         if (tracer := self.vhost.tracer) is not None:
             tracer.got(self, queue, msg, tag)
             if tracer.firehose.bindings:
                 firehose.delivered(tracer.firehose, self, queue.name, msg)
         if method.no_ack:
+            self.stats.delivered_get_auto += 1
             queue.settled(msg)
         else:
+            self.stats.delivered_get_manual += 1
             msg.tag = tag
             msg.channel = self
             msg.consumer = None
@@ -759,6 +764,7 @@ class Channel:
             name = self.vhost.new_queue_name()
         if not method.passive:
             self.allow("configure", "queue", name)
+            self.conn.broker.stats.queues_declared += 1  # as RabbitMQ: once permitted
             dlx = (method.arguments or {}).get("x-dead-letter-exchange")
             if isinstance(dlx, str):  # RabbitMQ: the queue passes messages on to it
                 self.allow("read", "queue", name)
@@ -897,6 +903,11 @@ class Channel:
         if self.closed:
             return
         self.closed = True
+        node = self.conn.broker.stats
+        node.add(self.stats)  # the node's totals keep what this channel counted
+        if self.confirm:
+            node.received_confirm += self.confirms.seq
+        node.channels_closed += 1
         why = "channel_closed"  # only the trace tells the kinds of closing apart
         if (tracer := self.vhost.tracer) is not None:
             why = tracer.channel_closed(self)

@@ -108,6 +108,9 @@ class Connection:
         self.closed = False
         self._out: list[bytes] = []
         self.out_bytes = 0  # message bodies in _out: past a limit they are written at once
+        # socket reads and writes (Prometheus' connection_{incoming,outgoing}_*): one
+        # increment per read or per flush, not per message
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
         self._flush_scheduled = False
         self.flow = FlowControl(transport)  # why the socket is not read (broker/flow.py)
         self._continue_scheduled = False
@@ -159,6 +162,8 @@ class Connection:
             data = b"".join(self._out)
             self._out.clear()
             self._sent = True
+            self.send_oct += len(data)
+            self.send_cnt += 1
             self.transport.write(data)
         elif self._out:
             self._out.clear()
@@ -166,6 +171,8 @@ class Connection:
     # ---- input ----
 
     def data_received(self, data: bytes) -> None:
+        self.recv_oct += len(data)
+        self.recv_cnt += 1
         self._received = True
         self.protocol.receive_data(data)
         self._process()
@@ -446,7 +453,9 @@ class Connection:
                 ACCESS_REFUSED, f"unsupported authentication mechanism '{mechanism}'", 10, 11
             )
         name = user.decode(errors="replace")
+        stats = self.broker.stats
         if not self.broker.authenticate(name, password.decode(errors="replace")):
+            stats.auth_attempts_failed += 1
             self._refuse_login(
                 f"Login was refused using authentication mechanism {mechanism}. "
                 "For details see the broker logfile.",
@@ -454,8 +463,10 @@ class Connection:
             )
             return
         if name in self.broker.settings.loopback_users and not self._from_loopback():
+            stats.auth_attempts_failed += 1
             self._refuse_login(f"user '{name}' can only connect via localhost", name)
             return
+        stats.auth_attempts_succeeded += 1
         self.user = name
         settings = self.broker.settings
         self.send_method(

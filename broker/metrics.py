@@ -1,32 +1,56 @@
 """Prometheus metrics on their own port (``prometheus.tcp.port``, default 15692).
 
-``/metrics`` gives RabbitMQ's aggregated families (queue, channel and
-connection gauges summed over the node, as RabbitMQ's default endpoint does)
-and ``/metrics/per-object`` the same with one sample per queue, channel and
-connection. Families RabbitMQ also has keep its ``rabbitmq_`` names; Warren's
-own (consumer timeouts, delayed retries, expiries, dead-letters by reason) are
-``warren_``. Everything is read from the engine's counters when scraped: the
-message path only increments them.
+RabbitMQ 4.x's ``rabbitmq_prometheus`` endpoints, with its family names, types, labels
+and HELP texts wherever a family means something on one Warren node:
+
+- ``/metrics``: queue, channel and connection families summed over the node;
+- ``/metrics/per-object``: the same with one sample per queue, channel and connection;
+- ``/metrics/detailed?family=...&vhost=...&queue=...``: only the families asked for, per
+  object, named ``rabbitmq_detailed_*``, filtered by vhost and by a queue-name regex.
+
+Erlang VM, Raft, stream and Erlang-process families (reductions, process memory) are left
+out: nothing in Warren has those meanings (docs/operating.md lists them). Warren's own
+families (consumer timeouts, delayed retries, expiries, dead-letters by reason) are
+``warren_``. Everything is read when scraped: the message path only increments counters
+it already had (per channel now, summed here).
 """
 
 from __future__ import annotations
 
+import os
 import platform
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+import re
+import resource
+import shutil
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from warren.broker.alarms import resident_memory
 from warren.broker.management.formats import channel_name, connection_name
+from warren.broker.management.overview import API_VERSION
 
 if TYPE_CHECKING:
     from warren.broker.channel import Channel
+    from warren.broker.connection import Connection
     from warren.broker.management.core import Management
     from warren.broker.queue import Queue
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 QUEUE_TYPES = {"classic": "rabbit_classic_queue", "quorum": "rabbit_quorum_queue"}
 DEAD_LETTER_REASONS = ("expired", "rejected", "maxlen", "delivery_limit")
+DEAD_LETTER_HELP = {
+    "expired": "Total number of messages dead-lettered due to message TTL exceeded",
+    "rejected": "Total number of messages dead-lettered due to basic.reject or basic.nack",
+    "maxlen": "Total number of messages dead-lettered due to overflow drop-head or "
+    "reject-publish-dlx",
+    "delivery_limit": "Total number of messages dead-lettered due to delivery-limit exceeded",
+}
+PROTOCOL = {"protocol": "amqp091"}
+MAX_QUEUE_FILTER_LENGTH = 1000  # RabbitMQ's limit on the `queue` regex
 
 Labels = dict[str, str]
 Sample = tuple[Labels, float]
@@ -65,103 +89,381 @@ class Exposition:
         return "\n".join(self.lines) + "\n"
 
 
-# (name, type, help, value of one queue)
-QUEUE_FAMILIES: tuple[tuple[str, str, str, str], ...] = (
-    (
-        "rabbitmq_queue_messages_ready",
-        "gauge",
-        "Messages ready to be delivered to consumers",
-        "ready",
-    ),
-    (
-        "rabbitmq_queue_messages_unacked",
-        "gauge",
-        "Messages delivered to consumers but not yet acknowledged",
-        "unacked",
-    ),
-    (
-        "rabbitmq_queue_messages",
-        "gauge",
-        "Sum of ready and unacknowledged messages - total queue depth",
-        "messages",
-    ),
-    ("rabbitmq_queue_messages_ready_bytes", "gauge", "Size in bytes of ready messages", "bytes"),
-    ("rabbitmq_queue_consumers", "gauge", "Consumers on a queue", "consumers"),
-    (
-        "rabbitmq_queue_messages_published_total",
-        "counter",
-        "Total number of messages published to queues",
-        "published",
-    ),
-    (
-        "warren_queue_messages_delayed",
-        "gauge",
-        "Messages waiting for a delayed retry before they are ready again",
-        "delayed",
-    ),
-    (
-        "warren_queue_messages_delivered_total",
-        "counter",
-        "Deliveries and basic.get-oks from the queue",
-        "delivered",
-    ),
-    ("warren_queue_messages_acked_total", "counter", "Messages acknowledged", "acked"),
-    (
-        "warren_queue_messages_redelivered_total",
-        "counter",
-        "Messages returned to the queue for another delivery",
-        "redelivered",
-    ),
-    ("warren_queue_messages_expired_total", "counter", "Messages expired by TTL", "expired"),
-    (
-        "warren_queue_retries_total",
-        "counter",
-        "Returned messages that waited for a delayed retry",
-        "retried",
-    ),
-    (
-        "warren_queue_consumer_timeouts_total",
-        "counter",
-        "Deliveries not acknowledged within the consumer timeout",
-        "consumer_timeouts",
-    ),
-    (
-        "warren_queue_consumers_timed_out",
-        "gauge",
-        "Consumers in the timeout state (timed-out deliveries not yet settled)",
-        "timed_out",
-    ),
-)
+# ---- RabbitMQ's families, by the group (its ETS table) /metrics/detailed selects ----
 
 
-def _queue_values(queue: Queue) -> dict[str, float]:
-    s = queue.stats
-    return {
-        "ready": queue.ready_count,
-        "unacked": queue.unacked_count,
-        "messages": queue.ready_count + queue.unacked_count,
-        "bytes": queue.ready_bytes,
-        "consumers": len(queue.consumers),
-        "published": s.published,
-        "delayed": queue.delayed_count,
-        "delivered": s.delivered,
-        "acked": s.acked,
-        "redelivered": s.redelivered,
-        "expired": s.expired,
-        "retried": s.retried,
-        "consumer_timeouts": s.consumer_timeouts,
-        "timed_out": sum(1 for c in queue.consumers if c.timed_out),
-    }
+@dataclass(frozen=True)
+class Family:
+    name: str  # without the rabbitmq_ / rabbitmq_detailed_ prefix
+    kind: str
+    help: str
+    read: Callable[[Any], float]
 
 
-def render(mgmt: Management, per_object: bool) -> str:
-    broker = mgmt.broker
-    out = Exposition()
+def _acks_uncommitted(ch: Channel) -> int:
+    return sum(len(msgs) for kind, msgs, _ in ch.tx_settles if kind == "ack")
+
+
+QUEUE_GROUPS: dict[str, tuple[Family, ...]] = {
+    "queue_coarse_metrics": (
+        Family(
+            "queue_messages_ready",
+            "gauge",
+            "Messages ready to be delivered to consumers",
+            lambda q: q.ready_count,
+        ),
+        Family(
+            "queue_messages_unacked",
+            "gauge",
+            "Messages delivered to consumers but not yet acknowledged",
+            lambda q: q.unacked_count,
+        ),
+        Family(
+            "queue_messages",
+            "gauge",
+            "Sum of ready and unacknowledged messages - total queue depth",
+            lambda q: q.ready_count + q.unacked_count,
+        ),
+    ),
+    "queue_metrics": (
+        Family("queue_consumers", "gauge", "Consumers on a queue", lambda q: len(q.consumers)),
+        Family(
+            "queue_messages_ready_bytes",
+            "gauge",
+            "Size in bytes of ready messages",
+            lambda q: q.ready_bytes,
+        ),
+    ),
+    # of RabbitMQ's per-queue delivery counters only this one: Warren's queue counts
+    # deliveries without their ack mode, and settles no-ack deliveries as acks
+    "queue_delivery_metrics": (
+        Family(
+            "queue_messages_redelivered_total",
+            "counter",
+            "Total number of messages redelivered from a queue to consumers",
+            lambda q: q.stats.redelivered,
+        ),
+    ),
+    "channel_queue_exchange_metrics": (
+        Family(
+            "queue_messages_published_total",
+            "counter",
+            "Total number of messages published into a queue through an exchange on a channel",
+            lambda q: q.stats.published,
+        ),
+    ),
+}
+# /metrics reads queue_consumer_count, a cheaper subset of queue_metrics, when it sums
+QUEUE_GROUP_ALIASES = {"queue_consumer_count": "queue_metrics"}
+
+CHANNEL_GROUPS: dict[str, tuple[Family, ...]] = {
+    "channel_metrics": (
+        Family("channel_consumers", "gauge", "Consumers on a channel", lambda c: len(c.consumers)),
+        Family(
+            "channel_messages_unacked",
+            "gauge",
+            "Delivered but not yet acknowledged messages",
+            lambda c: len(c.unacked),
+        ),
+        Family(
+            "channel_messages_unconfirmed",
+            "gauge",
+            "Published but not yet confirmed messages",
+            lambda c: c.confirms.unconfirmed if c.confirm else 0,
+        ),
+        Family(
+            "channel_messages_uncommitted",
+            "gauge",
+            "Messages received in a transaction but not yet committed",
+            lambda c: len(c.tx_publishes),
+        ),
+        Family(
+            "channel_acks_uncommitted",
+            "gauge",
+            "Message acknowledgements in a transaction not yet committed",
+            _acks_uncommitted,
+        ),
+        Family(
+            "consumer_prefetch",
+            "gauge",
+            "Limit of unacknowledged messages for each consumer",
+            lambda c: c.prefetch_count,
+        ),
+        Family(
+            "channel_prefetch",
+            "gauge",
+            "Deprecated and will be removed in a future version",
+            lambda c: c.prefetch_global,
+        ),
+    ),
+    "channel_exchange_metrics": (
+        Family(
+            "channel_messages_published_total",
+            "counter",
+            "Total number of messages published into an exchange on a channel",
+            lambda c: c.stats.received,
+        ),
+        Family(
+            "channel_messages_confirmed_total",
+            "counter",
+            "Total number of messages published into an exchange and confirmed on the channel",
+            lambda c: c.stats.confirmed,
+        ),
+        Family(
+            "channel_messages_unroutable_returned_total",
+            "counter",
+            "Total number of messages published as mandatory into an exchange and returned to "
+            "the publisher as unroutable",
+            lambda c: c.stats.unroutable_returned,
+        ),
+        Family(
+            "channel_messages_unroutable_dropped_total",
+            "counter",
+            "Total number of messages published as non-mandatory into an exchange and dropped "
+            "as unroutable",
+            lambda c: c.stats.unroutable_dropped,
+        ),
+    ),
+    "channel_queue_metrics": (
+        Family(
+            "channel_get_ack_total",
+            "counter",
+            "Total number of messages fetched with basic.get in manual acknowledgement mode",
+            lambda c: c.stats.delivered_get_manual,
+        ),
+        Family(
+            "channel_get_total",
+            "counter",
+            "Total number of messages fetched with basic.get in automatic acknowledgement mode",
+            lambda c: c.stats.delivered_get_auto,
+        ),
+        Family(
+            "channel_messages_delivered_ack_total",
+            "counter",
+            "Total number of messages delivered to consumers in manual acknowledgement mode",
+            lambda c: c.stats.delivered_consume_manual,
+        ),
+        Family(
+            "channel_messages_delivered_total",
+            "counter",
+            "Total number of messages delivered to consumers in automatic acknowledgement mode",
+            lambda c: c.stats.delivered_consume_auto,
+        ),
+        Family(
+            "channel_messages_redelivered_total",
+            "counter",
+            "Total number of messages redelivered to consumers",
+            lambda c: c.stats.redelivered,
+        ),
+        Family(
+            "channel_messages_acked_total",
+            "counter",
+            "Total number of messages acknowledged by consumers",
+            lambda c: c.stats.acked,
+        ),
+        Family(
+            "channel_get_empty_total",
+            "counter",
+            "Total number of times basic.get operations fetched no message",
+            lambda c: c.stats.get_empty,
+        ),
+    ),
+}
+
+CONNECTION_GROUPS: dict[str, tuple[Family, ...]] = {
+    "connection_coarse_metrics": (
+        Family(
+            "connection_incoming_bytes_total",
+            "counter",
+            "Total number of bytes received on a connection",
+            lambda c: c.recv_oct,
+        ),
+        Family(
+            "connection_outgoing_bytes_total",
+            "counter",
+            "Total number of bytes sent on a connection",
+            lambda c: c.send_oct,
+        ),
+    ),
+    "connection_metrics": (
+        Family(
+            "connection_incoming_packets_total",
+            "counter",
+            "Total number of packets received on a connection",
+            lambda c: c.recv_cnt,
+        ),
+        Family(
+            "connection_outgoing_packets_total",
+            "counter",
+            "Total number of packets sent on a connection",
+            lambda c: c.send_cnt,
+        ),
+        Family(
+            "connection_channels",
+            "gauge",
+            "Channels on a connection",
+            lambda c: sum(1 for ch in c.channels.values() if not ch.closed),
+        ),
+    ),
+}
+
+
+@dataclass
+class Scope:
+    """What one scrape covers: the objects, how they are labelled, which groups."""
+
+    mgmt: Management
+    per_object: bool
+    prefix: str = "rabbitmq_"
+    groups: frozenset[str] | None = None  # None: all
+    vhosts: frozenset[str] | None = None  # None: all
+    queue_filter: re.Pattern[str] | None = None
+
+    def wants(self, group: str) -> bool:
+        return self.groups is None or group in self.groups
+
+    def queues(self) -> list[Queue]:
+        out = []
+        for vhost in self.mgmt.broker.vhosts.values():
+            if self.vhosts is not None and vhost.name not in self.vhosts:
+                continue
+            for q in vhost.queues.values():
+                if self.queue_filter is None or self.queue_filter.search(q.name):
+                    out.append(q)
+        return out
+
+
+def _objects(
+    out: Exposition,
+    scope: Scope,
+    groups: dict[str, tuple[Family, ...]],
+    objects: Sequence[Any],
+    label: Callable[[Any], Labels],
+) -> None:
+    for group, families in groups.items():
+        if not scope.wants(group) and not (
+            group == "queue_metrics" and scope.wants("queue_consumer_count")
+        ):
+            continue
+        for family in families:
+            if scope.per_object:
+                samples: list[Sample] = [(label(o), family.read(o)) for o in objects]
+            else:
+                samples = [({}, sum(family.read(o) for o in objects))]
+            out.family(scope.prefix + family.name, family.kind, family.help, samples)
+
+
+def _queue_label(q: Queue) -> Labels:
+    return {"vhost": q.vhost.name, "queue": q.name}
+
+
+def _channel_label(ch: Channel) -> Labels:
+    return {"channel": channel_name(ch)}
+
+
+def _connection_label(conn: Connection) -> Labels:
+    return {"connection": connection_name(conn)}
+
+
+def _open_fds() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
+
+
+def _node_groups(out: Exposition, scope: Scope) -> None:
+    """connection_churn_metrics, node_coarse_metrics, node_metrics: one sample each."""
+    broker = scope.mgmt.broker
+    stats, monitor = broker.stats, broker.monitor
+    p = scope.prefix
+    if scope.wants("connection_churn_metrics"):
+        for name, help_text, value in (
+            (
+                "connections_opened_total",
+                "Total number of connections opened",
+                stats.connections_opened,
+            ),
+            (
+                "connections_closed_total",
+                "Total number of connections closed or terminated",
+                stats.connections_closed,
+            ),
+            ("channels_opened_total", "Total number of channels opened", stats.channels_opened),
+            ("channels_closed_total", "Total number of channels closed", stats.channels_closed),
+            ("queues_declared_total", "Total number of queues declared", stats.queues_declared),
+            ("queues_created_total", "Total number of queues created", stats.queues_created),
+            ("queues_deleted_total", "Total number of queues deleted", stats.queues_deleted),
+        ):
+            out.one(p + name, "counter", help_text, value)
+    if scope.wants("auth_attempt_metrics"):
+        labels = PROTOCOL if scope.per_object else {}
+        ok, failed = stats.auth_attempts_succeeded, stats.auth_attempts_failed
+        for name, help_text, value in (
+            ("auth_attempts_total", "Total number of authentication attempts", ok + failed),
+            (
+                "auth_attempts_succeeded_total",
+                "Total number of successful authentication attempts",
+                ok,
+            ),
+            (
+                "auth_attempts_failed_total",
+                "Total number of failed authentication attempts",
+                failed,
+            ),
+        ):
+            out.family(p + name, "counter", help_text, [(labels, value)])
+    if scope.wants("node_coarse_metrics"):
+        out.one(p + "process_open_fds", "gauge", "Open file descriptors", _open_fds())
+        out.one(
+            p + "process_resident_memory_bytes", "gauge", "Memory used in bytes", resident_memory()
+        )
+        # the data dir's file system; without one (nothing kept on disk) the working dir's
+        data_dir = broker.settings.data_dir or "."
+        if os.path.isdir(data_dir):
+            free = shutil.disk_usage(data_dir).free
+            out.one(
+                p + "disk_space_available_bytes", "gauge", "Disk space available in bytes", free
+            )
+    if scope.wants("node_metrics"):
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        out.one(p + "process_max_fds", "gauge", "Open file descriptors limit", soft)
+        out.one(
+            p + "resident_memory_limit_bytes",
+            "gauge",
+            "Memory high watermark in bytes",
+            monitor.memory_limit,
+        )
+        out.one(
+            p + "disk_space_available_limit_bytes",
+            "gauge",
+            "Free disk space low watermark in bytes",
+            monitor.disk_limit,
+        )
+        uptime = time.time() - broker.started_at
+        out.one(p + "erlang_uptime_seconds", "gauge", "Node uptime", round(uptime, 3))
+
+
+def _info(out: Exposition, scope: Scope, endpoint: str) -> None:
+    mgmt = scope.mgmt
     out.family(
-        "rabbitmq_identity_info",
+        "rabbitmq_build_info",
         "untyped",
-        "RabbitMQ node & cluster identity info",
-        [({"rabbitmq_node": mgmt.node, "rabbitmq_cluster": mgmt.node}, 1)],
+        "RabbitMQ & Erlang/OTP version info",
+        [
+            (
+                {
+                    "product_name": "Warren",
+                    "product_version": mgmt.version,
+                    "rabbitmq_version": API_VERSION,
+                    "prometheus_plugin_version": API_VERSION,
+                    "prometheus_client_version": "warren",
+                    # no Erlang: the runtime that stands in for it
+                    "erlang_version": "python-" + platform.python_version(),
+                },
+                1,
+            )
+        ],
     )
     out.family(
         "warren_build_info",
@@ -169,18 +471,233 @@ def render(mgmt: Management, per_object: bool) -> str:
         "Warren and Python versions",
         [({"version": mgmt.version, "python_version": platform.python_version()}, 1)],
     )
-    queues = [(v.name, q) for v in broker.vhosts.values() for q in v.queues.values()]
-    connections = mgmt.connections()
-    channels = [ch for c in connections for ch in c.channels.values() if not ch.closed]
-    consumers = sum(len(q.consumers) for _, q in queues)
-    out.one("rabbitmq_connections", "gauge", "Connections currently open", len(connections))
+    out.family(
+        "rabbitmq_identity_info",
+        "untyped",
+        "RabbitMQ node & cluster identity info",
+        [
+            (
+                {
+                    "rabbitmq_node": mgmt.node,
+                    "rabbitmq_cluster": mgmt.node,
+                    "rabbitmq_cluster_permanent_id": mgmt.node,
+                    "rabbitmq_endpoint": endpoint,
+                },
+                1,
+            )
+        ],
+    )
+
+
+def _queue_info(out: Exposition, scope: Scope, queues: list[Queue]) -> None:
+    out.family(
+        scope.prefix + "queue_info",
+        "gauge",
+        "A metric with a constant '1' value and labels that provide some queue details",
+        [
+            (
+                {
+                    "vhost": q.vhost.name,
+                    "queue": q.name,
+                    "queue_type": QUEUE_TYPES.get(q.queue_type, q.queue_type),
+                    "membership": "leader",
+                },
+                1,
+            )
+            for q in queues
+        ],
+    )
+
+
+def _totals(out: Exposition, queues: list[Queue], channels: list[Channel], conns: int) -> None:
+    consumers = sum(len(q.consumers) for q in queues)
+    out.one("rabbitmq_connections", "gauge", "Connections currently open", conns)
     out.one("rabbitmq_channels", "gauge", "Channels currently open", len(channels))
     out.one("rabbitmq_consumers", "gauge", "Consumers currently connected", consumers)
     out.one("rabbitmq_queues", "gauge", "Queues available", len(queues))
 
+
+def _live_channels(connections: list[Connection]) -> list[Channel]:
+    return [ch for c in connections for ch in c.channels.values() if not ch.closed]
+
+
+def render(mgmt: Management, per_object: bool) -> str:
+    """``/metrics`` (summed) or ``/metrics/per-object``."""
+    scope = Scope(mgmt, per_object)
+    out = Exposition()
+    queues = scope.queues()
+    connections = mgmt.connections()
+    channels = _live_channels(connections)
+    _objects(out, scope, QUEUE_GROUPS, queues, _queue_label)
+    _objects(out, scope, CHANNEL_GROUPS, channels, _channel_label)
+    _objects(out, scope, CONNECTION_GROUPS, connections, _connection_label)
+    _node_groups(out, scope)
+    _totals(out, queues, channels, len(connections))
+    if per_object:
+        _queue_info(out, scope, queues)
+    _info(out, scope, "per-object" if per_object else "aggregated")
+    _warren_queues(out, queues, per_object)
+    _warren_exchanges(out, mgmt, per_object)
+    _globals(mgmt, out, queues, channels)
+    _alarms(mgmt, out)
+    out.one(
+        "process_start_time_seconds",
+        "gauge",
+        "Start time of the process since unix epoch in seconds.",
+        int(mgmt.broker.started_at),
+    )
+    return out.text()
+
+
+def render_detailed(mgmt: Management, query: Any) -> str:
+    """``/metrics/detailed``: the groups named by ``family``, per object, vhost- and
+    queue-filtered; RabbitMQ renders nothing but the identity families without ``family``."""
+    vhosts = query.getall("vhost", [])
+    pattern = query.get("queue") or None
+    queue_filter = None
+    if pattern is not None:
+        if len(pattern) > MAX_QUEUE_FILTER_LENGTH:
+            raise web.HTTPBadRequest(text="'queue' regex too long")
+        try:
+            queue_filter = re.compile(pattern)
+        except re.error as exc:
+            raise web.HTTPBadRequest(
+                text=f"Invalid 'queue' regex at position {exc.pos}: {exc.msg}"
+            ) from None
+    scope = Scope(
+        mgmt,
+        True,
+        prefix="rabbitmq_detailed_",
+        groups=frozenset(query.getall("family", [])),
+        vhosts=frozenset(v for v in vhosts if v in mgmt.broker.vhosts) if vhosts else None,
+        queue_filter=queue_filter,
+    )
+    out = Exposition()
+    queues = scope.queues()
+    connections = mgmt.connections()
+    _objects(out, scope, QUEUE_GROUPS, queues, _queue_label)
+    _objects(out, scope, CHANNEL_GROUPS, _live_channels(connections), _channel_label)
+    _objects(out, scope, CONNECTION_GROUPS, connections, _connection_label)
+    _node_groups(out, scope)
+    _cluster_groups(out, scope)
+    if any(
+        scope.wants(g) for g in ("queue_coarse_metrics", "queue_consumer_count", "queue_metrics")
+    ):
+        _queue_info(out, scope, queues)
+    _info(out, scope, "detailed")
+    return out.text()
+
+
+def _cluster_groups(out: Exposition, scope: Scope) -> None:
+    """vhost_status, exchange_bindings, exchange_names: ``rabbitmq_cluster_*``."""
+    vhosts = [
+        v
+        for v in scope.mgmt.broker.vhosts.values()
+        if scope.vhosts is None or v.name in scope.vhosts
+    ]
+    if scope.wants("vhost_status"):
+        out.family(
+            "rabbitmq_cluster_vhost_status",
+            "gauge",
+            "Whether a given vhost is running",
+            [({"vhost": v.name}, 1) for v in vhosts],
+        )
+    exchanges = [(v, x) for v in vhosts for x in v.exchanges.values()]
+    if scope.wants("exchange_bindings"):
+        out.family(
+            "rabbitmq_cluster_exchange_bindings",
+            "gauge",
+            "Number of bindings for an exchange. This value is cluster-wide.",
+            [
+                ({"vhost": v.name, "exchange": x.name, "type": x.kind}, len(x.bindings))
+                for v, x in exchanges
+            ],
+        )
+    if scope.wants("exchange_names"):
+        out.family(
+            "rabbitmq_cluster_exchange_name",
+            "gauge",
+            "Enumerates exchanges without any additional info. This value is cluster-wide. "
+            "A cheaper alternative to `exchange_bindings`",
+            [({"vhost": v.name, "exchange": x.name, "type": x.kind}, 1) for v, x in exchanges],
+        )
+
+
+def _alarms(mgmt: Management, out: Exposition) -> None:
+    alarms = mgmt.broker.alarms
+    out.family(
+        "rabbitmq_alarms_free_disk_space_watermark",
+        "untyped",
+        "is 1 if free disk space watermark alarm is in effect",
+        [({}, int("disk" in alarms))],
+    )
+    out.family(
+        "rabbitmq_alarms_memory_used_watermark",
+        "untyped",
+        "is 1 if VM memory watermark alarm is in effect",
+        [({}, int("memory" in alarms))],
+    )
+
+
+# ---- Warren's own queue families ----
+
+# (name, type, help, value of one queue)
+WARREN_QUEUE_FAMILIES: tuple[tuple[str, str, str, Callable[[Queue], float]], ...] = (
+    (
+        "warren_queue_messages_delayed",
+        "gauge",
+        "Messages waiting for a delayed retry before they are ready again",
+        lambda q: q.delayed_count,
+    ),
+    (
+        "warren_queue_messages_delivered_total",
+        "counter",
+        "Deliveries and basic.get-oks from the queue",
+        lambda q: q.stats.delivered,
+    ),
+    (
+        "warren_queue_messages_acked_total",
+        "counter",
+        "Messages acknowledged",
+        lambda q: q.stats.acked,
+    ),
+    (
+        "warren_queue_messages_redelivered_total",
+        "counter",
+        "Messages returned to the queue for another delivery",
+        lambda q: q.stats.redelivered,
+    ),
+    (
+        "warren_queue_messages_expired_total",
+        "counter",
+        "Messages expired by TTL",
+        lambda q: q.stats.expired,
+    ),
+    (
+        "warren_queue_retries_total",
+        "counter",
+        "Returned messages that waited for a delayed retry",
+        lambda q: q.stats.retried,
+    ),
+    (
+        "warren_queue_consumer_timeouts_total",
+        "counter",
+        "Deliveries not acknowledged within the consumer timeout",
+        lambda q: q.stats.consumer_timeouts,
+    ),
+    (
+        "warren_queue_consumers_timed_out",
+        "gauge",
+        "Consumers in the timeout state (timed-out deliveries not yet settled)",
+        lambda q: sum(1 for c in q.consumers if c.timed_out),
+    ),
+)
+
+
+def _warren_exchanges(out: Exposition, mgmt: Management, per_object: bool) -> None:
     delayed = [
         ({"vhost": v.name, "exchange": x.name}, getattr(x, "messages_delayed", 0))
-        for v in broker.vhosts.values()
+        for v in mgmt.broker.vhosts.values()
         for x in v.exchanges.values()
         if x.delays
     ]
@@ -191,19 +708,18 @@ def render(mgmt: Management, per_object: bool) -> str:
         delayed if per_object else [({}, sum(count for _, count in delayed))],
     )
 
-    values = [(vhost, q, _queue_values(q)) for vhost, q in queues]
-    for name, kind, help_text, key in QUEUE_FAMILIES:
+
+def _warren_queues(out: Exposition, queues: list[Queue], per_object: bool) -> None:
+    for name, kind, help_text, read in WARREN_QUEUE_FAMILIES:
         if per_object:
-            samples: list[Sample] = [
-                ({"vhost": vhost, "queue": q.name}, v[key]) for vhost, q, v in values
-            ]
+            samples: list[Sample] = [(_queue_label(q), read(q)) for q in queues]
         else:
-            samples = [({}, sum(v[key] for _, _, v in values))]
+            samples = [({}, sum(read(q) for q in queues))]
         out.family(name, kind, help_text, samples)
     if per_object:
         dead = [
-            ({"vhost": vhost, "queue": q.name, "reason": reason}, count)
-            for vhost, q, _ in values
+            ({**_queue_label(q), "reason": reason}, count)
+            for q in queues
             for reason, count in sorted(q.stats.dead_lettered.items())
         ]
         out.family(
@@ -213,80 +729,95 @@ def render(mgmt: Management, per_object: bool) -> str:
             dead,
         )
 
-    # channels and connections: summed, or one sample each
-    channel_families: tuple[tuple[str, str, Callable[[Channel], int]], ...] = (
-        ("rabbitmq_channel_consumers", "Consumers on a channel", lambda ch: len(ch.consumers)),
-        (
-            "rabbitmq_channel_messages_unacked",
-            "Delivered but not yet acknowledged messages",
-            lambda ch: len(ch.unacked),
-        ),
-        (
-            "rabbitmq_channel_messages_unconfirmed",
-            "Published but not yet confirmed messages",
-            lambda ch: ch.confirms.unconfirmed if ch.confirm else 0,
-        ),
-        (
-            "rabbitmq_channel_messages_uncommitted",
-            "Messages received in a transaction but not yet committed",
-            lambda ch: len(ch.tx_publishes),
-        ),
-        (
-            "rabbitmq_channel_prefetch",
-            "Total limit of unacknowledged messages for all consumers on a channel",
-            lambda ch: ch.prefetch_global,
-        ),
-    )
-    for name, help_text, read in channel_families:
-        if per_object:
-            samples = [({"channel": channel_name(ch)}, read(ch)) for ch in channels]
-        else:
-            samples = [({}, sum(read(ch) for ch in channels))]
-        out.family(name, "gauge", help_text, samples)
-    if per_object:
-        samples = [({"connection": connection_name(c)}, len(c.channels)) for c in connections]
-    else:
-        samples = [({}, sum(len(c.channels) for c in connections))]
-    out.family("rabbitmq_connection_channels", "gauge", "Channels on a connection", samples)
 
-    _globals(mgmt, out, queues)
-    return out.text()
+# ---- rabbitmq_global_* ----
+
+GLOBAL_COUNTERS = (
+    ("received", "received", "Total number of messages received from publishers"),
+    (
+        "received_confirm",
+        "received_confirm",
+        "Total number of messages received from publishers expecting confirmations",
+    ),
+    ("routed", "routed", "Total number of messages routed to queues or streams"),
+    (
+        "unroutable_dropped",
+        "unroutable_dropped",
+        "Total number of messages published as non-mandatory into an exchange and dropped as "
+        "unroutable",
+    ),
+    (
+        "unroutable_returned",
+        "unroutable_returned",
+        "Total number of messages published as mandatory into an exchange and returned to the "
+        "publisher as unroutable",
+    ),
+    ("confirmed", "confirmed", "Total number of messages confirmed to publishers"),
+    ("delivered", "delivered", "Total number of messages delivered to consumers"),
+    (
+        "delivered_consume_manual_ack",
+        "delivered_consume_manual",
+        "Total number of messages delivered to consumers using basic.consume with manual "
+        "acknowledgment",
+    ),
+    (
+        "delivered_consume_auto_ack",
+        "delivered_consume_auto",
+        "Total number of messages delivered to consumers using basic.consume with automatic "
+        "acknowledgment",
+    ),
+    (
+        "delivered_get_manual_ack",
+        "delivered_get_manual",
+        "Total number of messages delivered to consumers using basic.get with manual "
+        "acknowledgment",
+    ),
+    (
+        "delivered_get_auto_ack",
+        "delivered_get_auto",
+        "Total number of messages delivered to consumers using basic.get with automatic "
+        "acknowledgment",
+    ),
+    (
+        "get_empty",
+        "get_empty",
+        "Total number of times basic.get operations fetched no message",
+    ),
+    ("redelivered", "redelivered", "Total number of messages redelivered to consumers"),
+    ("acknowledged", "acked", "Total number of messages acknowledged by consumers"),
+)
 
 
-def _globals(mgmt: Management, out: Exposition, queues: list[tuple[str, Queue]]) -> None:
-    stats = mgmt.broker.stats
-    proto = {"protocol": "amqp091"}
-    counters = (
-        ("received", "Total number of messages received from publishers", stats.received),
-        ("routed", "Total number of messages routed to queues or streams", stats.routed),
-        (
-            "unroutable_dropped",
-            "Total number of messages published as non-mandatory into an exchange and dropped "
-            "as unroutable",
-            stats.unroutable_dropped,
-        ),
-        (
-            "unroutable_returned",
-            "Total number of messages published as mandatory into an exchange and returned to "
-            "the publisher as unroutable",
-            stats.unroutable_returned,
-        ),
-        ("delivered", "Total number of messages delivered to consumers", stats.delivered),
-        ("redelivered", "Total number of messages redelivered to consumers", stats.redelivered),
-        ("acknowledged", "Total number of messages acknowledged by consumers", stats.acked),
-        ("confirmed", "Total number of messages confirmed to publishers", stats.confirmed),
-    )
-    for name, help_text, value in counters:
-        out.family(f"rabbitmq_global_messages_{name}_total", "counter", help_text, [(proto, value)])
-    consumers = sum(len(q.consumers) for _, q in queues)
+def _globals(
+    mgmt: Management, out: Exposition, queues: list[Queue], channels: list[Channel]
+) -> None:
+    totals = mgmt.broker.message_totals()
+    for name, attribute, help_text in GLOBAL_COUNTERS:
+        value = getattr(totals, attribute)
+        out.family(
+            f"rabbitmq_global_messages_{name}_total", "counter", help_text, [(PROTOCOL, value)]
+        )
+    publishers = sum(1 for ch in channels if ch.stats.received)  # a channel that published
     out.family(
-        "rabbitmq_global_consumers", "gauge", "Current number of consumers", [(proto, consumers)]
+        "rabbitmq_global_publishers",
+        "gauge",
+        "Current number of publishers",
+        [(PROTOCOL, publishers)],
     )
+    consumers = sum(len(q.consumers) for q in queues)
+    out.family(
+        "rabbitmq_global_consumers", "gauge", "Current number of consumers", [(PROTOCOL, consumers)]
+    )
+    _dead_letters(mgmt, out, queues, totals.consumer_timeouts)
 
+
+def _dead_letters(
+    mgmt: Management, out: Exposition, queues: list[Queue], consumer_timeouts: int
+) -> None:
     # Warren's counters summed over queues: deleted queues' final counts are kept by the
     # sampler (retired), and queues deleted since it last ran are still counted here.
     # (A queue created and deleted between two scrapes and samples is never counted.)
-    live = [q for _, q in queues]
+    live = list(queues)
     seen = set(live)
     counted = live + [q for q in mgmt.rates.known if q not in seen]
     mgmt.rates.known.update(live)  # exposed now: their counts must not vanish when deleted
@@ -313,7 +844,7 @@ def _globals(mgmt: Management, out: Exposition, queues: list[tuple[str, Queue]])
         out.family(
             f"rabbitmq_global_messages_dead_lettered_{reason}_total",
             "counter",
-            f"Total number of messages dead-lettered ({reason})",
+            DEAD_LETTER_HELP[reason],
             samples,
         )
     by_reason: dict[str, int] = {r: 0 for r in DEAD_LETTER_REASONS}
@@ -336,7 +867,7 @@ def _globals(mgmt: Management, out: Exposition, queues: list[tuple[str, Queue]])
         "warren_consumer_timeouts_total",
         "counter",
         "Deliveries not acknowledged within the consumer timeout (each returns them)",
-        stats.consumer_timeouts,
+        consumer_timeouts,
     )
 
 
@@ -346,9 +877,14 @@ class MetricsApp:
         self.app = web.Application()
         self.app.router.add_get("/metrics", self.metrics)
         self.app.router.add_get("/metrics/per-object", self.per_object)
+        self.app.router.add_get("/metrics/detailed", self.detailed)
 
     async def metrics(self, request: web.Request) -> web.StreamResponse:
         return web.Response(text=render(self.mgmt, False), headers={"Content-Type": CONTENT_TYPE})
 
     async def per_object(self, request: web.Request) -> web.StreamResponse:
         return web.Response(text=render(self.mgmt, True), headers={"Content-Type": CONTENT_TYPE})
+
+    async def detailed(self, request: web.Request) -> web.StreamResponse:
+        text = render_detailed(self.mgmt, request.query)
+        return web.Response(text=text, headers={"Content-Type": CONTENT_TYPE})

@@ -325,6 +325,8 @@ class VirtualHost:
         self._apply_policy(queue)
         if self.persistence is not None:
             self.persistence.queue_declared(self.name, queue)
+        if self.stats is not None:
+            self.stats.queues_created += 1
         return queue
 
     def _with_default_type(
@@ -348,6 +350,8 @@ class VirtualHost:
         count = queue.ready_count
         if (tracer := self.tracer) is not None:
             tracer.queue_deleted(queue)
+        if self.stats is not None:
+            self.stats.queues_deleted += 1
         self.queues.pop(queue.name, None)
         if self.persistence is not None:
             self.persistence.queue_deleted(self.name, queue)

@@ -6,8 +6,11 @@
 #   RABBITMQ_DEFAULT_USER    the user, password and vhost created at start;
 #   RABBITMQ_DEFAULT_PASS    they win over the config file
 #   RABBITMQ_DEFAULT_VHOST
-#   WARREN_DATA_DIR          durable state (the image sets /var/lib/warren, its volume);
-#                            set it empty to take data_dir from the config file
+#   WARREN_DATA_DIR          durable state (the image sets /var/lib/rabbitmq, its volume,
+#                            as the rabbitmq image); set it empty to take data_dir from
+#                            the config file
+#   WARREN_OLD_DATA_DIR      where images before 2026-11 kept it (/var/lib/warren): a volume
+#                            still mounted there with Warren's data in it is used instead
 #
 # warren-server reads the RABBITMQ_* variables itself; this script only picks the command.
 set -eu
@@ -19,6 +22,12 @@ if [ "$#" -eq 0 ] || [ "${1#-}" != "$1" ]; then
 elif [ "$1" = rabbitmq-server ]; then
     shift
     set -- warren-server "$@"
+fi
+
+old="${WARREN_OLD_DATA_DIR:-/var/lib/warren}"
+if [ "${WARREN_DATA_DIR:-}" = /var/lib/rabbitmq ] && [ -e "$old/definitions.sqlite3" ]; then
+    echo "docker-entrypoint: using the data in $old (mount it at /var/lib/rabbitmq instead)" >&2
+    WARREN_DATA_DIR="$old"
 fi
 
 if [ "$1" = warren-server ] && [ -n "${WARREN_DATA_DIR:-}" ]; then

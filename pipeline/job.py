@@ -489,7 +489,7 @@ def problems(msgs: DataFrame, max_deliveries: int) -> DataFrame:
     )
 
 
-def summary(events: DataFrame, msgs: DataFrame) -> DataFrame:
+def summary(events: DataFrame, msgs: DataFrame, bucket_seconds: float) -> DataFrame:
     ev = F.col("ev")
     totals = events.agg(
         F.count("*").alias("events"),
@@ -513,7 +513,8 @@ def summary(events: DataFrame, msgs: DataFrame) -> DataFrame:
         _count(F.col("never_acked")).alias("messages_never_acked"),
         _count(F.col("outcome").isin("unroutable", "returned")).alias("messages_unroutable"),
     )
-    return totals.crossJoin(outcomes)
+    # the bucket queue_minute used: the report fills the buckets nothing happened in
+    return totals.crossJoin(outcomes).withColumn("bucket_seconds", F.lit(float(bucket_seconds)))
 
 
 def analyse(
@@ -542,7 +543,7 @@ def analyse(
         queue_consumers=queue_consumers(events),
         messages=msgs,
         problems=problems(msgs, max_deliveries),
-        summary=summary(events, msgs),
+        summary=summary(events, msgs, bucket_seconds),
     )
 
 

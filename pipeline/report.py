@@ -10,6 +10,7 @@ import base64
 import datetime
 import html
 import io
+import itertools
 import os
 from collections import defaultdict
 from typing import Any
@@ -169,6 +170,29 @@ def time_axis(tables: dict[str, list[Row]]) -> tuple[datetime.datetime, datetime
     return start, max(end, start + datetime.timedelta(milliseconds=1))
 
 
+def bucket_length(tables: dict[str, list[Row]]) -> datetime.timedelta | None:
+    """The job's bucket (tables written before it was recorded: the smallest gap)."""
+    seconds = tables["summary"][0].get("bucket_seconds")
+    if seconds:
+        return datetime.timedelta(seconds=seconds)
+    buckets = sorted({r["minute"] for r in tables["queue_minute"]})
+    gaps = [b - a for a, b in itertools.pairwise(buckets) if b > a]
+    return min(gaps) if gaps else None
+
+
+def _with_empty_buckets(rows: list[Row], step: datetime.timedelta | None) -> list[Row]:
+    """A queue's rows with a zero row for each bucket without events, so that a rate line
+    drops to zero there instead of bridging the gap (the job writes only busy buckets)."""
+    if step is None or len(rows) < 2:
+        return rows
+    out: list[Row] = []
+    for row in rows:
+        while out and row["minute"] - out[-1]["minute"] > step * 1.5:
+            out.append({"minute": out[-1]["minute"] + step})
+        out.append(row)
+    return out
+
+
 def _charts(tables: dict[str, list[Row]], queues: list[Row]) -> dict[str, str]:
     import matplotlib
 
@@ -184,11 +208,14 @@ def _charts(tables: dict[str, list[Row]], queues: list[Row]) -> dict[str, str]:
     start, end = time_axis(tables)
     locator = mdates.AutoDateLocator()  # type: ignore[no-untyped-call]
     n = len(shown)
-    fig, axes = plt.subplots(n, 2, figsize=(12, 2.3 * n), squeeze=False)
+    fig, axes = plt.subplots(n, 2, figsize=(12, 2.5 * n), squeeze=False, constrained_layout=True)
+    step = bucket_length(tables)
     for i, queue in enumerate(shown):
         rows = minutes[(queue["vhost"], queue["queue"])]
         t = [r["minute"] for r in rows]
         rate, depth = axes[i][0], axes[i][1]
+        filled = _with_empty_buckets(rows, step)
+        ft = [r["minute"] for r in filled]
         for name, colour in (
             ("published", "#4c72b0"),
             ("delivered", "#55a868"),
@@ -197,10 +224,11 @@ def _charts(tables: dict[str, list[Row]], queues: list[Row]) -> dict[str, str]:
             ("expired", "#c44e52"),
             ("dead_lettered", "#937860"),
         ):
-            values = [r[name] for r in rows]
+            values = [r.get(name, 0) for r in filled]
             if any(values):
-                rate.plot(t, values, label=name, color=colour, marker=".", linewidth=1.2)
+                rate.plot(ft, values, label=name, color=colour, marker=".", linewidth=1.2)
         rate.set_title(f"{queue['queue']}: messages per bucket", fontsize=9, loc="left")
+        rate.set_ylim(bottom=0)
         for name, colour in (("ready", "#4c72b0"), ("unacked", "#dd8452"), ("delayed", "#8c8c8c")):
             values = [r[name] for r in rows]
             if (any(values) or name == "ready") and rows:

@@ -135,7 +135,38 @@ def test_wrong_password_is_a_message_on_the_login_form(browser: Browser, api: Ht
     page.fill("input[name=username]", "guest")
     page.fill("input[name=password]", "nope")
     page.click("form#login button[type=submit]")
-    expect(page.locator("#login [data-role=error]")).to_contain_text("Login failed")
+    error = page.locator("#login [data-role=error]")
+    expect(error).to_have_text("Login failed: wrong username or password.")
+    page.close()
+
+
+@pytest.mark.parametrize(
+    "route",
+    ["#/queus", "#/queues/orders", "#/queue/%2F", "#/queue/%2F/a/b", "#/nosuch/x/y"],
+)
+def test_a_mistyped_deep_link_says_not_found(browser: Browser, api: HttpApi, route: str) -> None:
+    page = login(browser, api)
+    page.goto(f"{base(api)}/?refresh={POLL_MS}{route}")
+    expect(page.locator("[data-role=not-found] h1")).to_have_text("Not found")
+    expect(page.locator("[data-role=not-found]")).to_contain_text(route)
+    page.goto(f"{base(api)}/?refresh={POLL_MS}#/queues/")  # a trailing slash is no mistake
+    expect(page.locator("main h1")).to_have_text("Queues")
+    page.close()
+
+
+def test_the_queue_heading_shows_its_name_at_heading_size(browser: Browser, api: HttpApi) -> None:
+    api.ok("PUT", "/api/queues/%2F/console.heading")
+    page = login(browser, api)
+    page.goto(f"{base(api)}/?refresh={POLL_MS}#/queue/%2F/console.heading")
+    name = page.locator("main h1 [data-role=name]")
+    expect(name).to_have_text("console.heading")
+    sizes = page.evaluate(
+        "() => { const h = document.querySelector('main h1');"
+        " const n = h.querySelector('[data-role=name]');"
+        " return [getComputedStyle(h).fontSize, getComputedStyle(n).fontSize]; }"
+    )
+    assert sizes[0] == sizes[1], sizes
+    expect(page.locator("main h1")).to_contain_text("in vhost /")
     page.close()
 
 

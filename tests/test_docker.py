@@ -360,9 +360,11 @@ def test_dockerfile_base_user_ports_volume() -> None:
     uid = re.search(r"useradd .*--uid (\d+)", " ".join(instructions("RUN")))
     assert uid is not None and user == f"{uid[1]}:{uid[1]}"
     assert instructions("EXPOSE") == ["5672 15672 15692"]
-    assert instructions("VOLUME") == ["/var/lib/warren"]
+    # the rabbitmq image's data dir: a volume mounted there for RabbitMQ keeps Warren's data
+    assert instructions("VOLUME") == ["/var/lib/rabbitmq"]
     env = {k: v for args in instructions("ENV") for k, v in env_of(args).items()}
-    assert env["WARREN_DATA_DIR"] == "/var/lib/warren"
+    assert env["WARREN_DATA_DIR"] == env["HOME"] == "/var/lib/rabbitmq"
+    assert "chown warren:warren /var/lib/rabbitmq" in " ".join(instructions("RUN"))
     assert env["RABBITMQ_CONFIG_FILE"] == "/etc/rabbitmq/rabbitmq.conf"
 
 
@@ -418,8 +420,8 @@ def test_compose_service_is_healthchecked_and_gates_the_app() -> None:
         "RABBITMQ_DEFAULT_VHOST",
     }
     assert [p.split(":")[1] for p in broker["ports"]] == ["5672", "15672", "15692"]
-    assert "warren-data:/var/lib/warren" in broker["volumes"]
-    assert "warren-data" in compose()["volumes"]
+    assert "rabbitmq-data:/var/lib/rabbitmq" in broker["volumes"]
+    assert "rabbitmq-data" in compose()["volumes"]
     health = broker["healthcheck"]
     assert health["test"][:2] == ["CMD", "warren-healthcheck"]
     assert {"interval", "timeout", "retries", "start_period"} <= set(health)
@@ -451,3 +453,41 @@ def test_compose_app_command_publishes(tmp_path: Path) -> None:
         )
         assert out.returncode == 0, out.stderr
         assert broker.queue_depth("hello") == 1
+
+
+def test_entrypoint_keeps_using_a_volume_at_the_old_data_dir(
+    fake_server_command: dict[str, str], tmp_path: Path
+) -> None:
+    """Images before this one kept data in /var/lib/warren: a volume still mounted there
+    is used rather than starting empty at /var/lib/rabbitmq."""
+    old = tmp_path / "old"
+    env = {
+        **fake_server_command,
+        "WARREN_DATA_DIR": "/var/lib/rabbitmq",
+        "WARREN_OLD_DATA_DIR": str(old),
+    }
+    run = [SH, DOCKER / "entrypoint.sh"]
+    out = subprocess.run(run, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "warren-server --data-dir /var/lib/rabbitmq"
+    old.mkdir()
+    (old / "definitions.sqlite3").write_bytes(b"")
+    out = subprocess.run(run, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"warren-server --data-dir {old}"
+    assert f"using the data in {old}" in out.stderr
+
+
+def dockerignored() -> list[str]:
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    return [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
+
+
+def test_dockerignore_keeps_local_state_out_but_not_what_the_image_copies() -> None:
+    ignored = dockerignored()
+    for local in (".venv", "data", ".git", "build"):
+        assert local in ignored, local
+    for args in instructions("COPY"):
+        *sources, _ = [a for a in args.split() if not a.startswith("--")]
+        for source in sources:
+            assert not any(
+                source == pattern or source.startswith(pattern + "/") for pattern in ignored
+            ), source

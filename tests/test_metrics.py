@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pika
 import pytest
@@ -22,6 +24,13 @@ SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (-?[0-9.e+]+)$")
 def warren() -> Iterator[RunningBroker]:
     with run_broker(management_port=0, prometheus_port=0) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def api(warren: RunningBroker) -> HttpApi:
+    port = warren.server.management_port
+    assert port
+    return HttpApi(port)
 
 
 def scrape(warren: RunningBroker, path: str = "/metrics") -> tuple[dict[str, float], str]:
@@ -76,6 +85,16 @@ def test_every_family_has_help_and_type(warren: RunningBroker) -> None:
         "warren_queue_messages_delayed",
     ):
         assert required in names, required
+
+
+def test_failed_logins_are_counted(warren: RunningBroker) -> None:
+    before, _ = scrape(warren)
+    params = pika.URLParameters(warren.url.replace("guest:guest", "guest:wrong"))
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+        pika.BlockingConnection(params)
+    after, per_object = scrape(warren)[0], scrape(warren, "/metrics/per-object")[0]
+    assert _delta(after, before, "rabbitmq_auth_attempts_failed_total") == 1
+    assert 'rabbitmq_auth_attempts_failed_total{protocol="amqp091"}' in per_object
 
 
 def test_counts_follow_traffic(warren: RunningBroker) -> None:
@@ -240,3 +259,243 @@ def test_management_and_metrics_ports_are_released_on_stop() -> None:
         assert HttpApi(port).ok("GET", "/api/whoami")["name"] == "guest"
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/api/overview", timeout=2)
+
+
+# ---- RabbitMQ's own Grafana dashboard ----
+
+DASHBOARD = Path(__file__).resolve().parent / "data" / "grafana" / "RabbitMQ-Overview.panels.json"
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and"}
+PROMQL_WORDS |= {"or", "unless", "offset", "inf", "nan"}
+# panels that chart what Warren does not measure, and why
+NOT_CHARTED = {
+    # rabbitmq_message_size_bytes: a histogram needs each published message's size observed;
+    # Warren's publish path keeps to the one counter increment it had (see docs/operating.md)
+    "Avg Size",
+    "Message Size Distribution",
+}
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression reads: identifiers that are not functions,
+    keywords, label names (in {...}, by(...), on(...)), durations or $variables."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    expr = re.sub(r"\{[^}]*\}", "", expr)
+    expr = re.sub(r"\[[^\]]*\]", "", expr)
+    expr = re.sub(r"\$\{?\w+\}?", "", expr)
+    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", expr)
+    names = set()
+    for match in re.finditer(r"(?<![\w.])([a-zA-Z_:][a-zA-Z0-9_:]*)(\s*\()?", expr):
+        name, call = match.group(1), match.group(2)
+        if call or name in PROMQL_WORDS:
+            continue
+        names.add(name)
+    return names
+
+
+def test_promql_metric_names() -> None:
+    expr = (
+        "sum(rate(rabbitmq_global_messages_received_total[60s]) * on(instance, job) "
+        'group_left(rabbitmq_cluster, rabbitmq_node) rabbitmq_identity_info{rabbitmq_cluster="$c"})'
+        " by(rabbitmq_node) / 1e3 > bool 0"
+    )
+    assert promql_metric_names(expr) == {
+        "rabbitmq_global_messages_received_total",
+        "rabbitmq_identity_info",
+    }
+
+
+def test_every_overview_dashboard_panel_has_its_metrics(warren: RunningBroker) -> None:
+    """Each of the 41 panels of RabbitMQ-Overview (10991): every metric its PromQL reads
+    is on /metrics (the endpoint the dashboard's Prometheus scrapes)."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = dashboard["panels"]
+    assert len(panels) == 41
+    _, text = scrape(warren)
+    exposed = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    missing = {}
+    for panel in panels:
+        names = set().union(*(promql_metric_names(e) for e in panel["exprs"]))
+        assert names, panel["title"]
+        absent = sorted(n for n in names if n not in exposed)
+        if absent and panel["title"] not in NOT_CHARTED:
+            missing[panel["title"]] = absent
+    assert missing == {}
+    # the identity labels every panel joins on
+    assert re.search(
+        r'^rabbitmq_identity_info\{rabbitmq_node="[^"]+",rabbitmq_cluster="[^"]+",'
+        r'rabbitmq_cluster_permanent_id="[^"]+",rabbitmq_endpoint="aggregated"\} 1$',
+        text,
+        re.MULTILINE,
+    )
+
+
+def _delta(after: dict[str, float], before: dict[str, float], name: str) -> float:
+    return after[name] - before.get(name, 0)
+
+
+def test_delivery_modes_churn_and_channel_counters(warren: RunningBroker) -> None:
+    """The split RabbitMQ's Overview charts: consume/get x auto/manual ack, empty gets,
+    publishes expecting confirms, and opened/closed/declared/created/deleted totals;
+    a closed channel's counts stay in the node's totals."""
+    before, _ = scrape(warren)
+    conn = pika.BlockingConnection(pika.URLParameters(warren.url))
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("m.modes")
+        ch.queue_declare("m.modes")  # declared twice, created once
+        for _ in range(4):
+            ch.basic_publish("", "m.modes", b"x")
+        auto = conn.channel()
+        auto.basic_get("m.modes", auto_ack=True)
+        method, _, _ = ch.basic_get("m.modes")
+        ch.basic_ack(method.delivery_tag)
+        got: list[int] = []
+        ch.basic_qos(prefetch_count=1)  # one delivery, then the auto-ack consumer's turn
+        tag = ch.basic_consume("m.modes", lambda c, m, p, b: got.append(m.delivery_tag))
+        while not got:
+            conn.process_data_events(0.05)
+        ch.basic_cancel(tag)
+        ch.basic_ack(got[0])
+        auto.basic_consume("m.modes", lambda c, m, p, b: got.append(0), auto_ack=True)
+        while len(got) < 2:
+            conn.process_data_events(0.05)
+        empty = conn.channel()
+        empty.queue_declare("m.empty")
+        assert empty.basic_get("m.empty") == (None, None, None)
+        per_channel, _ = scrape(warren, "/metrics/per-object")
+        auto.close()
+        empty.queue_delete("m.empty")
+        after, _ = scrape(warren)
+    finally:
+        conn.close()
+    p = '{protocol="amqp091"}'
+    for name, expected in (
+        ("delivered_consume_auto_ack", 1),
+        ("delivered_consume_manual_ack", 1),
+        ("delivered_get_auto_ack", 1),
+        ("delivered_get_manual_ack", 1),
+        ("delivered", 4),
+        ("get_empty", 1),
+        ("received_confirm", 4),
+        ("received", 4),
+    ):
+        assert _delta(after, before, f"rabbitmq_global_messages_{name}_total{p}") == expected, name
+    for name, expected in (
+        ("connections_opened", 1),
+        ("channels_opened", 3),
+        ("channels_closed", 1),
+        ("queues_declared", 3),
+        ("queues_created", 2),
+        ("queues_deleted", 1),
+    ):
+        assert _delta(after, before, f"rabbitmq_{name}_total") == expected, name
+    assert after["rabbitmq_global_publishers" + p] >= 1
+    assert _delta(after, before, "rabbitmq_auth_attempts_succeeded_total") == 1
+    assert _delta(after, before, "rabbitmq_auth_attempts_total") == 1
+    # per channel: the publishing channel's counters, labelled as RabbitMQ labels channels
+    published = {
+        k: v
+        for k, v in per_channel.items()
+        if k.startswith("rabbitmq_channel_messages_published_total{channel=")
+    }
+    assert 4 in published.values()
+    assert any(
+        k.startswith("rabbitmq_channel_get_empty_total{") and v == 1 for k, v in per_channel.items()
+    )
+    received = [
+        v
+        for k, v in per_channel.items()
+        if k.startswith("rabbitmq_connection_incoming_bytes_total{")
+    ]
+    assert received and max(received) > 4 * 9  # the frames of four 1-byte messages at least
+    assert any(
+        k.startswith("rabbitmq_connection_outgoing_packets_total{") and v > 0
+        for k, v in per_channel.items()
+    )
+    for name in ("process_open_fds", "process_max_fds", "process_resident_memory_bytes"):
+        assert after[f"rabbitmq_{name}"] > 0
+    assert (
+        after["rabbitmq_resident_memory_limit_bytes"]
+        > after["rabbitmq_process_resident_memory_bytes"]
+    )
+    assert after["rabbitmq_disk_space_available_bytes"] > 0
+
+
+def test_detailed_endpoint_takes_family_vhost_and_queue(
+    warren: RunningBroker, api: HttpApi
+) -> None:
+    api.ok("PUT", "/api/vhosts/m-detail")
+    permissions = {"configure": ".*", "write": ".*", "read": ".*"}
+    api.ok("PUT", "/api/permissions/m-detail/guest", permissions)
+    api.ok("PUT", "/api/queues/m-detail/d.one")
+    api.ok("PUT", "/api/queues/m-detail/d.two")
+    api.ok("PUT", "/api/queues/%2F/d.root")
+    samples, text = scrape(
+        warren, "/metrics/detailed?family=queue_coarse_metrics&vhost=m-detail&queue=%5Ed%5C.o"
+    )
+    assert samples['rabbitmq_detailed_queue_messages_ready{vhost="m-detail",queue="d.one"}'] == 0
+    assert not any("d.two" in k or "d.root" in k for k in samples)
+    assert "rabbitmq_detailed_queue_consumers" not in text  # another family
+    assert "rabbitmq_queue_messages_ready" not in text
+    assert 'rabbitmq_endpoint="detailed"' in text
+    assert 'rabbitmq_detailed_queue_info{vhost="m-detail",queue="d.one"' in text
+    _, nothing = scrape(warren, "/metrics/detailed")
+    assert [line for line in nothing.splitlines() if not line.startswith("#")] == [
+        line for line in nothing.splitlines() if "_info{" in line
+    ]
+    with pytest.raises(urllib.error.HTTPError) as bad:
+        scrape(warren, "/metrics/detailed?family=queue_coarse_metrics&queue=(")
+    assert bad.value.code == 400
+
+
+# HELP texts and types as RabbitMQ 4.x's plugin has them (rabbitmq-server:
+# deps/rabbitmq_prometheus/src/collectors/prometheus_rabbitmq_core_metrics_collector.erl,
+# deps/rabbit/src/rabbit_global_counters.erl, deps/rabbit/include/rabbit_global_counters.hrl)
+RABBITMQ_FAMILIES = {
+    "rabbitmq_build_info": ("untyped", "RabbitMQ & Erlang/OTP version info"),
+    "rabbitmq_identity_info": ("untyped", "RabbitMQ node & cluster identity info"),
+    "rabbitmq_connections_opened_total": ("counter", "Total number of connections opened"),
+    "rabbitmq_queues_declared_total": ("counter", "Total number of queues declared"),
+    "rabbitmq_process_resident_memory_bytes": ("gauge", "Memory used in bytes"),
+    "rabbitmq_resident_memory_limit_bytes": ("gauge", "Memory high watermark in bytes"),
+    "rabbitmq_disk_space_available_limit_bytes": (
+        "gauge",
+        "Free disk space low watermark in bytes",
+    ),
+    "rabbitmq_process_max_fds": ("gauge", "Open file descriptors limit"),
+    "rabbitmq_channel_acks_uncommitted": (
+        "gauge",
+        "Message acknowledgements in a transaction not yet committed",
+    ),
+    "rabbitmq_channel_get_empty_total": (
+        "counter",
+        "Total number of times basic.get operations fetched no message",
+    ),
+    "rabbitmq_global_messages_delivered_get_auto_ack_total": (
+        "counter",
+        "Total number of messages delivered to consumers using basic.get with automatic "
+        "acknowledgment",
+    ),
+    "rabbitmq_global_messages_received_confirm_total": (
+        "counter",
+        "Total number of messages received from publishers expecting confirmations",
+    ),
+    "rabbitmq_global_publishers": ("gauge", "Current number of publishers"),
+    "rabbitmq_global_messages_dead_lettered_expired_total": (
+        "counter",
+        "Total number of messages dead-lettered due to message TTL exceeded",
+    ),
+    "rabbitmq_alarms_memory_used_watermark": (
+        "untyped",
+        "is 1 if VM memory watermark alarm is in effect",
+    ),
+    "rabbitmq_queue_messages_ready": ("gauge", "Messages ready to be delivered to consumers"),
+}
+
+
+def test_families_have_rabbitmqs_types_and_help(warren: RunningBroker) -> None:
+    _, text = scrape(warren)
+    for name, (kind, help_text) in RABBITMQ_FAMILIES.items():
+        assert f"# TYPE {name} {kind}\n" in text, name
+        assert f"# HELP {name} {help_text}\n" in text, name

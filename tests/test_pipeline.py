@@ -8,8 +8,10 @@ against a plain-Python computation (tests/trace_reference.py) over a generated t
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -367,9 +369,16 @@ def test_short_trace_report(spark: Any, tmp_path: Path, capsys: pytest.CaptureFi
     assert 0.5 < span.total_seconds() < 10
     start, end = report.time_axis(tables)
     assert end == summary["last_event"]
-    assert summary["first_event"] - start < span / 10
     work = [r for r in tables["queue_minute"] if r["queue"] == "work"]
     assert len(work) >= 2  # more than one point per series
+    assert 0 < summary["bucket_seconds"] < 1  # chosen from the trace's length
+    step = report.bucket_length(tables)
+    assert step is not None and step.total_seconds() == summary["bucket_seconds"]
+    assert timedelta(0) <= summary["first_event"] - start < step  # the first bucket's start
+    # the job writes only busy buckets; the chart draws the quiet ones between them as zeros
+    filled = report._with_empty_buckets(work, step)
+    assert len(filled) > len(work)
+    assert all(b["minute"] - a["minute"] <= step * 1.5 for a, b in itertools.pairwise(filled))
     assert all(start <= r["minute"] <= end for r in tables["queue_minute"])
 
     q = totals(tables)

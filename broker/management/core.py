@@ -86,7 +86,7 @@ class RateSampler:
 
     def _current(self) -> dict[Key, tuple[tuple[str, ...], tuple[int, ...]]]:
         broker = self.mgmt.broker
-        stats = broker.stats
+        stats = broker.message_totals()
         out: dict[Key, tuple[tuple[str, ...], tuple[int, ...]]] = {}
         total = [0, 0, 0]
         for vhost in broker.vhosts.values():

@@ -32,7 +32,7 @@ EXCHANGE_TYPES = (
 
 
 def _global_counts(mgmt: Management) -> dict[str, int]:
-    stats = mgmt.broker.stats
+    stats = mgmt.broker.message_totals()
     return {
         "publish": stats.received,
         "deliver_get": stats.delivered,

@@ -26,13 +26,19 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 from urllib.parse import quote, unquote, urlsplit
 
+from warren.broker.tools import ENDPOINTS_FILE
+
 EX_USAGE, EX_DATAERR, EX_NOUSER, EX_UNAVAILABLE, EX_SOFTWARE, EX_NOPERM = 64, 65, 67, 69, 70, 77
 
 
 class CtlError(Exception):
-    def __init__(self, message: str, code: int = EX_SOFTWARE) -> None:
+    """Printed as rabbitmqctl prints errors: ``Error:`` on a line of its own, then the text;
+    ``bare`` errors (rabbitmqctl's "does not exist" of delete_vhost) print the text alone."""
+
+    def __init__(self, message: str, code: int = EX_SOFTWARE, bare: bool = False) -> None:
         super().__init__(message)
         self.code = code
+        self.bare = bare
 
 
 class HttpError(CtlError):
@@ -56,6 +62,7 @@ class Api:
         port = f":{parts.port}" if parts.port else ""
         self.base = f"{parts.scheme}://{host}{port}{parts.path.rstrip('/')}"
         self.timeout = timeout
+        self.source = "--url"  # where the address came from, said when nothing answers
 
     def request(
         self,
@@ -80,7 +87,7 @@ class Api:
         except (urllib.error.URLError, OSError) as exc:
             why = getattr(exc, "reason", exc)
             raise CtlError(
-                f"unable to reach Warren at {self.base}: {why}", EX_UNAVAILABLE
+                f"unable to reach Warren at {self.base} ({self.source}): {why}", EX_UNAVAILABLE
             ) from None
         return json.loads(raw) if raw else None
 
@@ -143,12 +150,16 @@ class Output:
             for column, path in zip(columns, paths, strict=True):
                 if all(_lookup(i, path) is None for i in items) and not _known(items[0], path):
                     known = ", ".join(sorted(_columns(items[0], aliases)))
-                    raise CtlError(f"unknown column '{column}'; known: {known}", EX_USAGE)
+                    raise CtlError(
+                        f"(argument validation): Info key(s) {column} are not supported "
+                        f"(known: {known})",
+                        EX_USAGE,
+                    )
         table = [[_lookup(i, p) for p in paths] for i in items]
         if self.json:
             print(json.dumps([dict(zip(columns, row, strict=True)) for row in table], indent=1))
             return
-        if self.headers:
+        if self.headers and table:  # rabbitmqctl prints no header over an empty listing
             print("\t".join(columns))
         for row in table:
             print("\t".join(_cell(v) for v in row))
@@ -200,24 +211,32 @@ def _list(
     aliases: dict[str, str] | None = None,
     per_vhost: bool = True,
     prepare: Callable[[dict[str, Any]], None] | None = None,
+    heading: str = "Listing {what} for vhost {vhost} ...",
+    missing_vhost_fails: bool = False,
 ) -> None:
+    """A listing verb. rabbitmqctl's headings differ per verb (quotes, "in", a missing
+    space); a vhost that does not exist is an empty listing, except where rabbitmqctl
+    says so and exits 65 (list_policies, list_permissions)."""
+
     def run(api: Api, args: argparse.Namespace, out: Output) -> None:
-        if per_vhost:
-            out.info(f"Listing {what} for vhost {args.vhost} ...")
-        else:
-            out.info(f"Listing {what} ...")
+        if name == "list_queues":  # the one listing rabbitmqctl heads with its timeout
+            out.info(f"Timeout: {args.timeout} seconds ...")
+        out.info(heading.format(what=what, vhost=args.vhost))
         columns = args.columns or args.default_columns
         try:
             items = api.get(path(args))
         except HttpError as exc:
             if exc.status == 404 and per_vhost:
-                raise CtlError(
-                    f"Virtual host '{args.vhost}' does not exist", EX_UNAVAILABLE
-                ) from None
-            raise
+                if missing_vhost_fails:
+                    raise _no_vhost(args.vhost, bare=True) from None
+                items = []
+            else:
+                raise
         if prepare is not None:
             for item in items:
                 prepare(item)
+        if name == "list_policies" and not items and not out.quiet:
+            print()  # rabbitmqctl's empty policy listing is one empty line
         out.rows(items, columns, aliases or {})
 
     command(name, f"list {what}", _columns_arg(default))(run)
@@ -248,6 +267,7 @@ _list(
         "destination_kind": "destination_type",
     },
     prepare=lambda b: b.setdefault("source_kind", "exchange"),
+    heading="Listing {what} for vhost {vhost}...",
 )
 _list(
     "list_connections",
@@ -256,14 +276,16 @@ _list(
     ["user", "peer_host", "peer_port", "state"],
     {"pid": "name", "connection_name": "user_provided_name"},
     per_vhost=False,
+    heading="Listing {what} ...",
 )
 _list(
     "list_channels",
     "channels",
     lambda a: "channels",
-    ["name", "user", "consumer_count", "messages_unacknowledged"],
+    ["pid", "user", "consumer_count", "messages_unacknowledged"],
     {"pid": "name", "connection": "connection_details.name"},
     per_vhost=False,
+    heading="Listing {what} ...",
 )
 _list(
     "list_consumers",
@@ -279,21 +301,49 @@ _list(
         "arguments",
     ],
     {"queue_name": "queue.name", "channel_pid": "channel_details.name"},
+    heading="Listing {what} in vhost {vhost} ...",
 )
 _list(
     "list_policies",
     "policies",
     lambda a: f"policies/{q(a.vhost)}",
     ["vhost", "name", "pattern", "apply-to", "definition", "priority"],
+    heading='Listing {what} for vhost "{vhost}" ...',
+    missing_vhost_fails=True,
 )
 _list(
     "list_permissions",
     "permissions",
     lambda a: f"vhosts/{q(a.vhost)}/permissions",
     ["user", "configure", "write", "read"],
+    heading='Listing {what} for vhost "{vhost}" ...',
+    missing_vhost_fails=True,
 )
-_list("list_users", "users", lambda a: "users", ["user", "tags"], {"user": "name"}, False)
-_list("list_vhosts", "vhosts", lambda a: "vhosts", ["name"], per_vhost=False)
+_list(
+    "list_users",
+    "users",
+    lambda a: "users",
+    ["user", "tags"],
+    {"user": "name"},
+    False,
+    heading="Listing {what} ...",
+)
+_list(
+    "list_vhosts",
+    "vhosts",
+    lambda a: "vhosts",
+    ["name"],
+    per_vhost=False,
+    heading="Listing {what} ...",
+)
+
+
+def _no_vhost(vhost: str, *, bare: bool = False) -> CtlError:
+    """rabbitmqctl's two ways to say it: quoted and 65 where the verb checks first,
+    unquoted and 69 where the operation itself fails."""
+    if bare:
+        return CtlError(f"Virtual host '{vhost}' does not exist", EX_DATAERR, bare=True)
+    return CtlError(f"Virtual host {vhost} does not exist", EX_UNAVAILABLE)
 
 
 def _deprecated_args(p: argparse.ArgumentParser) -> None:
@@ -318,11 +368,15 @@ def list_deprecated_features(api: Api, args: argparse.Namespace, out: Output) ->
 )
 def list_user_permissions(api: Api, args: argparse.Namespace, out: Output) -> None:
     out.info(f'Listing permissions for user "{args.username}" ...')
-    out.rows(
-        _user_call(api, args.username, lambda: api.get(f"users/{q(args.username)}/permissions")),
-        ["vhost", "configure", "write", "read"],
-        {},
-    )
+    try:
+        items = api.get(f"users/{q(args.username)}/permissions")
+    except HttpError as exc:
+        if exc.status == 404:  # rabbitmqctl shows the Erlang error term here, and exits 69
+            raise CtlError(f'{{:no_such_user, "{args.username}"}}', EX_UNAVAILABLE) from None
+        raise
+    if not items and not out.quiet:
+        print()  # as list_policies: rabbitmqctl's empty listing is one empty line
+    out.rows(items, ["vhost", "configure", "write", "read"], {})
 
 
 def _user_call(api: Api, name: str, fn: Callable[[], Any]) -> Any:
@@ -339,8 +393,21 @@ def _user(api: Api, name: str) -> dict[str, Any]:
     return user
 
 
+LISTENER_PURPOSES = {
+    "amqp": "AMQP 0-9-1",
+    "amqp/ssl": "AMQP 0-9-1 over TLS",
+    "http": "HTTP API",
+    "http/prometheus": "Prometheus exporter API over HTTP",
+}
+
+
+def _gb(value: Any) -> str:
+    return "unknown" if value is None else f"{value / 1e9:.4f} gb"
+
+
 @command("status", "show the broker's status")
 def status(api: Api, args: argparse.Namespace, out: Output) -> None:
+    """rabbitmqctl status's sections and wording, those that apply to one Warren node."""
     overview = api.get("overview")
     try:
         health = api.get("health/checks/alarms")
@@ -350,28 +417,64 @@ def status(api: Api, args: argparse.Namespace, out: Output) -> None:
         health = {"status": "failed", "alarms": []}
     alarms = health.get("alarms", []) if isinstance(health, dict) else []
     if out.json:
-        out.document({**overview, "alarms": alarms})
+        out.document({**overview, "alarms": alarms, "broker": api.base, "found": api.source})
         return
+    node = _optional(api, f"nodes/{q(str(overview.get('node')))}") or {}
+    vhosts = _optional(api, "vhosts")
     totals = overview.get("object_totals", {})
-    messages = overview.get("queue_totals", {})
-    print(f"Status of node {overview.get('node')} ...")
-    print(f"Product: {overview.get('product_name')} {overview.get('product_version')}")
-    print(f"Management API: RabbitMQ {overview.get('management_version')} compatible")
-    print(f"Uptime (seconds): {int(overview.get('uptime', 0)) // 1000}")
-    print("Listeners:")
+    lines = [
+        f"Status of node {overview.get('node')} ...",
+        "Runtime",
+        "",
+        f"Uptime (seconds): {int(overview.get('uptime', 0)) // 1000}",
+        "Is under maintenance?: false",
+        f"Product name: {overview.get('product_name')}",
+        f"Product version: {overview.get('product_version')}",
+        f"RabbitMQ version: {overview.get('rabbitmq_version')} (management API compatibility)",
+        f"Node name: {overview.get('node')}",
+        f"Broker: {api.base} ({api.source})",
+        "",
+        "Alarms",
+        "",
+        *([f"{a.get('resource', '?')} alarm" for a in alarms] or ["(none)"]),
+        "",
+        "Memory",
+        "",
+        f"Total memory used: {_gb(node.get('mem_used'))}",
+        "Calculation strategy: rss",
+        f"Memory high watermark: {_gb(node.get('mem_limit'))}",
+        "",
+        "Free Disk Space",
+        "",
+        f"Low free disk space watermark: {_gb(node.get('disk_free_limit'))}",
+        f"Free disk space: {_gb(node.get('disk_free'))}",
+        "",
+        "Totals",
+        "",
+        f"Connection count: {totals.get('connections', 0)}",
+        f"Queue count: {totals.get('queues', 0)}",
+        f"Virtual host count: {'unknown' if vhosts is None else len(vhosts)}",
+        "",
+        "Listeners",
+        "",
+    ]
     for listener in overview.get("listeners", []):
-        print(f"  {listener['protocol']}: {listener['ip_address']}:{listener['port']}")
-    print(
-        "Totals: "
-        + ", ".join(f"{k} {totals.get(k, 0)}" for k in ("connections", "channels", "consumers"))
-        + ", "
-        + ", ".join(f"{k} {totals.get(k, 0)}" for k in ("queues", "exchanges"))
-    )
-    print(
-        f"Messages: {messages.get('messages', 0)} (ready {messages.get('messages_ready', 0)}, "
-        f"unacknowledged {messages.get('messages_unacknowledged', 0)})"
-    )
-    print("Alarms: " + (", ".join(a.get("resource", "?") for a in alarms) or "(none)"))
+        protocol = listener["protocol"]
+        lines.append(
+            f"Interface: {listener['ip_address']}, port: {listener['port']}, protocol: "
+            f"{protocol}, purpose: {LISTENER_PURPOSES.get(protocol, protocol)}"
+        )
+    print("\n".join(lines))
+
+
+def _optional(api: Api, path: str) -> Any:
+    """What a user without the monitoring tag may not read is left out, not an error."""
+    try:
+        return api.get(path)
+    except HttpError as exc:
+        if exc.status in (401, 403, 404):
+            return None
+        raise
 
 
 @command("ping", "check that the broker answers (and that the credentials work)")
@@ -404,8 +507,8 @@ def set_policy(api: Api, args: argparse.Namespace, out: Output) -> None:
     )
     try:
         definition = json.loads(args.definition)
-    except ValueError as exc:
-        raise CtlError(f"policy definition is not JSON: {exc}", EX_USAGE) from None
+    except ValueError:
+        raise CtlError("JSON decoding error. Reason: badarg", EX_UNAVAILABLE) from None
     body = {
         "pattern": args.pattern,
         "definition": definition,
@@ -422,7 +525,7 @@ def _vhost_call(vhost: str, fn: Callable[[], Any]) -> Any:
         return fn()
     except HttpError as exc:
         if exc.status == 404 and "vhost" in str(exc):
-            raise CtlError(f"Virtual host '{vhost}' does not exist", EX_UNAVAILABLE) from None
+            raise _no_vhost(vhost) from None
         raise
 
 
@@ -433,9 +536,7 @@ def clear_policy(api: Api, args: argparse.Namespace, out: Output) -> None:
         api.request("DELETE", f"policies/{q(args.vhost)}/{q(args.name)}")
     except HttpError as exc:
         if exc.status == 404:
-            raise CtlError(
-                f'policy "{args.name}" does not exist in vhost "{args.vhost}"', EX_UNAVAILABLE
-            ) from None
+            raise CtlError("Parameter does not exist", EX_UNAVAILABLE) from None
         raise
 
 
@@ -456,7 +557,7 @@ def _trace_call(api: Api, method: str, vhost: str) -> None:
         api.request(method, f"trace/{q(vhost)}")
     except HttpError as exc:
         if exc.status == 404:
-            raise CtlError(f"Virtual host '{vhost}' does not exist", EX_UNAVAILABLE) from None
+            raise _no_vhost(vhost) from None
         raise
 
 
@@ -481,7 +582,7 @@ def add_user(api: Api, args: argparse.Namespace, out: Output) -> None:
     api.request("PUT", f"users/{q(args.username)}", {"password": args.password, "tags": ""})
     out.info(
         "Done. Don't forget to grant the user permissions to some virtual hosts! "
-        "See 'warrenctl set_permissions --help' to learn more."
+        "See 'warrenctl help set_permissions' to learn more."
     )
 
 
@@ -548,9 +649,7 @@ def delete_vhost(api: Api, args: argparse.Namespace, out: Output) -> None:
         api.request("DELETE", f"vhosts/{q(args.vhost_name)}")
     except HttpError as exc:
         if exc.status == 404:
-            raise CtlError(
-                f"Virtual host '{args.vhost_name}' does not exist", EX_UNAVAILABLE
-            ) from None
+            raise _no_vhost(args.vhost_name, bare=True) from None
         raise
 
 
@@ -566,11 +665,20 @@ def set_permissions(api: Api, args: argparse.Namespace, out: Output) -> None:
     try:
         api.request("PUT", f"permissions/{q(args.vhost)}/{q(args.username)}", body)
     except HttpError as exc:
-        if str(exc) == "vhost_or_user_not_found":
-            raise CtlError(
-                f"no user '{args.username}' or no vhost '{args.vhost}'", EX_UNAVAILABLE
-            ) from None
+        if exc.status in (400, 404):
+            raise _permission_target_missing(api, args) from None
         raise
+
+
+def _permission_target_missing(api: Api, args: argparse.Namespace) -> CtlError:
+    """Which of the two is missing, worded as rabbitmqctl words it: the vhost first."""
+    try:
+        api.get(f"vhosts/{q(args.vhost)}")
+    except HttpError as exc:
+        if exc.status == 404:
+            return _no_vhost(args.vhost)
+        raise
+    return CtlError(f"User {args.username} does not exist", EX_NOUSER)
 
 
 @command(
@@ -583,15 +691,24 @@ def clear_permissions(api: Api, args: argparse.Namespace, out: Output) -> None:
     try:
         api.request("DELETE", f"permissions/{q(args.vhost)}/{q(args.username)}")
     except HttpError as exc:
-        if exc.status == 404:
-            raise CtlError(
-                f"user '{args.username}' has no permissions in vhost '{args.vhost}'", EX_UNAVAILABLE
-            ) from None
-        raise
+        if exc.status != 404:
+            raise
+        try:
+            api.get(f"users/{q(args.username)}")
+        except HttpError as missing:
+            if missing.status != 404:
+                raise
+        else:  # rabbitmqctl: clearing permissions a user does not have succeeds
+            try:
+                api.get(f"vhosts/{q(args.vhost)}")
+            except HttpError:
+                raise _no_vhost(args.vhost) from None
+            return
+        raise _permission_target_missing(api, args) from None
 
 
 def _queue_missing(args: argparse.Namespace) -> CtlError:
-    return CtlError(f"queue '{args.queue}' in vhost '{args.vhost}' not found", EX_UNAVAILABLE)
+    return CtlError("not_found", EX_UNAVAILABLE)
 
 
 @command("purge_queue", "remove a queue's ready messages", lambda p: p.add_argument("queue"))
@@ -620,8 +737,8 @@ def delete_queue(api: Api, args: argparse.Namespace, out: Output) -> None:
         flags = [f for f, on in (("if-empty", args.if_empty), ("if-unused", args.if_unused)) if on]
         api.request("DELETE", path + ("?" + "&".join(f + "=true" for f in flags) if flags else ""))
     except HttpError as exc:
-        if exc.status == 404:
-            raise _queue_missing(args) from None
+        if exc.status == 404:  # rabbitmqctl: this one is 64, purge_queue's is 69
+            raise CtlError("Queue not found", EX_USAGE) from None
         raise
     out.info(f"Queue was successfully deleted with {ready} ready messages")
 
@@ -722,6 +839,12 @@ def _common(parser: argparse.ArgumentParser, defaults: bool) -> None:
         help="default: its default_pass",
     )
     parser.add_argument("--config", default=d(None), help="rabbitmq.conf to read defaults from")
+    parser.add_argument(
+        "--data-dir",
+        default=d(None),
+        help="a running Warren's data dir, to find its management port "
+        "(default: $WARREN_DATA_DIR, else the config's)",
+    )
     parser.add_argument("-p", "--vhost", default=d("/"), help="virtual host (default /)")
     parser.add_argument("--formatter", choices=["table", "json"], default=d("table"))
     parser.add_argument("-q", "--quiet", action="store_true", default=d(False))
@@ -741,6 +864,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         _common(p, defaults=False)
         arguments(p)
+    sub.add_parser("help", help="show a command's usage").add_argument("verb", nargs="?")
     return parser
 
 
@@ -754,16 +878,49 @@ def _connection(args: argparse.Namespace) -> Api:
             settings = load_settings(args.config)
         except ConfigError as exc:
             raise CtlError(f"configuration error: {exc}", EX_USAGE) from None
+        source = "--url"
         if url is None:
-            if settings.management_port is None:
-                raise CtlError("the management API is disabled in the configuration; use --url")
-            host = settings.management_ip
-            host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-            host = f"[{host}]" if ":" in host else host
-            url = f"http://{host}:{settings.management_port}"
+            url, source = _local_url(settings, args)
         user = settings.default_user if user is None else user
         password = settings.default_pass if password is None else password
+        api = Api(url, user, password, args.timeout)
+        api.source = source
+        return api
     return Api(url, user, password, args.timeout)
+
+
+def _local_url(settings: Any, args: argparse.Namespace) -> tuple[str, str]:
+    """The management API of the Warren running on this machine, and how it was found:
+    the endpoints file a running warren-server keeps in its data dir (it knows a port
+    given on the command line, or 0), else the configuration's management.tcp.port."""
+    import os
+
+    data_dir = args.data_dir or os.environ.get("WARREN_DATA_DIR") or settings.data_dir
+    if data_dir:
+        path = os.path.join(data_dir, ENDPOINTS_FILE)
+        running = _running_endpoints(path)
+        if running is not None:
+            return running["management"], f"from {path}, pid {running['pid']}"
+    if settings.management_port is None:
+        raise CtlError("the management API is disabled in the configuration; use --url")
+    host = settings.management_ip
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    host = f"[{host}]" if ":" in host else host
+    files = settings.config_files
+    where = f"management.tcp.port in {files[0]}" if files else "the default port, no config file"
+    return f"http://{host}:{settings.management_port}", where
+
+
+def _running_endpoints(path: str) -> dict[str, Any] | None:
+    import os
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            endpoints = json.load(fh)
+        os.kill(int(endpoints["pid"]), 0)  # a file left by a broker that died is ignored
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return endpoints if isinstance(endpoints.get("management"), str) else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -773,17 +930,32 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return EX_USAGE
+        if args.command == "help":  # rabbitmqctl help [verb]
+            verb = args.verb
+            if verb is None:
+                parser.print_help()
+            elif verb in COMMANDS:
+                parser.parse_args([verb, "--help"])  # prints and exits 0
+            else:
+                raise CtlError(f"(argument validation): no command '{verb}'", EX_USAGE)
+            return 0
         fn = COMMANDS[args.command][0]
-        fn(_connection(args), args, Output(args))
+        api = _connection(args)
+        fn(api, args, Output(args))
     except HttpError as exc:
-        if exc.status == 401:
-            print(f"Error: not authorised: {exc}", file=sys.stderr)
+        if exc.status == 401:  # perhaps not Warren at all: say whom we asked
+            print(f"Error:\nnot authorised by {api.base} ({api.source}): {exc}", file=sys.stderr)
         else:
-            print(f"Error: {exc}", file=sys.stderr)
+            print(f"Error:\n{exc}", file=sys.stderr)
         return exc.code
     except CtlError as exc:
         text = str(exc)
-        print(f"Error{'' if text.startswith('(') else ':'} {text}", file=sys.stderr)
+        if exc.bare:
+            print(text, file=sys.stderr)
+        elif text.startswith("("):  # "Error (argument validation): ...", on one line
+            print(f"Error {text}", file=sys.stderr)
+        else:
+            print(f"Error:\n{text}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         return 130

@@ -68,7 +68,8 @@ function showLogin(message) {
       start(me);
     } catch (err) {
       error.hidden = false;
-      error.textContent = err.status === 401 ? `Login failed: ${err.message}` : err.message;
+      // the API's own 401 text repeats "Login failed": say it once, in plain words
+      error.textContent = err.status === 401 ? "Login failed: wrong username or password." : err.message;
     }
   });
   replace(main, form);
@@ -91,7 +92,7 @@ function start(me) {
 
 function route() {
   if (!user) return;
-  const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
+  const parts = location.hash.replace(/^#\/?/, "").replace(/\/+$/, "").split("/").map(decodeURIComponent);
   const [name, ...rest] = parts;
   const visible = ROUTES.filter((r) => !r.adminOnly || user.isAdmin);
   replace(nav, visible.map((r) => h("a", {
@@ -100,13 +101,26 @@ function route() {
     onclick: () => { nav.classList.remove("open"); menu.setAttribute("aria-expanded", "false"); },
   }, r.title)));
   const ctx = { user, params: rest, poll: POLL_MS };
+  // a deep link that names no page says so, rather than showing another page in its place
+  const listed = visible.find((r) => r.path === (name || "overview"));
   let page;
-  if (DETAILS[name]) page = DETAILS[name](ctx);
-  else page = (visible.find((r) => r.path === (name || "overview")) || visible[0]).page(ctx);
+  if (DETAILS[name] && rest.length === 2) page = DETAILS[name](ctx);
+  else if (listed && rest.length === 0) page = listed.page(ctx);
+  else page = notFound(location.hash);
   current = page;
   banner.hidden = true;
   replace(main, page.el);
   refresh(page);
+}
+
+function notFound(hash) {
+  return {
+    el: h("section", { dataset: { role: "not-found" } },
+      h("h1", {}, "Not found"),
+      h("p", {}, "The console has no page at ", h("code", {}, hash || "#/"), "."),
+      h("p", {}, h("a", { href: "#/overview" }, "Overview"), " \u00b7 ", h("a", { href: "#/queues" }, "Queues"))),
+    refresh: async () => {},
+  };
 }
 
 async function refresh(page) {

@@ -206,7 +206,8 @@ export function queue(ctx) {
 
   const el = h("section", {},
     h("p", {}, h("a", { href: "#/queues" }, "\u2039 Queues")),
-    h("h1", {}, "Queue ", h("code", {}, name), h("span", { class: "muted" }, ` in ${vhost}`)),
+    h("h1", {}, "Queue ", h("span", { class: "object-name", dataset: { role: "name" } }, name),
+      h("span", { class: "muted vhost" }, ` in vhost ${vhost}`)),
     counters,
     h("div", { class: "card" }, h("h2", {}, "Consumers"), consumers),
     h("div", { class: "card" }, h("h2", {}, "Messages"),
@@ -302,7 +303,8 @@ export function exchange(ctx) {
   const bindings = h("div");
   const el = h("section", {},
     h("p", {}, h("a", { href: "#/exchanges" }, "\u2039 Exchanges")),
-    h("h1", {}, "Exchange ", h("code", {}, real || "(AMQP default)"), h("span", { class: "muted" }, ` in ${vhost}`)),
+    h("h1", {}, "Exchange ", h("span", { class: "object-name", dataset: { role: "name" } }, real || "(AMQP default)"),
+      h("span", { class: "muted vhost" }, ` in vhost ${vhost}`)),
     h("div", { class: "cols" }, h("div", { class: "card" }, h("h2", {}, "Details"), info),
       h("div", { class: "card" }, h("h2", {}, "Bindings from here"), bindings)),
     ctx.user.isAdmin ? publishForm(vhost, real || "amq.default", "", null) : null);
