@@ -337,6 +337,25 @@ class Recorder(Tracer):
             record.history.append("acked")
         self.recording.changed()
 
+    def delayed(self, msg: Message, exchange: str, delay_ms: int) -> None:
+        if self.inner is not None:
+            self.inner.delayed(msg, exchange, delay_ms)
+
+    def released(self, msg: Message, exchange: str, queues: list[Queue]) -> None:
+        """A delayed message routed at last: it reaches its queues now."""
+        if self.inner is not None:
+            self.inner.released(msg, exchange, queues)
+        if not msg.trace_id:
+            msg.trace_id = next(self.recording.ids)
+        names = [q.name for q in queues]
+        for publish in reversed(self.publishes):  # the publish found no queue at first
+            if publish.id == msg.trace_id:
+                publish.routed_to = names
+                break
+        for name in names:
+            self._new(name, msg, "released")
+        self.recording.changed()
+
     def dead_letter_routed(self, copy: Message, targets: list[Queue]) -> None:
         if self.inner is not None:
             self.inner.dead_letter_routed(copy, targets)

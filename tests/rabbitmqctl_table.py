@@ -86,7 +86,7 @@ def setup_queue(url: str) -> None:
     conn = pika.BlockingConnection(pika.URLParameters(url))
     ch = conn.channel()
     ch.confirm_delivery()
-    ch.queue_declare("q1")
+    ch.queue_declare("q1", durable=True)
     for _ in range(2):
         ch.basic_publish("", "q1", b"m")
     conn.close()

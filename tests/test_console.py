@@ -155,7 +155,7 @@ def test_a_mistyped_deep_link_says_not_found(browser: Browser, api: HttpApi, rou
 
 
 def test_the_queue_heading_shows_its_name_at_heading_size(browser: Browser, api: HttpApi) -> None:
-    api.ok("PUT", "/api/queues/%2F/console.heading")
+    api.ok("PUT", "/api/queues/%2F/console.heading", {"durable": True})
     page = login(browser, api)
     page.goto(f"{base(api)}/?refresh={POLL_MS}#/queue/%2F/console.heading")
     name = page.locator("main h1 [data-role=name]")

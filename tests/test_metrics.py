@@ -342,8 +342,8 @@ def test_delivery_modes_churn_and_channel_counters(warren: RunningBroker) -> Non
     try:
         ch = conn.channel()
         ch.confirm_delivery()
-        ch.queue_declare("m.modes")
-        ch.queue_declare("m.modes")  # declared twice, created once
+        ch.queue_declare("m.modes", durable=True)
+        ch.queue_declare("m.modes", durable=True)  # declared twice, created once
         for _ in range(4):
             ch.basic_publish("", "m.modes", b"x")
         auto = conn.channel()
@@ -361,7 +361,7 @@ def test_delivery_modes_churn_and_channel_counters(warren: RunningBroker) -> Non
         while len(got) < 2:
             conn.process_data_events(0.05)
         empty = conn.channel()
-        empty.queue_declare("m.empty")
+        empty.queue_declare("m.empty", durable=True)
         assert empty.basic_get("m.empty") == (None, None, None)
         per_channel, _ = scrape(warren, "/metrics/per-object")
         auto.close()
@@ -428,9 +428,9 @@ def test_detailed_endpoint_takes_family_vhost_and_queue(
     api.ok("PUT", "/api/vhosts/m-detail")
     permissions = {"configure": ".*", "write": ".*", "read": ".*"}
     api.ok("PUT", "/api/permissions/m-detail/guest", permissions)
-    api.ok("PUT", "/api/queues/m-detail/d.one")
-    api.ok("PUT", "/api/queues/m-detail/d.two")
-    api.ok("PUT", "/api/queues/%2F/d.root")
+    api.ok("PUT", "/api/queues/m-detail/d.one", {"durable": True})
+    api.ok("PUT", "/api/queues/m-detail/d.two", {"durable": True})
+    api.ok("PUT", "/api/queues/%2F/d.root", {"durable": True})
     samples, text = scrape(
         warren, "/metrics/detailed?family=queue_coarse_metrics&vhost=m-detail&queue=%5Ed%5C.o"
     )

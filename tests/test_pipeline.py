@@ -347,7 +347,7 @@ def test_short_trace_report(spark: Any, tmp_path: Path, capsys: pytest.CaptureFi
         conn = pika.BlockingConnection(pika.URLParameters(broker.url))
         ch = conn.channel()
         for name in ("idle", "work"):
-            ch.queue_declare(name)
+            ch.queue_declare(name, durable=True)
         for i in range(3):
             ch.basic_publish("", "idle", b"x", _props(f"i-{i}"))
         ch.basic_publish("", "work", b"x", _props("w-0"))

@@ -240,7 +240,7 @@ def test_local_random_binding_restrictions(
 ) -> None:
     ch = conn.channel()
     ch.exchange_declare(name, "x-local-random", auto_delete=True)
-    ch.queue_declare(name, durable=bool(queue_args), arguments=queue_args)
+    ch.queue_declare(name, durable=True, arguments=queue_args)
     try:
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
             ch.queue_bind(name, name, key)
@@ -533,7 +533,7 @@ def test_lifecycle_trace_records_delayed_and_released(tmp_path: Path) -> None:
         conn = pika.BlockingConnection(pika.URLParameters(running.url))
         ch = conn.channel()
         delayed_exchange(ch, "tr.x")
-        ch.queue_declare("tr.q")
+        ch.queue_declare("tr.q", durable=True)
         ch.queue_bind("tr.q", "tr.x", "k")
         ch.basic_publish("tr.x", "k", b"m", pika.BasicProperties(headers={"x-delay": 100}))
         get_one(ch, "tr.q", 5)

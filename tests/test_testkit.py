@@ -731,3 +731,32 @@ def test_delivery_limit_after_delayed_retries_pika(manual: RunningBroker) -> Non
         ]  # fmt: skip
     finally:
         conn.close()
+
+
+def test_recorder_answers_every_event_the_tracer_has() -> None:
+    """The recorder stands where the tracer stands: an event it lacks is an internal error."""
+    from warren.broker.recorder import Recorder
+    from warren.broker.tracing import Tracer
+
+    events = [n for n, v in vars(Tracer).items() if callable(v) and not n.startswith("_")]
+    assert "delayed" in events
+    assert [n for n in events if n not in vars(Recorder)] == []
+
+
+def test_a_delayed_message_is_recorded_where_it_is_released(manual: RunningBroker) -> None:
+    conn = connect(manual)
+    ch = conn.channel()
+    ch.exchange_declare("later", "x-delayed-message", arguments={"x-delayed-type": "direct"})
+    ch.queue_declare("jobs", durable=True)
+    ch.queue_bind("jobs", "later", "k")
+    ch.basic_publish(
+        "later", "k", b"in a minute", pika.BasicProperties(headers={"x-delay": 60_000})
+    )
+    ch.queue_declare("jobs", passive=True)  # the publish was handled
+    assert [p.routed_to for p in manual.published()] == [[]]
+    assert manual.outcome_names("jobs") == []
+    manual.clock.advance(60)
+    assert [p.routed_to for p in manual.published()] == [["jobs"]]
+    assert manual.outcome_names("jobs") == ["ready"]
+    assert ch.queue_declare("jobs", passive=True).method.message_count == 1
+    conn.close()
