@@ -19,6 +19,7 @@ from warren.broker.arguments import MAX_TTL, validate_consumer_arguments
 from warren.broker.consumer import Consumer
 from warren.broker.exchange import Exchange
 from warren.broker.message import Message
+from warren.broker.stream import check_consume
 from warren.protocol.connection import Content
 from warren.protocol.constants import (
     ACCESS_REFUSED,
@@ -589,7 +590,12 @@ class Channel:
         self.allow("read", "queue", self._queue_name(method.queue))
         queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
         arguments = method.arguments or {}
-        validate_consumer_arguments(arguments, queue.name, self.vhost.name)
+        if queue.queue_type == "stream":  # RabbitMQ's stream consume checks (broker/stream.py)
+            check_consume(
+                queue, arguments, method.no_ack, self.prefetch_count, bool(self.prefetch_global)
+            )
+        else:
+            validate_consumer_arguments(arguments, queue.name, self.vhost.name)
         tag = method.consumer_tag or _ctag()
         if tag in self.consumers:
             raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", 60, 20)

@@ -15,6 +15,7 @@ from warren.broker.firehose import TRACE_EXCHANGE
 from warren.broker.message import Message
 from warren.broker.policy import Policy, pick
 from warren.broker.queue import Queue
+from warren.broker.stream import StreamQueue, stream_directory, validate_stream_arguments
 from warren.protocol.constants import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
@@ -162,7 +163,8 @@ class VirtualHost:
             )
 
     def restore_queue(self, name: str, auto_delete: bool, arguments: dict[str, Any]) -> Queue:
-        queue = Queue(self, name, durable=True, auto_delete=auto_delete, arguments=arguments)
+        cls = StreamQueue if arguments.get("x-queue-type") == "stream" else Queue
+        queue = cls(self, name, durable=True, auto_delete=auto_delete, arguments=arguments)
         self.queues[name] = queue
         self._apply_policy(queue)
         return queue
@@ -283,7 +285,9 @@ class VirtualHost:
                 f"cannot declare queue '{name}': queue limit in vhost '{self.name}' "
                 f"({max_queues}) is reached",
             )
-        validate_queue_arguments(
+        stream = arguments.get("x-queue-type") == "stream"  # broker/stream.py
+        validate = validate_stream_arguments if stream else validate_queue_arguments
+        validate(
             arguments,
             name,
             self.name,
@@ -291,7 +295,7 @@ class VirtualHost:
             exclusive=exclusive,
             auto_delete=auto_delete,
         )
-        queue = Queue(
+        queue = (StreamQueue if stream else Queue)(
             self,
             name,
             durable=durable,
@@ -303,6 +307,9 @@ class VirtualHost:
         self._apply_policy(queue)
         if self.persistence is not None:
             self.persistence.queue_declared(self.name, queue)
+        if isinstance(queue, StreamQueue):
+            store = queue.message_store
+            queue.open_log(store, stream_directory(store, queue.store_id) if store else None)
         return queue
 
     def delete_queue(self, queue: Queue) -> int:

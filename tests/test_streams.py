@@ -1,0 +1,366 @@
+"""Stream queues (x-queue-type: stream) over AMQP 0-9-1, as RabbitMQ 4.3 has them.
+
+Error codes and texts were recorded against RabbitMQ 3.10 on this machine; where 4.3
+differs, rabbit_stream_queue.erl / rabbit_amqqueue.erl / rabbit_channel.erl at v4.3.5 win
+and the test says where.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import aio_pika
+import pika
+import pytest
+from amqp_raw import RawClient
+from pamqp import commands
+from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
+from test_durability import free_port, start_server
+
+from warren.broker.testkit import run_broker
+
+STREAM = {"x-queue-type": "stream"}
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    with run_broker(data_dir=str(tmp_path_factory.mktemp("streams"))) as running:
+        yield running
+
+
+@pytest.fixture
+def conn(broker: Any) -> Iterator[BlockingConnection]:
+    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+    yield connection
+    if connection.is_open:
+        connection.close()
+
+
+def declare(ch: BlockingChannel, name: str, **args: Any) -> None:
+    ch.queue_declare(name, durable=True, arguments={**STREAM, **args})
+
+
+def publish(ch: BlockingChannel, name: str, bodies: list[bytes], **props: Any) -> None:
+    ch.confirm_delivery()
+    for body in bodies:
+        ch.basic_publish("", name, body, pika.BasicProperties(**props))
+
+
+def consume(
+    ch: BlockingChannel,
+    name: str,
+    count: int,
+    args: dict[str, Any] | None = None,
+    prefetch: int = 100,
+    timeout: float = 5.0,
+    settle: str = "ack",
+) -> list[tuple[int, bytes, dict[str, Any]]]:
+    """Consume ``count`` messages (offset, body, headers), acking as it goes."""
+    ch.basic_qos(prefetch_count=prefetch)
+    got: list[tuple[int, bytes, dict[str, Any]]] = []
+
+    def on_message(c: BlockingChannel, m: Any, p: Any, b: bytes) -> None:
+        got.append((p.headers["x-stream-offset"], b, p.headers))
+        if settle == "ack":
+            c.basic_ack(m.delivery_tag)
+        elif settle == "nack":
+            c.basic_nack(m.delivery_tag, requeue=True)
+        elif settle == "reject":
+            c.basic_reject(m.delivery_tag, requeue=False)
+
+    tag = ch.basic_consume(name, on_message, arguments=args or {})
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        ch.connection.process_data_events(0.05)
+    ch.basic_cancel(tag)
+    return got
+
+
+def closed_with(conn: BlockingConnection, fn: Any) -> tuple[int, str]:
+    ch = conn.channel()
+    try:
+        fn(ch)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        return exc.reply_code, exc.reply_text
+    except pika.exceptions.ConnectionClosedByBroker as exc:
+        return exc.reply_code, exc.reply_text
+    raise AssertionError("the broker accepted it")
+
+
+# ---- declare, publish, consume ----
+
+
+def test_declare_and_redeclare_counts_messages(conn: BlockingConnection, name: str) -> None:
+    ch = conn.channel()
+    declare(ch, name)
+    publish(ch, name, [b"a", b"b", b"c"])
+    ok = ch.queue_declare(name, durable=True, arguments=STREAM).method
+    assert (ok.message_count, ok.consumer_count) == (3, 0)
+    assert ch.queue_declare(name, passive=True).method.message_count == 3
+
+
+@pytest.mark.parametrize(
+    ("durable", "exclusive", "auto_delete", "prop"),
+    [
+        (False, False, False, "non-durable"),
+        (True, True, False, "exclusive-owner"),
+        (True, False, True, "auto-delete"),
+    ],
+)
+def test_declare_refuses_what_a_stream_cannot_be(
+    conn: BlockingConnection, name: str, durable: bool, exclusive: bool, auto_delete: bool,
+    prop: str,
+) -> None:  # fmt: skip
+    code, text = closed_with(
+        conn,
+        lambda ch: ch.queue_declare(
+            name, durable=durable, exclusive=exclusive, auto_delete=auto_delete, arguments=STREAM
+        ),
+    )
+    assert (code, text) == (
+        406, f"PRECONDITION_FAILED - invalid property '{prop}' for queue '{name}' in vhost '/'"
+    )  # fmt: skip
+
+
+def test_consume_from_first_delivers_every_message_with_its_offset(
+    conn: BlockingConnection, name: str
+) -> None:
+    ch = conn.channel()
+    declare(ch, name)
+    publish(ch, name, [b"m0", b"m1"])
+    publish(ch, name, [b"m2"], headers={"a": 1}, content_type="text/plain")
+    got = consume(ch, name, 3, {"x-stream-offset": "first"})
+    assert [(o, b) for o, b, _ in got] == [(0, b"m0"), (1, b"m1"), (2, b"m2")]
+    assert got[2][2] == {"a": 1, "x-stream-offset": 2}
+    # consuming removed nothing: a second reader sees all of it again
+    again = consume(conn.channel(), name, 3, {"x-stream-offset": "first"})
+    assert [b for _, b, _ in again] == [b"m0", b"m1", b"m2"]
+    assert ch.queue_declare(name, passive=True).method.message_count == 3
+
+
+def test_offset_header_is_a_long(broker: Any, name: str) -> None:
+    """The header's field type, as RabbitMQ sends it ('l', signed 64-bit)."""
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    declare(ch, name)
+    publish(ch, name, [b"x"])
+    conn.close()
+    with RawClient.connect(_addr(broker)) as client:
+        client.call(1, commands.Basic.Qos(prefetch_count=1), commands.Basic.QosOk)
+        client.consume(1, name, arguments={"x-stream-offset": "first"})
+        delivery = client.read_delivery(1)
+    assert b"\x0fx-stream-offsetl" + (0).to_bytes(8, "big") in delivery.header_payload
+    assert delivery.body == b"x"
+
+
+def _addr(broker: Any) -> tuple[str, int]:
+    parsed = urlparse(broker.url)
+    return parsed.hostname or "127.0.0.1", parsed.port or 5672
+
+
+def test_offset_specs(conn: BlockingConnection, name: str) -> None:
+    ch = conn.channel()
+    declare(ch, name)
+    publish(ch, name, [b"m0", b"m1", b"m2"])
+    publish(ch, name, [b"m3"])  # a chunk of its own: confirms wait between the two
+
+    def bodies(arg: Any, count: int = 4) -> list[bytes]:
+        args = {} if arg is None else {"x-stream-offset": arg}
+        return [b for _, b, _ in consume(conn.channel(), name, count, args, timeout=0.5)]
+
+    assert bodies("first") == [b"m0", b"m1", b"m2", b"m3"]
+    assert bodies("last") == [b"m3"]  # the start of the last chunk
+    assert bodies(2) == [b"m2", b"m3"]
+    assert bodies(-5) == [b"m0", b"m1", b"m2", b"m3"]  # before the start: the first message
+    assert bodies(100) == []
+    assert bodies("next") == []
+    assert bodies(None) == []  # no argument: next
+    an_hour_ago = datetime.datetime.now() - datetime.timedelta(hours=1)
+    assert bodies(an_hour_ago) == [b"m0", b"m1", b"m2", b"m3"]
+    assert bodies("1h") == [b"m0", b"m1", b"m2", b"m3"]
+    in_an_hour = datetime.datetime.now() + datetime.timedelta(hours=1)
+    assert bodies(in_an_hour) == []
+
+
+def test_next_gets_what_is_published_after(conn: BlockingConnection, name: str) -> None:
+    ch = conn.channel()
+    declare(ch, name)
+    publish(ch, name, [b"old"])
+    ch.basic_qos(prefetch_count=10)
+    got: list[bytes] = []
+    ch.basic_consume(name, lambda c, m, p, b: (got.append(b), c.basic_ack(m.delivery_tag)),
+                     arguments={"x-stream-offset": "next"})  # fmt: skip
+    other = conn.channel()
+    publish(other, name, [b"new1", b"new2"])
+    deadline = time.monotonic() + 5
+    while len(got) < 2 and time.monotonic() < deadline:
+        conn.process_data_events(0.05)
+    assert got == [b"new1", b"new2"]
+
+
+def test_prefetch_bounds_deliveries_and_acks_give_credit(
+    conn: BlockingConnection, name: str
+) -> None:
+    ch = conn.channel()
+    declare(ch, name)
+    publish(ch, name, [b"%d" % i for i in range(20)])
+    ch.basic_qos(prefetch_count=5)
+    got: list[Any] = []
+    ch.basic_consume(name, lambda c, m, p, b: got.append(m), arguments={"x-stream-offset": 0})
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        conn.process_data_events(0.05)
+    assert len(got) == 5  # no acks: the prefetch is the limit
+    ch.basic_ack(got[-1].delivery_tag, multiple=True)
+    deadline = time.monotonic() + 5
+    while len(got) < 10 and time.monotonic() < deadline:
+        conn.process_data_events(0.05)
+    assert len(got) == 10
+
+
+def test_nack_and_reject_give_credit_and_remove_nothing(
+    conn: BlockingConnection, name: str
+) -> None:
+    """RabbitMQ 4.3: rabbit_stream_queue:settle/5 treats every settle as credit ("all settle
+    reasons will give credit"); 3.10 closed the connection with 540 instead."""
+    ch = conn.channel()
+    declare(ch, name)
+    publish(ch, name, [b"%d" % i for i in range(6)])
+    got = consume(ch, name, 6, {"x-stream-offset": "first"}, prefetch=2, settle="nack")
+    assert [b for _, b, _ in got] == [b"%d" % i for i in range(6)]  # never redelivered
+    got = consume(conn.channel(), name, 6, {"x-stream-offset": "first"}, prefetch=2,
+                  settle="reject")  # fmt: skip
+    assert len(got) == 6
+    assert ch.queue_declare(name, passive=True).method.message_count == 6
+
+
+def test_consumers_read_independently(conn: BlockingConnection, name: str) -> None:
+    ch = conn.channel()
+    declare(ch, name)
+    publish(ch, name, [b"%d" % i for i in range(50)])
+    slow = conn.channel()
+    slow.basic_qos(prefetch_count=1)
+    stuck: list[Any] = []
+    slow.basic_consume(
+        name, lambda c, m, p, b: stuck.append(b), arguments={"x-stream-offset": "first"}
+    )
+    fast = consume(conn.channel(), name, 50, {"x-stream-offset": "first"})
+    assert len(fast) == 50  # the one that never acks holds nobody back
+    publish(conn.channel(), name, [b"more"])
+    assert stuck == [b"0"]
+
+
+def test_publish_confirms_come_once_on_disk(broker: Any, name: str) -> None:
+    """The stream's chunk is written by the store's writer; the confirm waits for its fsync."""
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    declare(ch, name)
+    ch.confirm_delivery()
+    ch.basic_publish("", name, b"x" * 1000)
+    log = broker.call(lambda: broker.server.broker.vhosts["/"].queues[name].stream)
+    assert log.committed == 1
+    segment = log.segments[-1]
+    assert os.path.getsize(segment.path) == segment.size > 1000
+    conn.close()
+
+
+# ---- durability ----
+
+
+def test_log_and_offsets_survive_a_restart(tmp_path: Path, name: str) -> None:
+    with run_broker(data_dir=str(tmp_path)) as running:
+        conn = pika.BlockingConnection(pika.URLParameters(running.url))
+        ch = conn.channel()
+        declare(ch, name)
+        publish(ch, name, [b"%d" % i for i in range(10)], headers={"k": "v"})
+        conn.close()
+        running.restart()
+        conn = pika.BlockingConnection(pika.URLParameters(running.url))
+        ch = conn.channel()
+        assert ch.queue_declare(name, passive=True).method.message_count == 10
+        publish(ch, name, [b"after"])
+        got = consume(ch, name, 11, {"x-stream-offset": 5})
+        assert [(o, b) for o, b, _ in got] == [(5 + i, b"%d" % (5 + i)) for i in range(5)] + [
+            (10, b"after")
+        ]
+        assert got[0][2] == {"k": "v", "x-stream-offset": 5}
+        conn.close()
+
+
+def _publisher(url: str, queue: str, confirmed: list[int]) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    i = 0
+    try:
+        while True:
+            ch.basic_publish("", queue, b"%08d" % i)
+            confirmed.append(i)
+            i += 1
+    except (pika.exceptions.AMQPError, OSError):
+        pass
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_kill_9_keeps_every_confirmed_message_and_offset(tmp_path: Path, round_: int) -> None:
+    port = free_port()
+    url = f"amqp://guest:guest@127.0.0.1:{port}/"
+    proc = start_server(str(tmp_path), port)
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    declare(conn.channel(), "crash.s")
+    conn.close()
+    confirmed: list[int] = []
+    worker = threading.Thread(target=_publisher, args=(url, "crash.s", confirmed))
+    worker.start()
+    deadline = time.monotonic() + 5
+    while len(confirmed) < 200 * (round_ + 1) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    worker.join(10)
+    snapshot = list(confirmed)
+    assert snapshot, "the publisher never got a confirm before the kill"
+    proc = start_server(str(tmp_path), port)
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        ch = conn.channel()
+        count = ch.queue_declare("crash.s", passive=True).method.message_count
+        assert count >= len(snapshot)
+        got = consume(ch, "crash.s", count, {"x-stream-offset": "first"}, prefetch=500)
+        assert [o for o, _, _ in got] == list(range(count))  # every offset, in order, once
+        assert [int(b) for _, b, _ in got] == list(range(count))
+        conn.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+
+
+def test_aio_pika_replays_a_stream(broker: Any, name: str) -> None:
+    async def run() -> list[tuple[int, bytes]]:
+        connection = await aio_pika.connect(broker.url)
+        async with connection:
+            channel = await connection.channel(publisher_confirms=True)
+            queue = await channel.declare_queue(name, durable=True, arguments=STREAM)
+            for i in range(5):
+                await channel.default_exchange.publish(aio_pika.Message(b"%d" % i), name)
+            await channel.set_qos(prefetch_count=2)
+            got: list[tuple[int, bytes]] = []
+            async with queue.iterator(arguments={"x-stream-offset": "first"}) as it:
+                async for message in it:
+                    await message.ack()
+                    got.append((message.headers["x-stream-offset"], message.body))
+                    if len(got) == 5:
+                        break
+            return got
+
+    got = asyncio.run(run())
+    assert got == [(i, b"%d" % i) for i in range(5)]
