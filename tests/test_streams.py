@@ -364,3 +364,205 @@ def test_aio_pika_replays_a_stream(broker: Any, name: str) -> None:
 
     got = asyncio.run(run())
     assert got == [(i, b"%d" % i) for i in range(5)]
+
+
+# ---- refusals ----
+
+
+@pytest.mark.parametrize(
+    ("arg", "value", "reason"),
+    [
+        ("x-max-age", "1X", "invalid_max_age"),
+        # RabbitMQ 4.3 rabbit_amqqueue:check_max_age/1 refuses it (3.10 crashed with 541)
+        ("x-max-age", "bad", "invalid_max_age"),
+        ("x-max-age", "0s", "invalid_max_age"),
+        ("x-max-age", 5, "{unacceptable_type,signedint}"),
+        ("x-max-length-bytes", -1, "{value_negative,-1}"),
+        ("x-max-length-bytes", "a", '"expected integer, got longstr"'),
+        ("x-stream-max-segment-size-bytes", -1, "{value_negative,-1}"),
+        ("x-initial-cluster-size", 0, "{value_zero,0}"),
+    ],
+)
+def test_invalid_stream_arguments(
+    conn: BlockingConnection, name: str, arg: str, value: Any, reason: str
+) -> None:
+    code, text = closed_with(conn, lambda ch: declare(ch, name, **{arg: value}))
+    assert code == 406
+    assert text == (
+        f"PRECONDITION_FAILED - invalid arg '{arg}' for queue '{name}' in vhost '/': {reason}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("arg", "value"),
+    [
+        ("x-message-ttl", 1000),
+        ("x-dead-letter-exchange", "dlx"),
+        ("x-max-priority", 5),
+        ("x-expires", 1000),
+        ("x-max-length", 10),
+        ("x-overflow", "reject-publish"),
+        ("x-single-active-consumer", True),
+        ("x-delivery-limit", 3),
+        ("x-queue-mode", "lazy"),
+        # RabbitMQ 4.3: not among rabbit_stream_queue:capabilities/0 queue_arguments
+        # (3.10 accepted it)
+        ("x-consumer-timeout", 1000),
+    ],
+)
+def test_arguments_of_other_queue_types_are_refused(
+    conn: BlockingConnection, name: str, arg: str, value: Any
+) -> None:
+    code, text = closed_with(conn, lambda ch: declare(ch, name, **{arg: value}))
+    assert (code, text) == (
+        406,
+        f"PRECONDITION_FAILED - invalid arg '{arg}' for queue '{name}' in vhost '/' "
+        "of queue type rabbit_stream_queue",
+    )
+
+
+def test_stream_limits_of_rabbitmq_4_3(conn: BlockingConnection, name: str) -> None:
+    """rabbit_stream_queue:check_max_segment_size_bytes/1 and check_filter_size/1 (v4.3.5)."""
+    code, text = closed_with(
+        conn, lambda ch: declare(ch, name, **{"x-stream-max-segment-size-bytes": 3_000_000_001})
+    )
+    assert (code, text) == (
+        406, "PRECONDITION_FAILED - Exceeded max value for x-stream-max-segment-size-bytes"
+    )  # fmt: skip
+    for size in (10, 300):
+        code, text = closed_with(
+            conn, lambda ch: declare(ch, name, **{"x-stream-filter-size-bytes": size})
+        )
+        assert (code, text) == (
+            406, "PRECONDITION_FAILED - Invalid value for x-stream-filter-size-bytes"
+        )  # fmt: skip
+    ch = conn.channel()
+    declare(ch, name, **{"x-max-age": "7D", "x-max-length-bytes": 10**9,
+                         "x-stream-max-segment-size-bytes": 10**6,
+                         "x-stream-filter-size-bytes": 32, "x-initial-cluster-size": 3})  # fmt: skip
+
+
+def test_redeclare_with_other_stream_arguments(conn: BlockingConnection, name: str) -> None:
+    declare(conn.channel(), name)
+    code, text = closed_with(conn, lambda ch: declare(ch, name, **{"x-max-age": "1h"}))
+    assert (code, text) == (
+        406,
+        f"PRECONDITION_FAILED - inequivalent arg 'x-max-age' for queue '{name}' in vhost '/': "
+        "received the value '1h' of type 'longstr' but current is none",
+    )
+
+
+def test_basic_get_and_purge_are_not_implemented(conn: BlockingConnection, name: str) -> None:
+    declare(conn.channel(), name)
+    assert closed_with(conn, lambda ch: ch.basic_get(name)) == (
+        540,
+        f"NOT_IMPLEMENTED - basic.get not supported by stream queues queue '{name}' in vhost '/'",
+    )
+
+
+def test_purge_is_not_implemented(broker: Any, name: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    declare(conn.channel(), name)
+    assert closed_with(conn, lambda ch: ch.queue_purge(name)) == (
+        540,
+        f"NOT_IMPLEMENTED - queue.purge not supported by stream queues queue '{name}' in vhost '/'",
+    )
+
+
+def test_consume_needs_a_prefetch_and_manual_acks(broker: Any, name: str) -> None:
+    """rabbit_stream_queue:consume/3 at v4.3.5: the texts say 'stream queue ...' (3.10 said
+    "for 'queue ...'"); no-ack with a prefetch is 540 there."""
+    where = f"queue '{name}' in vhost '/'"
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    declare(conn.channel(), name)
+
+    def no_qos(ch: BlockingChannel) -> None:
+        ch.basic_consume(name, lambda *a: None)
+
+    def no_ack_without_qos(ch: BlockingChannel) -> None:
+        ch.basic_consume(name, lambda *a: None, auto_ack=True)
+
+    prefetch = f"PRECONDITION_FAILED - consumer prefetch count is not set for stream {where}"
+    assert closed_with(conn, no_qos) == (406, prefetch)
+    assert closed_with(conn, no_ack_without_qos) == (406, prefetch)
+
+    def no_ack(ch: BlockingChannel) -> None:
+        ch.basic_qos(prefetch_count=10)
+        ch.basic_consume(name, lambda *a: None, auto_ack=True)
+
+    assert closed_with(conn, no_ack) == (
+        540, f"NOT_IMPLEMENTED - automatic acknowledgement not supported by stream {where}"
+    )  # fmt: skip
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+
+    def global_qos(ch: BlockingChannel) -> None:
+        ch.basic_qos(prefetch_count=10)
+        ch.basic_qos(prefetch_count=10, global_qos=True)
+        ch.basic_consume(name, lambda *a: None)
+
+    assert closed_with(conn, global_qos) == (
+        540, f"NOT_IMPLEMENTED - {where} does not support global qos"
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("arg", "value"), [("x-priority", 3), ("x-consumer-timeout", 1000)])
+def test_consumer_arguments_of_other_queue_types(
+    conn: BlockingConnection, name: str, arg: str, value: Any
+) -> None:
+    declare(conn.channel(), name)
+
+    def consume_with(ch: BlockingChannel) -> None:
+        ch.basic_qos(prefetch_count=10)
+        ch.basic_consume(name, lambda *a: None, arguments={arg: value})
+
+    assert closed_with(conn, consume_with) == (
+        406,
+        f"PRECONDITION_FAILED - invalid arg '{arg}' for queue '{name}' in vhost '/' "
+        "of queue type rabbit_stream_queue",
+    )
+
+
+def test_invalid_offset_argument(conn: BlockingConnection, name: str) -> None:
+    """RabbitMQ 4.3 rabbit_amqqueue:check_stream_offset_arg/2 (3.10 crashed with 541)."""
+    declare(conn.channel(), name)
+
+    def consume_with(ch: BlockingChannel) -> None:
+        ch.basic_qos(prefetch_count=10)
+        ch.basic_consume(name, lambda *a: None, arguments={"x-stream-offset": "bogus"})
+
+    assert closed_with(conn, consume_with) == (
+        406,
+        f"PRECONDITION_FAILED - invalid arg 'x-stream-offset' for queue '{name}' in vhost '/': "
+        '{invalid_stream_offset_arg,{longstr,<<"bogus">>}}',
+    )
+
+
+def test_exclusive_consumer_is_allowed(conn: BlockingConnection, name: str) -> None:
+    """RabbitMQ accepts an exclusive consumer on a stream (checked on 3.10)."""
+    ch = conn.channel()
+    declare(ch, name)
+    publish(ch, name, [b"x"])
+    ch.basic_qos(prefetch_count=10)
+    got: list[bytes] = []
+    ch.basic_consume(name, lambda c, m, p, b: got.append(b), exclusive=True,
+                     arguments={"x-stream-offset": "first"})  # fmt: skip
+    deadline = time.monotonic() + 5
+    while not got and time.monotonic() < deadline:
+        conn.process_data_events(0.05)
+    assert got == [b"x"]
+
+
+def test_stream_policy_keys(broker: Any, name: str) -> None:
+    from warren.broker.policy import Policy, PolicyError
+
+    Policy("/", "p", ".*", {"max-age": "1h", "stream-max-segment-size-bytes": 1000,
+                             "stream-filter-size-bytes": 16, "initial-cluster-size": 1},
+           apply_to="streams")  # fmt: skip
+    for key, value, text in [
+        ("max-age", "1X", "'1X' is not a valid max age"),
+        ("stream-max-segment-size-bytes", -1, "-1 is not a valid segment size"),
+        ("stream-filter-size-bytes", 8, "8 is not a valid filter size. Valid range is 16-255"),
+        ("initial-cluster-size", -1, "-1 is not a valid cluster size"),
+    ]:
+        with pytest.raises(PolicyError, match=text):
+            Policy("/", "p", ".*", {key: value})
