@@ -431,15 +431,20 @@ def test_stream_limits_of_rabbitmq_4_3(conn: BlockingConnection, name: str) -> N
     )  # fmt: skip
     for size in (10, 300):
         code, text = closed_with(
-            conn, lambda ch: declare(ch, name, **{"x-stream-filter-size-bytes": size})
+            conn, lambda ch, size=size: declare(ch, name, **{"x-stream-filter-size-bytes": size})
         )
         assert (code, text) == (
             406, "PRECONDITION_FAILED - Invalid value for x-stream-filter-size-bytes"
         )  # fmt: skip
     ch = conn.channel()
-    declare(ch, name, **{"x-max-age": "7D", "x-max-length-bytes": 10**9,
-                         "x-stream-max-segment-size-bytes": 10**6,
-                         "x-stream-filter-size-bytes": 32, "x-initial-cluster-size": 3})  # fmt: skip
+    accepted = {
+        "x-max-age": "7D",
+        "x-max-length-bytes": 10**9,
+        "x-stream-max-segment-size-bytes": 10**6,
+        "x-stream-filter-size-bytes": 32,
+        "x-initial-cluster-size": 3,
+    }
+    declare(ch, name, **accepted)
 
 
 def test_redeclare_with_other_stream_arguments(conn: BlockingConnection, name: str) -> None:
