@@ -177,7 +177,8 @@ def validate_stream_arguments(
 
 def parse_offset(args: dict[str, Any], queue: str, vhost: str) -> tuple[str, int]:
     """The consumer's ``x-stream-offset``: (kind, value), kind one of first, last, next,
-    offset, timestamp (ms since the epoch); rabbit_stream_queue:parse_offset_arg/1."""
+    offset, timestamp (ms since the epoch), age (ms before now); rabbit_stream_queue's
+    parse_offset_arg/1."""
     if "x-stream-offset" not in args:
         return "next", 0
     value, kind = args["x-stream-offset"], wire_type(args, "x-stream-offset")
@@ -188,7 +189,7 @@ def parse_offset(args: dict[str, Any], queue: str, vhost: str) -> tuple[str, int
     if isinstance(value, str) and kind == "longstr":
         age = parse_age(value)
         if age is not None:
-            return "timestamp", int(time.time() * 1000) - age
+            return "age", age
     elif isinstance(value, int) and not isinstance(value, bool):
         return "offset", value
     raise _invalid(
@@ -273,8 +274,11 @@ _ids = iter(range(1, 1 << 62))
 class StreamLog:
     """The segment files of one stream; appends go through the store's writer in its batches."""
 
-    def __init__(self, store: MessageStore, directory: str, log: Any) -> None:
+    def __init__(self, store: MessageStore, directory: str, log: Any, timers: Any) -> None:
         self.store = store
+        # wall-clock ms read through the broker's clock, so a test's manual clock drives ages
+        self._wall_offset = time.time() - timers.now()
+        self._timers = timers
         self.directory = directory
         self.log = log
         os.makedirs(directory, exist_ok=True)
@@ -391,7 +395,7 @@ class StreamLog:
         section = (b"\x01" if self._unfiltered else b"\x00") + b"".join(filters)
         self._filter_values.clear()
         self._unfiltered = False
-        stamp = int(time.time() * 1000)
+        stamp = self.wall_ms()
         header = _CHUNK.pack(
             _MAGIC, self._pending_first, count, stamp, len(section), len(data), zlib.crc32(data)
         )
@@ -410,6 +414,9 @@ class StreamLog:
             if self.on_roll is not None:
                 self.store._loop.call_soon(self.on_roll)  # type: ignore[union-attr]
         return handle, chunk, roll
+
+    def wall_ms(self) -> int:
+        return int((self._timers.now() + self._wall_offset) * 1000)
 
     def synced(self, batch: int) -> None:
         """The store's writer made ``batch`` durable: its chunks are readable now."""
@@ -607,7 +614,7 @@ class StreamQueue(Queue):
         if store is None or directory is None:
             store, root = _private_store(self.vhost)
             directory = os.path.join(root, "streams", str(next(_ids)))
-        self.stream = StreamLog(store, directory, self.vhost.log)
+        self.stream = StreamLog(store, directory, self.vhost.log, self.vhost.timers)
         self.stream.on_commit = self._committed
         self.stream.on_roll = self.apply_retention
         self.apply_settings()
@@ -697,8 +704,9 @@ class StreamQueue(Queue):
             start = log.last_chunk()
         elif kind == "offset":
             start = min(max(value, log.first_offset), log.next_offset)
-        elif kind == "timestamp":
-            start = max(log.offset_at(value), log.first_offset)
+        elif kind in ("timestamp", "age"):
+            stamp = value if kind == "timestamp" else log.wall_ms() - value
+            start = max(log.offset_at(stamp), log.first_offset)
         else:
             start = log.next_offset
         filters, unfiltered = _filters(consumer.arguments)
@@ -813,7 +821,7 @@ class StreamQueue(Queue):
             return
         definition = self.policy.definition if self.policy is not None else {}
         max_bytes = self.arguments.get("x-max-length-bytes", definition.get("max-length-bytes"))
-        now_ms = int(time.time() * 1000)
+        now_ms = log.wall_ms()
         segments = log.segments
         while len(segments) > 1:
             oldest = segments[0]

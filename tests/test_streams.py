@@ -571,3 +571,122 @@ def test_stream_policy_keys(broker: Any, name: str) -> None:
     ]:
         with pytest.raises(PolicyError, match=text):
             Policy("/", "p", ".*", {key: value})
+
+
+# ---- retention ----
+
+
+def stream_log(broker: Any, name: str) -> Any:
+    return broker.call(lambda: broker.server.broker.vhosts["/"].queues[name].stream)
+
+
+def test_retention_by_size_removes_whole_old_segments(broker: Any, name: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    declare(ch, name, **{"x-stream-max-segment-size-bytes": 4000, "x-max-length-bytes": 10000})
+    for i in range(40):  # one chunk each (confirms wait in between), ~1 KB
+        publish(ch, name, [b"%04d" % i + b"x" * 1000])
+    log = stream_log(broker, name)
+    files = sorted(os.listdir(log.directory))
+    assert len(files) == len(log.segments) <= 4
+    assert 0 < log.first_offset < 40  # the oldest segments went, whole
+    assert log.first_offset == log.segments[0].first
+    assert sum(os.path.getsize(os.path.join(log.directory, f)) for f in files) == log.bytes
+    count = ch.queue_declare(name, passive=True).method.message_count
+    assert count == 40 - log.first_offset
+    got = consume(ch, name, count, {"x-stream-offset": "first"})
+    assert [o for o, _, _ in got] == list(range(log.first_offset, 40))
+    # an offset retention removed starts at the first one kept
+    got = consume(ch, name, 1, {"x-stream-offset": 0})
+    assert got[0][0] == log.first_offset
+    conn.close()
+
+
+def test_retention_by_age(broker: Any, name: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    declare(ch, name, **{"x-stream-max-segment-size-bytes": 3000, "x-max-age": "1s"})
+    for i in range(10):
+        publish(ch, name, [b"x" * 1000])
+    log = stream_log(broker, name)
+    assert log.first_offset == 0
+    segments = len(log.segments)
+    assert segments >= 3
+    # the broker's timer fires once the oldest segment's newest chunk is a second old
+    deadline = time.monotonic() + 5
+    while len(log.segments) > 1 and time.monotonic() < deadline:
+        conn.process_data_events(0.1)
+    assert len(log.segments) == 1  # all but the one being written
+    assert ch.queue_declare(name, passive=True).method.message_count == 10 - log.first_offset
+    conn.close()
+
+
+def test_retention_from_a_policy(broker: Any, name: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    declare(ch, name, **{"x-stream-max-segment-size-bytes": 3000})
+    for _ in range(12):
+        publish(ch, name, [b"x" * 1000])
+    log = stream_log(broker, name)
+    assert log.first_offset == 0
+    from warren.broker.policy import Policy
+
+    vhost = broker.server.broker.vhosts["/"]
+    broker.call(
+        vhost.set_policy,
+        Policy("/", name, f"^{name}$", {"max-length-bytes": 5000}, apply_to="streams"),
+    )
+    assert log.first_offset > 0 and log.bytes <= 5000 + 3100
+    broker.call(vhost.clear_policy, name)
+    conn.close()
+
+
+def test_a_consumer_reading_a_removed_segment_moves_on(broker: Any, name: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    declare(ch, name, **{"x-stream-max-segment-size-bytes": 2000, "x-max-length-bytes": 4000})
+    publish(ch, name, [b"first"])
+    ch.basic_qos(prefetch_count=1)
+    got: list[Any] = []
+    ch.basic_consume(name, lambda c, m, p, b: got.append((m, p)), arguments={"x-stream-offset": 0})
+    while not got:
+        conn.process_data_events(0.05)
+    other = conn.channel()
+    for _ in range(20):
+        publish(other, name, [b"y" * 1000])
+    log = stream_log(broker, name)
+    assert log.first_offset > 1
+    ch.basic_ack(got[0][0].delivery_tag)
+    while len(got) < 2:
+        conn.process_data_events(0.05)
+    assert got[1][1].headers["x-stream-offset"] >= log.first_offset - 1
+    conn.close()
+
+
+# ---- filtering ----
+
+
+def test_filtering_is_exact(conn: BlockingConnection, name: str) -> None:
+    """Warren filters each message on the server (RabbitMQ's Bloom filter may let unmatched
+    ones through, so RabbitMQ's clients filter again; with Warren that finds nothing to drop)."""
+    ch = conn.channel()
+    declare(ch, name)
+    publish(ch, name, [b"ca1"], headers={"x-stream-filter-value": "california"})
+    publish(ch, name, [b"tx1"], headers={"x-stream-filter-value": "texas"})
+    publish(ch, name, [b"none"])
+    ch.confirm_delivery()
+    for body, value in ((b"ca2", "california"), (b"ny", "new york"), (b"bare", None)):
+        headers = {"x-stream-filter-value": value} if value else None
+        ch.basic_publish("", name, body, pika.BasicProperties(headers=headers))
+
+    def bodies(args: dict[str, Any], count: int) -> list[bytes]:
+        args = {"x-stream-offset": "first", **args}
+        return [b for _, b, _ in consume(conn.channel(), name, count, args, timeout=0.5)]
+
+    assert bodies({"x-stream-filter": "california"}, 9) == [b"ca1", b"ca2"]
+    assert bodies({"x-stream-filter": ["texas", "new york"]}, 9) == [b"tx1", b"ny"]
+    assert bodies({"x-stream-filter": "california", "x-stream-match-unfiltered": True}, 9) == [
+        b"ca1", b"none", b"ca2", b"bare"
+    ]  # fmt: skip
+    assert bodies({"x-stream-filter": "nowhere"}, 9) == []
+    assert len(bodies({}, 6)) == 6  # no filter: everything
