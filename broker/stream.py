@@ -54,8 +54,8 @@ READ_SIZE = 256 * 1024  # bytes a cursor reads at once (whole chunks; a larger c
 _CHUNK = struct.Struct(">4sQIqIII")
 _MAGIC = b"WSC1"
 # record in a chunk: exchange+routing key (two short strings) length, filter value length,
-# properties length, body length; then those bytes
-_RECORD = struct.Struct(">HHII")
+# properties length, body length, trace id (broker/tracing.py); then those bytes
+_RECORD = struct.Struct(">HHIIQ")
 _U16 = struct.Struct(">H")
 
 # the queue arguments a stream takes (RabbitMQ 4.3 rabbit_stream_queue:capabilities/0)
@@ -368,8 +368,9 @@ class StreamLog:
     # ---- appending ----
 
     def append(
-        self, ex_rk: bytes, filter_value: bytes | None, properties: bytes, body: bytes
-    ) -> int:
+        self, ex_rk: bytes, filter_value: bytes | None, properties: bytes, body: bytes,
+        trace_id: int = 0,
+    ) -> int:  # fmt: skip
         """Add a message to this turn's chunk; returns its offset."""
         offset = self.next_offset
         self.next_offset = offset + 1
@@ -381,7 +382,9 @@ class StreamLog:
             self._unfiltered = True
         else:
             self._filter_values.add(filter_value)
-        self._pending.append(_RECORD.pack(len(ex_rk), len(fv), len(properties), len(body)))
+        self._pending.append(
+            _RECORD.pack(len(ex_rk), len(fv), len(properties), len(body), trace_id)
+        )
         self._pending.append(ex_rk + fv + properties)
         self._pending.append(body)
         return offset
@@ -504,9 +507,9 @@ class StreamLog:
 
 def parse_chunks(
     data: bytes, start: int, filters: frozenset[str] | None, unfiltered: bool
-) -> list[tuple[int, bytes, bytes, bytes]]:
+) -> list[tuple[int, bytes, bytes, bytes, int]]:
     """The messages of whole chunks, from offset ``start`` on: (offset, ex_rk, props, body)."""
-    out: list[tuple[int, bytes, bytes, bytes]] = []
+    out: list[tuple[int, bytes, bytes, bytes, int]] = []
     pos = 0
     size = len(data)
     unpack_chunk, unpack_record = _CHUNK.unpack_from, _RECORD.unpack_from
@@ -520,7 +523,7 @@ def parse_chunks(
             continue  # RabbitMQ's Bloom filter step, exact here: the chunk is not parsed
         at = section + flen
         for _ in range(count):
-            exrk_len, fv_len, plen, blen = unpack_record(data, at)
+            exrk_len, fv_len, plen, blen, trace_id = unpack_record(data, at)
             at += rsize
             if offset >= start:
                 if wanted is not None:
@@ -531,7 +534,7 @@ def parse_chunks(
                         continue
                 p = at + exrk_len + fv_len
                 out.append((offset, data[at : at + exrk_len], data[p : p + plen],
-                            data[p + plen : p + plen + blen]))  # fmt: skip
+                            data[p + plen : p + plen + blen], trace_id))  # fmt: skip
             at += exrk_len + fv_len + plen + blen
             offset += 1
     return out
@@ -557,7 +560,7 @@ class Cursor:
 
     def __init__(self, offset: int, filters: frozenset[str] | None, unfiltered: bool) -> None:
         self.offset = offset  # the next offset to read from the log
-        self.buffered: deque[tuple[int, bytes, bytes, bytes]] = deque()
+        self.buffered: deque[tuple[int, bytes, bytes, bytes, int]] = deque()
         self.filters = filters
         self.unfiltered = unfiltered
 
@@ -681,7 +684,7 @@ class StreamQueue(Queue):
         props = msg.properties
         filter_value = _filter_value(props) if props[0] & (FLAG_HEADERS >> 8) else None
         props = set_header(props, "x-stream-offset", offset)
-        log.append(msg.ex_rk, filter_value, props, msg.body)
+        log.append(msg.ex_rk, filter_value, props, msg.body, msg.trace_id)
         self.stats.published += 1
         store = log.store
         if store is self.message_store:
@@ -742,13 +745,13 @@ class StreamQueue(Queue):
                 if not self._fill(cursor, log):
                     return
                 continue
-            _, ex_rk, props, body = buffered.popleft()
+            _, ex_rk, props, body, trace_id = buffered.popleft()
             exchange, routing_key = _names(ex_rk)
             msg = Message(exchange, routing_key, props, body)
             msg._ex_rk = ex_rk
+            msg.trace_id = trace_id
             msg.queue = self
-            msg.state = UNACKED
-            self.unacked_count += 1
+            msg.state = UNACKED  # not counted as unacked: RabbitMQ reports 0 for streams
             stats.delivered += 1
             channel.deliver(consumer, msg)
 
@@ -788,14 +791,12 @@ class StreamQueue(Queue):
     def settled(self, msg: Message) -> None:
         if msg.state == UNACKED:
             msg.state = GONE
-            self.unacked_count -= 1
             self.stats.acked += 1
             self._credit(msg)
 
     def rejected(self, msg: Message) -> None:
         if msg.state == UNACKED:
             msg.state = GONE
-            self.unacked_count -= 1
             self._credit(msg)
 
     def return_unacked(self, msgs: list[Message], why: str, failed: bool = True) -> None:
@@ -858,11 +859,28 @@ class StreamQueue(Queue):
             self.stream.close(delete=True)
 
     def consumer_offsets(self) -> list[tuple[Consumer, int]]:
-        """Each consumer and the offset of the next message it gets (management API)."""
+        """Each consumer and the offset of the next message it gets."""
         out = []
         for consumer, cursor in self.cursors.items():
             out.append((consumer, cursor.buffered[0][0] if cursor.buffered else cursor.offset))
         return out
+
+    def stream_info(self) -> dict[str, Any]:
+        """The management API's stream fields (rabbit_stream_queue:i/2), and each reader."""
+        log = self.log
+        first = log.segments[0] if log.segments else None
+        stamp = first.timestamps[0] if first is not None and first.timestamps else None
+        return {
+            "segments": len(log.segments),
+            "committed_offset": log.committed - 1 if log.committed else None,
+            "first_offset": log.first_offset,
+            "first_timestamp": stamp,
+            "stream_bytes": log.bytes,
+            "readers": [
+                {"consumer_tag": c.tag, "channel": c.channel.id, "offset": offset}
+                for c, offset in self.consumer_offsets()
+            ],
+        }
 
 
 def stream_directory(store: MessageStore, queue_id: int) -> str:

@@ -606,7 +606,7 @@ def test_retention_by_age(broker: Any, name: str) -> None:
     conn = pika.BlockingConnection(pika.URLParameters(broker.url))
     ch = conn.channel()
     declare(ch, name, **{"x-stream-max-segment-size-bytes": 3000, "x-max-age": "1s"})
-    for i in range(10):
+    for _ in range(10):
         publish(ch, name, [b"x" * 1000])
     log = stream_log(broker, name)
     assert log.first_offset == 0
@@ -690,3 +690,84 @@ def test_filtering_is_exact(conn: BlockingConnection, name: str) -> None:
     ]  # fmt: skip
     assert bodies({"x-stream-filter": "nowhere"}, 9) == []
     assert len(bodies({}, 6)) == 6  # no filter: everything
+
+
+# ---- management API, definitions, Prometheus, warrenctl, tracing ----
+
+
+def test_management_metrics_definitions_and_warrenctl_show_streams(
+    tmp_path: Path, name: str
+) -> None:
+    import json
+    import subprocess
+    import sys
+    import urllib.request
+
+    from http_api import HttpApi
+
+    with run_broker(data_dir=str(tmp_path), management_port=0, prometheus_port=0) as running:
+        conn = pika.BlockingConnection(pika.URLParameters(running.url))
+        ch = conn.channel()
+        declare(ch, name, **{"x-max-age": "7D"})
+        publish(ch, name, [b"a", b"b", b"c"])
+        ch.basic_qos(prefetch_count=1)
+        got: list[Any] = []
+        ch.basic_consume(name, lambda c, m, p, b: got.append(m), consumer_tag="reader-1",
+                         arguments={"x-stream-offset": 1})  # fmt: skip
+        while not got:
+            conn.process_data_events(0.05)
+        api = HttpApi(running.server.management_port)
+        queue = api.get(f"/api/queues/%2F/{name}").body
+        assert queue["type"] == "stream"
+        assert (queue["messages"], queue["messages_ready"], queue["messages_unacknowledged"]) == (
+            3,
+            3,
+            0,
+        )  # fmt: skip — rabbit_osiris_metrics: ready = messages, unacked 0
+        assert queue["arguments"] == {"x-queue-type": "stream", "x-max-age": "7D"}
+        assert queue["segments"] == 1 and queue["committed_offset"] == 2
+        assert queue["first_offset"] == 0
+        assert queue["readers"] == [{"consumer_tag": "reader-1", "channel": 1, "offset": 2}]
+        assert [c["consumer_tag"] for c in queue["consumer_details"]] == ["reader-1"]
+        exported = api.get("/api/definitions").body
+        mine = [q for q in exported["queues"] if q["name"] == name]
+        assert mine and mine[0]["arguments"]["x-queue-type"] == "stream"
+        port = running.server.prometheus_port
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics/per-object") as resp:
+            text = resp.read().decode()
+        assert f'rabbitmq_queue_messages{{vhost="/",queue="{name}"}} 3' in text
+        result = subprocess.run(
+            [sys.executable, "-m", "warren.broker.tools.warrenctl", "--url",
+             f"http://127.0.0.1:{running.server.management_port}", "list_queues", "name",
+             "type", "messages", "--formatter", "json"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        rows = [r for r in json.loads(result.stdout) if r["name"] == name]
+        assert rows == [{"name": name, "type": "stream", "messages": 3}]
+        conn.close()
+        # definitions re-import as a stream
+        api.request("DELETE", f"/api/queues/%2F/{name}")
+        assert api.request("POST", "/api/definitions", {"queues": mine}).status in (200, 201, 204)
+        assert api.get(f"/api/queues/%2F/{name}").body["type"] == "stream"
+
+
+def test_tracing_records_stream_publishes_and_deliveries(tmp_path: Path, name: str) -> None:
+    from test_tracing import history, of, read_trace
+
+    trace_dir = tmp_path / "trace"
+    with run_broker(trace_enabled=True, trace_dir=str(trace_dir)) as running:
+        conn = pika.BlockingConnection(pika.URLParameters(running.url))
+        ch = conn.channel()
+        declare(ch, name)
+        publish(ch, name, [b"x"])
+        got = consume(ch, name, 1, {"x-stream-offset": "first"})
+        got += consume(conn.channel(), name, 1, {"x-stream-offset": "first"})
+        assert len(got) == 2
+        conn.close()
+        events = read_trace(running, trace_dir)
+    msg = of(events, "published")[0]["msg"]
+    assert history(events, msg) == [
+        "published:", "routed:", f"delivered:{name}", f"acked:{name}", f"delivered:{name}",
+        f"acked:{name}",
+    ]  # fmt: skip
