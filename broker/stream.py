@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 DEFAULT_SEGMENT_SIZE = 500_000_000
 MAX_SEGMENT_SIZE = 3_000_000_000
 READ_SIZE = 256 * 1024  # bytes a cursor reads at once (whole chunks; a larger chunk is read whole)
+PARSED_KEPT = 8  # reads kept parsed for other readers at the same place (memory: 8 reads)
 
 # chunk: magic, first offset, count, timestamp (ms), filter section length, data length, crc32
 _CHUNK = struct.Struct(">4sQIqIII")
@@ -311,7 +312,10 @@ class StreamLog:
         if self.segments:
             last = self.segments[-1]
             self.next_offset = self.committed = self._end_of(last)
-        self._open_new(self.next_offset) if not self.segments else self._open_last()
+        if self.segments:
+            self._open_last()
+        else:
+            self._open_new(self.next_offset)
 
     def _scan(self, segment: Segment, last: bool) -> None:
         """Index a segment by reading its chunk headers; a torn tail is cut off."""
@@ -382,17 +386,18 @@ class StreamLog:
             self._unfiltered = True
         else:
             self._filter_values.add(filter_value)
-        self._pending.append(
+        pending = self._pending
+        pending.append(
             _RECORD.pack(len(ex_rk), len(fv), len(properties), len(body), trace_id)
-        )
-        self._pending.append(ex_rk + fv + properties)
-        self._pending.append(body)
+            + ex_rk + fv + properties
+        )  # fmt: skip
+        pending.append(body)
         return offset
 
     def take_chunk(self, batch: int) -> tuple[Any, bytes, bool]:
         """The store's handoff: this turn's messages become one chunk of the open batch."""
         data = b"".join(self._pending)
-        count = (len(self._pending)) // 3
+        count = len(self._pending) // 2
         self._pending.clear()
         filters = [_U16.pack(len(v)) + v for v in sorted(self._filter_values)]
         section = (b"\x01" if self._unfiltered else b"\x00") + b"".join(filters)
@@ -583,6 +588,34 @@ def _names(ex_rk: bytes) -> tuple[str, str]:
 
 
 _FILTER_KEY = b"x-stream-filter-value"
+_OFFSET_ENTRY = b"\x0fx-stream-offsetl"  # the header's key and its field type, long
+_I64 = struct.Struct(">q")
+_U32 = struct.Struct(">I")
+
+
+def with_offset(properties: bytes, offset: int) -> bytes:
+    """The properties with the ``x-stream-offset`` header added at the end of the table.
+
+    Spliced into the bytes (the common case costs no table decode); anything unusual (a
+    second flag word, the header already there) takes the general path.
+    """
+    flags = (properties[0] << 8) | properties[1]
+    if flags & 1 or _OFFSET_ENTRY[:16] in properties:
+        return set_header(properties, "x-stream-offset", offset)
+    at = 2
+    if flags & 0x8000:  # content-type
+        at += 1 + properties[at]
+    if flags & 0x4000:  # content-encoding
+        at += 1 + properties[at]
+    entry = _OFFSET_ENTRY + _I64.pack(offset)
+    if flags & FLAG_HEADERS:
+        (size,) = _U32.unpack_from(properties, at)
+        end = at + 4 + size
+        return b"".join((properties[:at], _U32.pack(size + len(entry)),
+                         properties[at + 4 : end], entry, properties[end:]))  # fmt: skip
+    flags |= FLAG_HEADERS
+    return b"".join((bytes((flags >> 8, flags & 0xFF)), properties[2:at],
+                     _U32.pack(len(entry)), entry, properties[at:]))  # fmt: skip
 
 
 def _filter_value(properties: bytes) -> bytes | None:
@@ -605,6 +638,9 @@ class StreamQueue(Queue):
         self.stream: StreamLog | None = None
         self.cursors: dict[Consumer, Cursor] = {}
         self._wake: list[Consumer] = []  # consumers whose acks gave credit back
+        self._ex_rk: dict[tuple[str, str], bytes] = {}  # encoded once per exchange and key
+        # the last reads parsed, by (offset, filter): readers replaying together parse once
+        self._parsed: dict[tuple[int, Any, bool], tuple[list[Any], int]] = {}
         self._age_timer: Deadline | None = None
         super().__init__(vhost, name, **kwargs)
         self.queue_type = "stream"
@@ -683,8 +719,14 @@ class StreamQueue(Queue):
         offset = log.next_offset
         props = msg.properties
         filter_value = _filter_value(props) if props[0] & (FLAG_HEADERS >> 8) else None
-        props = set_header(props, "x-stream-offset", offset)
-        log.append(msg.ex_rk, filter_value, props, msg.body, msg.trace_id)
+        props = with_offset(props, offset)
+        key = (msg.exchange, msg.routing_key)
+        ex_rk = self._ex_rk.get(key)
+        if ex_rk is None:
+            if len(self._ex_rk) > 1024:
+                self._ex_rk.clear()
+            ex_rk = self._ex_rk[key] = msg.ex_rk
+        log.append(ex_rk, filter_value, props, msg.body, msg.trace_id)
         self.stats.published += 1
         store = log.store
         if store is self.message_store:
@@ -759,14 +801,21 @@ class StreamQueue(Queue):
         while True:
             if cursor.offset < log.first_offset:
                 cursor.offset = log.first_offset  # retention removed what it had not read
-            read = log.read(cursor.offset)
-            if read is None:
-                return False
-            _, data, end = read
-            cursor.buffered.extend(
-                parse_chunks(data, cursor.offset, cursor.filters, cursor.unfiltered)
-            )
-            cursor.offset = end
+            key = (cursor.offset, cursor.filters, cursor.unfiltered)
+            parsed = self._parsed.get(key)
+            if parsed is None:
+                read = log.read(cursor.offset)
+                if read is None:
+                    return False
+                _, data, end = read
+                messages = parse_chunks(data, cursor.offset, cursor.filters, cursor.unfiltered)
+                if len(self.cursors) > 1 and end <= log.committed:
+                    if len(self._parsed) >= PARSED_KEPT:
+                        del self._parsed[next(iter(self._parsed))]
+                    self._parsed[key] = (messages, end)
+                parsed = (messages, end)
+            cursor.buffered.extend(parsed[0])
+            cursor.offset = parsed[1]
             if cursor.buffered:
                 return True
 
@@ -835,6 +884,7 @@ class StreamQueue(Queue):
             if not over_size and not too_old:
                 break
             log.drop_oldest()
+            self._parsed.clear()
         if self._age_timer is None:
             return
         self._age_timer.cancel()

@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""Streams side by side: publish with confirms, replay from ``first`` by 1 and by 10 consumers.
+
+    python tests/benchmarks/stream_bench.py \
+        --broker warren=amqp://guest:guest@127.0.0.1:5673/@$WARREN_PID \
+        --broker rabbitmq=amqp://guest:guest@127.0.0.1:5672/@$RABBIT_PID \
+        --messages 1000000 --size 100 --runs 1
+
+Per broker and run, on a new stream: one producer publishes ``--messages`` with confirms
+(``--window`` outstanding), then one consumer replays them all from ``first``, then
+``--readers`` consumers replay them all at once. Brokers alternate scenario by scenario.
+Every client is its own process with bench.py's raw-socket AMQP code (no client library
+in the way); consumers ack with multiple=true every ``--multi-ack`` deliveries under a
+``--prefetch`` window. The broker's RSS (from /proc, with the pid after ``@``) is sampled
+every 0.1 s: before the fill, after it, and the peak during each replay. Results: a table on
+stderr and JSON on stdout. The streams are deleted at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from bench import (
+    ACK_FRAME,
+    CH,
+    FRAME_END,
+    FRAME_METHOD,
+    METHOD_HEAD,
+    U64,
+    BenchError,
+    Conn,
+    parse_url,
+    publish_triple,
+)
+from pamqp import commands
+
+STREAM = {"x-queue-type": "stream"}
+
+
+def rss_mib(pid: int | None) -> float | None:
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+class RssPeak:
+    """Samples a pid's RSS in a thread; ``peak`` is the largest seen."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+        self.peak = rss_mib(pid) or 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            value = rss_mib(self.pid)
+            if value is not None:
+                self.peak = max(self.peak, value)
+
+    def stop(self) -> float | None:
+        self._stop.set()
+        self._thread.join()
+        return self.peak if self.pid else None
+
+
+def publish(url: str, queue: str, count: int, size: int, window: int) -> float:
+    """Publish ``count`` messages with confirms; seconds from the first to the last confirm."""
+    conn = Conn(parse_url(url), "producer")
+    try:
+        conn.rpc(commands.Confirm.Select(), commands.Confirm.SelectOk)
+        triple = publish_triple(queue, size, conn.frame_max)
+        sock = conn.sock
+        sent = confirmed = 0
+        start = time.monotonic()
+        buf = b""
+        while confirmed < count:
+            room = min(window - (sent - confirmed), count - sent)
+            if room >= max(1, window // 4) or (room > 0 and sent == confirmed):
+                sock.sendall(triple * room)
+                sent += room
+            data = sock.recv(1 << 16)
+            if not data:
+                raise BenchError("producer: EOF")
+            buf += data
+            pos = 0
+            while len(buf) - pos >= 8:
+                ftype, _, fsize, cls, meth = METHOD_HEAD.unpack_from(buf, pos)
+                end = pos + 7 + fsize
+                if end >= len(buf):
+                    break
+                if ftype == FRAME_METHOD and cls == 60 and meth in (80, 120):
+                    if meth == 120:
+                        raise BenchError("producer: basic.nack")
+                    confirmed = max(confirmed, U64.unpack_from(buf, pos + 11)[0])
+                elif ftype == FRAME_METHOD and cls in (10, 20) and meth == 40:
+                    raise BenchError(f"producer: closed by the broker {buf[pos : end + 1]!r}")
+                pos = end + 1
+            buf = buf[pos:]
+        return time.monotonic() - start
+    finally:
+        conn.close()
+
+
+def replay(url: str, queue: str, count: int, prefetch: int, every: int, go: Any, out: Any) -> None:
+    """One consumer from ``first`` until ``count`` deliveries; puts (seconds, received)."""
+    conn = Conn(parse_url(url), "reader")
+    try:
+        conn.rpc(commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)
+        go.wait()
+        start = time.monotonic()
+        conn.rpc(
+            commands.Basic.Consume(queue=queue, arguments={"x-stream-offset": "first"}),
+            commands.Basic.ConsumeOk,
+        )
+        sock = conn.sock
+        sock.settimeout(30)
+        buf = bytearray(4 << 20)
+        mv = memoryview(buf)
+        have = len(conn.pending)  # deliveries read along with consume-ok
+        buf[:have] = conn.pending
+        received = last_tag = acked = 0
+        unpack, unpack_tag = METHOD_HEAD.unpack_from, U64.unpack_from
+        while received < count:
+            got = sock.recv_into(mv[have:])
+            if not got:
+                raise BenchError("reader: EOF")
+            n = have + got
+            pos = 0
+            while n - pos >= 11:
+                ftype, _, size, cls, meth = unpack(buf, pos)
+                end = pos + 7 + size
+                if end >= n:
+                    break
+                if ftype == FRAME_METHOD:
+                    if cls == 60 and meth == 60:
+                        received += 1
+                        last_tag = unpack_tag(buf, pos + 12 + buf[pos + 11])[0]
+                    elif meth == 40 and cls in (10, 20):
+                        raise BenchError(f"reader: closed by the broker {bytes(buf[pos:end])!r}")
+                pos = end + 1
+            have = n - pos
+            buf[:have] = buf[pos:n]
+            if last_tag - acked >= every or (received >= count and last_tag > acked):
+                sock.sendall(ACK_FRAME.pack(1, CH, 13, 60, 80, last_tag, 1, FRAME_END))
+                acked = last_tag
+        out.put((time.monotonic() - start, received))
+    except Exception as exc:  # reported by the parent
+        out.put((-1.0, repr(exc)))
+    finally:
+        conn.sock.close()  # mid-stream: no clean close to wait for
+
+
+def run_readers(url: str, queue: str, cfg: argparse.Namespace, readers: int) -> float:
+    """``readers`` processes replay the whole stream at once; seconds until the last is done."""
+    ctx = mp.get_context("fork")
+    go, out = ctx.Event(), ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=replay, args=(url, queue, cfg.messages, cfg.prefetch, cfg.multi_ack, go, out)
+        )
+        for _ in range(readers)
+    ]
+    for proc in procs:
+        proc.start()
+    time.sleep(0.5)  # connected and qos set; the clock starts at go
+    go.set()
+    results = [out.get(timeout=600) for _ in procs]
+    for proc in procs:
+        proc.join(10)
+    for seconds, received in results:
+        if seconds < 0:
+            raise BenchError(str(received))
+    return max(seconds for seconds, _ in results)
+
+
+def declare(url: str, queue: str, delete: bool = False) -> None:
+    conn = Conn(parse_url(url), "setup")
+    try:
+        if delete:
+            conn.rpc(commands.Queue.Delete(queue=queue), commands.Queue.DeleteOk)
+        else:
+            conn.rpc(
+                commands.Queue.Declare(queue=queue, durable=True, arguments=STREAM),
+                commands.Queue.DeclareOk,
+            )
+    finally:
+        conn.close()
+
+
+def one_run(
+    name: str, url: str, pid: int | None, cfg: argparse.Namespace, tag: str
+) -> dict[str, Any]:
+    queue = f"stream-bench-{tag}"
+    declare(url, queue)
+    out: dict[str, Any] = {"broker": name, "rss_before_mib": rss_mib(pid)}
+    seconds = publish(url, queue, cfg.messages, cfg.size, cfg.window)
+    out["publish_msg_s"] = cfg.messages / seconds
+    out["rss_after_fill_mib"] = rss_mib(pid)
+    peak = RssPeak(pid)
+    seconds = run_readers(url, queue, cfg, 1)
+    out["replay1_msg_s"] = cfg.messages / seconds
+    out["replay1_rss_peak_mib"] = peak.stop()
+    peak = RssPeak(pid)
+    seconds = run_readers(url, queue, cfg, cfg.readers)
+    out[f"replay{cfg.readers}_msg_s"] = cfg.readers * cfg.messages / seconds
+    out[f"replay{cfg.readers}_rss_peak_mib"] = peak.stop()
+    if not cfg.keep:
+        declare(url, queue, delete=True)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--broker", action="append", required=True, help="name=url[@pid]")
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--window", type=int, default=1000, help="unconfirmed publishes")
+    parser.add_argument("--prefetch", type=int, default=1000)
+    parser.add_argument("--multi-ack", type=int, default=100)
+    parser.add_argument("--readers", type=int, default=10)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--keep", action="store_true", help="do not delete the streams")
+    cfg = parser.parse_args()
+    brokers = []
+    for spec in cfg.broker:
+        name, _, rest = spec.partition("=")
+        url, _, pid = rest.rpartition("@")
+        if not pid.isdigit():  # no pid: the @ was the URL's own
+            url, pid = rest, ""
+        brokers.append((name, url, int(pid) if pid else None))
+    results = []
+    for run in range(cfg.runs):
+        order = brokers if run % 2 == 0 else brokers[::-1]
+        for name, url, pid in order:
+            tag = f"{int(time.time())}-{run}-{os.getpid()}"
+            result = one_run(name, url, pid, cfg, tag)
+            result["run"] = run
+            results.append(result)
+            print(json.dumps(result), file=sys.stderr)
+    keys = [k for k in results[0] if k not in ("broker", "run")]
+    print(f"{'':28}" + "".join(f"{name:>14}" for name, _, _ in brokers), file=sys.stderr)
+    for key in keys:
+        row = []
+        for name, _, _ in brokers:
+            values = sorted(r[key] for r in results if r["broker"] == name and r[key] is not None)
+            row.append(f"{values[len(values) // 2]:>14,.0f}" if values else f"{'-':>14}")
+        print(f"{key:28}" + "".join(row), file=sys.stderr)
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
