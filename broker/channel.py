@@ -172,7 +172,8 @@ class Channel:
             )
         )
 
-    def deliver(self, consumer: Consumer, msg: Message) -> None:
+    def deliver(self, consumer: Consumer, msg: Message, content: bytes | None = None) -> None:
+        """``content``: the content frames already encoded (streams share them among readers)."""
         self.next_tag = tag = self.next_tag + 1
         if (tracer := self.vhost.tracer) is not None:
             tracer.delivered(self, consumer, msg, tag)
@@ -194,7 +195,10 @@ class Channel:
                 consumer.queue.lock(msg, self, tag, consumer.timeout)
         conn = self.conn
         conn.write(deliver_frame(self.id, consumer.tag_enc, tag, msg.redelivered, msg.ex_rk))
-        conn.write_many(content_frames(self.id, msg.properties, msg.body, conn.frame_max))
+        if content is None:
+            conn.write_many(content_frames(self.id, msg.properties, msg.body, conn.frame_max))
+        else:
+            conn.write(content)
         conn.out_bytes += len(msg.body)
         if conn.out_bytes > FLUSH_AT:
             conn.flush()  # lets the transport say "stop" (pause_writing) before more piles up

@@ -38,6 +38,7 @@ from warren.broker.queue import Queue
 from warren.broker.timers import Deadline
 from warren.protocol.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
 from warren.protocol.errors import ChannelError, ConnectionError_
+from warren.protocol.frames import content_frames
 from warren.protocol.properties import FLAG_HEADERS, decode_field, set_header, split_properties
 
 if TYPE_CHECKING:
@@ -558,16 +559,41 @@ def _chunk_matches(data: bytes, at: int, length: int, wanted: set[bytes], unfilt
     return False
 
 
-class Cursor:
-    """A consumer's place in the stream and the messages of its last read."""
+class ParsedRead:
+    """The messages of one read, and their content frames as each (channel, frame_max)
+    needs them: readers at the same place share both."""
 
-    __slots__ = ("buffered", "filters", "offset", "unfiltered")
+    __slots__ = ("end", "frames", "messages")
+
+    def __init__(self, messages: list[tuple[int, bytes, bytes, bytes, int]], end: int) -> None:
+        self.messages = messages
+        self.end = end  # the offset after the read
+        self.frames: dict[tuple[int, int], list[bytes | None]] = {}
+
+    def frames_for(self, channel: int, frame_max: int) -> list[bytes | None]:
+        found = self.frames.get((channel, frame_max))
+        if found is None:
+            found = self.frames[(channel, frame_max)] = [None] * len(self.messages)
+        return found
+
+
+class Cursor:
+    """A consumer's place in the stream: the read it delivers from, and where in it."""
+
+    __slots__ = ("filters", "index", "offset", "read", "unfiltered")
 
     def __init__(self, offset: int, filters: frozenset[str] | None, unfiltered: bool) -> None:
         self.offset = offset  # the next offset to read from the log
-        self.buffered: deque[tuple[int, bytes, bytes, bytes, int]] = deque()
+        self.read: ParsedRead | None = None
+        self.index = 0  # the next message of ``read`` to deliver
         self.filters = filters
         self.unfiltered = unfiltered
+
+    def next_offset(self) -> int:
+        read = self.read
+        if read is not None and self.index < len(read.messages):
+            return read.messages[self.index][0]
+        return self.offset
 
 
 _EX_RK_CACHE: dict[bytes, tuple[str, str]] = {}
@@ -640,7 +666,7 @@ class StreamQueue(Queue):
         self._wake: list[Consumer] = []  # consumers whose acks gave credit back
         self._ex_rk: dict[tuple[str, str], bytes] = {}  # encoded once per exchange and key
         # the last reads parsed, by (offset, filter): readers replaying together parse once
-        self._parsed: dict[tuple[int, Any, bool], tuple[list[Any], int]] = {}
+        self._parsed: dict[tuple[int, Any, bool], ParsedRead] = {}
         self._age_timer: Deadline | None = None
         super().__init__(vhost, name, **kwargs)
         self.queue_type = "stream"
@@ -779,15 +805,28 @@ class StreamQueue(Queue):
         if cursor is None:
             return
         channel = consumer.channel
-        buffered = cursor.buffered
         log = self.log
         stats = self.stats
+        read = cursor.read
+        frames: list[bytes | None] = []
         while channel.can_deliver(consumer):
-            if not buffered:
+            i = cursor.index
+            if read is None or i >= len(read.messages):
                 if not self._fill(cursor, log):
                     return
+                read = cursor.read
+                assert read is not None
+                frames = read.frames_for(channel.id, channel.conn.frame_max)
                 continue
-            _, ex_rk, props, body, trace_id = buffered.popleft()
+            if not frames:
+                frames = read.frames_for(channel.id, channel.conn.frame_max)
+            cursor.index = i + 1
+            _, ex_rk, props, body, trace_id = read.messages[i]
+            content = frames[i]
+            if content is None:
+                frames[i] = content = b"".join(
+                    content_frames(channel.id, props, body, channel.conn.frame_max)
+                )
             exchange, routing_key = _names(ex_rk)
             msg = Message(exchange, routing_key, props, body)
             msg._ex_rk = ex_rk
@@ -795,7 +834,7 @@ class StreamQueue(Queue):
             msg.queue = self
             msg.state = UNACKED  # not counted as unacked: RabbitMQ reports 0 for streams
             stats.delivered += 1
-            channel.deliver(consumer, msg)
+            channel.deliver(consumer, msg, content)
 
     def _fill(self, cursor: Cursor, log: StreamLog) -> bool:
         while True:
@@ -809,14 +848,15 @@ class StreamQueue(Queue):
                     return False
                 _, data, end = read
                 messages = parse_chunks(data, cursor.offset, cursor.filters, cursor.unfiltered)
-                if len(self.cursors) > 1 and end <= log.committed:
+                parsed = ParsedRead(messages, end)
+                if len(self.cursors) > 1:
                     if len(self._parsed) >= PARSED_KEPT:
                         del self._parsed[next(iter(self._parsed))]
-                    self._parsed[key] = (messages, end)
-                parsed = (messages, end)
-            cursor.buffered.extend(parsed[0])
-            cursor.offset = parsed[1]
-            if cursor.buffered:
+                    self._parsed[key] = parsed
+            cursor.read = parsed
+            cursor.index = 0
+            cursor.offset = parsed.end
+            if parsed.messages:
                 return True
 
     def get(self) -> Message | None:
@@ -912,7 +952,7 @@ class StreamQueue(Queue):
         """Each consumer and the offset of the next message it gets."""
         out = []
         for consumer, cursor in self.cursors.items():
-            out.append((consumer, cursor.buffered[0][0] if cursor.buffered else cursor.offset))
+            out.append((consumer, cursor.next_offset()))
         return out
 
     def stream_info(self) -> dict[str, Any]:

@@ -771,3 +771,20 @@ def test_tracing_records_stream_publishes_and_deliveries(tmp_path: Path, name: s
         "published:", "routed:", f"delivered:{name}", f"acked:{name}", f"delivered:{name}",
         f"acked:{name}",
     ]  # fmt: skip
+
+
+def test_management_purge_and_get_on_a_stream_are_refused(name: str) -> None:
+    from http_api import HttpApi
+
+    with run_broker(management_port=0) as running:
+        conn = pika.BlockingConnection(pika.URLParameters(running.url))
+        declare(conn.channel(), name)
+        conn.close()
+        api = HttpApi(running.server.management_port)
+        reply = api.request("DELETE", f"/api/queues/%2F/{name}/contents")
+        assert reply.status == 400
+        assert "queue.purge not supported by stream queues" in reply.body["reason"]
+        body = {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"}
+        reply = api.request("POST", f"/api/queues/%2F/{name}/get", body)
+        assert reply.status == 400
+        assert "basic.get not supported by stream queues" in reply.body["reason"]
