@@ -6,13 +6,15 @@
         --broker rabbitmq=amqp://guest:guest@127.0.0.1:5672/@$RABBIT_PID \
         --messages 1000000 --size 100 --runs 1
 
-Per broker and run, on a new stream: one producer publishes ``--messages`` with confirms
+Per run, on a new stream on each broker: one producer publishes ``--messages`` with confirms
 (``--window`` outstanding), then one consumer replays them all from ``first``, then
-``--readers`` consumers replay them all at once. Brokers alternate scenario by scenario.
+``--readers`` consumers replay them all at once. Each phase runs on every broker before the
+next phase starts, and who goes first alternates from run to run, so that other load on the
+machine hits both.
 Every client is its own process with bench.py's raw-socket AMQP code (no client library
 in the way); consumers ack with multiple=true every ``--multi-ack`` deliveries under a
 ``--prefetch`` window. The broker's RSS (from /proc, with the pid after ``@``) is sampled
-every 0.1 s: before the fill, after it, and the peak during each replay; its CPU time (from
+every 0.1 s: before the fill and the peak during each phase; its CPU time (from
 /proc/<pid>/stat) gives messages per broker CPU-second, which a machine shared with other load
 distorts less than the wall-clock rates. Results: a table on stderr (medians over the runs) and
 JSON on stdout. The streams are deleted at the end.
@@ -253,35 +255,37 @@ def declare(url: str, queue: str, delete: bool = False) -> None:
 
 
 def one_run(
-    name: str, url: str, pid: int | None, cfg: argparse.Namespace, tag: str
-) -> dict[str, Any]:
-    queue = f"stream-bench-{tag}"
-    declare(url, queue)
-    out: dict[str, Any] = {"broker": name, "rss_before_mib": rss_mib(pid)}
-
-    def per_cpu_s(count: int, before: float | None) -> float | None:
-        after = cpu_s(pid)
-        return count / (after - before) if after is not None and before is not None else None
-
-    cpu = cpu_s(pid)
-    seconds = publish(url, queue, cfg.messages, cfg.size, cfg.window)
-    out["publish_msg_s"] = cfg.messages / seconds
-    out["publish_msg_per_cpu_s"] = per_cpu_s(cfg.messages, cpu)
-    out["rss_after_fill_mib"] = rss_mib(pid)
-    peak, cpu = RssPeak(pid), cpu_s(pid)
-    seconds = run_readers(url, queue, cfg, 1)
-    out["replay1_msg_s"] = cfg.messages / seconds
-    out["replay1_msg_per_cpu_s"] = per_cpu_s(cfg.messages, cpu)
-    out["replay1_rss_peak_mib"] = peak.stop()
-    peak, cpu = RssPeak(pid), cpu_s(pid)
-    seconds = run_readers(url, queue, cfg, cfg.readers)
+    brokers: list[tuple[str, str, int | None]], cfg: argparse.Namespace, run: int
+) -> list[dict[str, Any]]:
+    """Each phase on every broker before the next phase, first broker alternating by run."""
+    order = brokers if run % 2 == 0 else brokers[::-1]
+    queue = f"stream-bench-{int(time.time())}-{run}-{os.getpid()}"
+    outs: dict[str, dict[str, Any]] = {}
+    for name, url, pid in order:
+        declare(url, queue)
+        outs[name] = {"broker": name, "run": run, "rss_before_mib": rss_mib(pid)}
     n = cfg.readers
-    out[f"replay{n}_msg_s"] = n * cfg.messages / seconds
-    out[f"replay{n}_msg_per_cpu_s"] = per_cpu_s(n * cfg.messages, cpu)
-    out[f"replay{n}_rss_peak_mib"] = peak.stop()
-    if not cfg.keep:
-        declare(url, queue, delete=True)
-    return out
+    for phase in ("publish", "replay1", f"replay{n}"):
+        for name, url, pid in order:
+            out = outs[name]
+            peak, cpu = RssPeak(pid), cpu_s(pid)
+            if phase == "publish":
+                count, seconds = cfg.messages, publish(url, queue, cfg.messages, cfg.size,
+                                                       cfg.window)  # fmt: skip
+            else:
+                readers = 1 if phase == "replay1" else n
+                count, seconds = readers * cfg.messages, run_readers(url, queue, cfg, readers)
+            after = cpu_s(pid)
+            out[f"{phase}_msg_s"] = count / seconds
+            out[f"{phase}_msg_per_cpu_s"] = (
+                count / (after - cpu) if after is not None and cpu is not None else None
+            )
+            out[f"{phase}_rss_peak_mib"] = peak.stop()
+            print(json.dumps({"broker": name, phase: out[f"{phase}_msg_s"]}), file=sys.stderr)
+    for _, url, _ in order:
+        if not cfg.keep:
+            declare(url, queue, delete=True)
+    return [outs[name] for name, _, _ in brokers]
 
 
 def main() -> int:
@@ -305,13 +309,7 @@ def main() -> int:
         brokers.append((name, url, int(pid) if pid else None))
     results = []
     for run in range(cfg.runs):
-        order = brokers if run % 2 == 0 else brokers[::-1]
-        for name, url, pid in order:
-            tag = f"{int(time.time())}-{run}-{os.getpid()}"
-            result = one_run(name, url, pid, cfg, tag)
-            result["run"] = run
-            results.append(result)
-            print(json.dumps(result), file=sys.stderr)
+        results += one_run(brokers, cfg, run)
     keys = [k for k in results[0] if k not in ("broker", "run")]
     print(f"{'':28}" + "".join(f"{name:>14}" for name, _, _ in brokers), file=sys.stderr)
     for key in keys:
