@@ -259,6 +259,37 @@ def test_consumers_read_independently(conn: BlockingConnection, name: str) -> No
     assert stuck == [b"0"]
 
 
+def test_a_reader_that_falls_behind_holds_one_read_at_most(broker: Any, name: str) -> None:
+    """The broker keeps no messages of the log in memory: a stuck reader holds its last read
+    (whole chunks, about 256 KB), however far behind the head it is."""
+    from warren.broker.stream import READ_SIZE
+
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    declare(ch, name)
+    ch.confirm_delivery()
+    for i in range(3000):  # 3 MB in many chunks
+        ch.basic_publish("", name, b"%06d" % i + b"x" * 994)
+    reader = conn.channel()
+    reader.basic_qos(prefetch_count=1)
+    got: list[bytes] = []
+    reader.basic_consume(name, lambda c, m, p, b: got.append(b), arguments={"x-stream-offset": 0})
+    while not got:
+        conn.process_data_events(0.05)
+    publish(conn.channel(), name, [b"y" * 1000] * 100)  # the publisher is not held back
+
+    def held() -> tuple[int, int]:
+        queue = broker.server.broker.vhosts["/"].queues[name]
+        cursor = next(iter(queue.cursors.values()))
+        read = cursor.read
+        return len(read.messages), sum(len(m[3]) for m in read.messages)
+
+    count, size = broker.call(held)
+    assert size <= READ_SIZE + 1000 and count < 3000
+    assert got == [b"000000" + b"x" * 994]
+    conn.close()
+
+
 def test_publish_confirms_come_once_on_disk(broker: Any, name: str) -> None:
     """The stream's chunk is written by the store's writer; the confirm waits for its fsync."""
     conn = pika.BlockingConnection(pika.URLParameters(broker.url))
