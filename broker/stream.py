@@ -503,12 +503,15 @@ class StreamLog:
 
     def close(self, delete: bool) -> None:
         self.store.external_logs.discard(self)
+        if self._pending:  # the stream is deleted before its last chunk was handed over
+            self._pending.clear()
+            self.store._external.remove(self)
         for segment in self.segments:
             if segment.fd >= 0:
                 os.close(segment.fd)
                 segment.fd = -1
         if delete:
-            self.store.remove_tree(self.directory)
+            self.store.remove_tree(self.directory, self._handle)
 
 
 def parse_chunks(

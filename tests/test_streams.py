@@ -819,3 +819,28 @@ def test_management_purge_and_get_on_a_stream_are_refused(name: str) -> None:
         reply = api.request("POST", f"/api/queues/%2F/{name}/get", body)
         assert reply.status == 400
         assert "basic.get not supported by stream queues" in reply.body["reason"]
+
+
+def test_deleting_streams_removes_their_files_and_leaks_no_descriptor(
+    broker: Any, name: str
+) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    declare(ch, name + "-warm")
+    ch.queue_delete(name + "-warm")
+    ch.basic_qos(prefetch_count=10)
+    before = len(os.listdir("/proc/self/fd"))
+    directories = []
+    for i in range(20):
+        stream = f"{name}-{i}"
+        declare(ch, stream)
+        directories.append(stream_log(broker, stream).directory)
+        ch.basic_consume(stream, lambda *a: None, arguments={"x-stream-offset": "first"})
+        ch.basic_publish("", stream, b"x")  # deleted in the same turn as this publish
+        ch.queue_delete(stream)
+    declare(ch, name)
+    publish(ch, name, [b"still fine"])
+    assert [b for _, b, _ in consume(ch, name, 1, {"x-stream-offset": "first"})] == [b"still fine"]
+    assert not [d for d in directories if os.path.exists(d)]
+    assert len(os.listdir("/proc/self/fd")) <= before + 3
+    conn.close()

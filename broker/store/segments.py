@@ -359,11 +359,16 @@ class MessageStore:
             assert self._loop is not None
             self._loop.call_soon(self._handoff)
 
-    def remove_tree(self, path: str) -> None:
-        """Delete a directory once everything queued for the writer before is written."""
+    def remove_tree(self, path: str, handle: Any = None) -> None:
+        """Delete a directory once everything queued for the writer before is written;
+        ``handle``, a file of it the writer appends to, is closed first, by the writer."""
         if self._writer is not None:
+            if handle is not None:
+                self._writer.jobs.put(("external", 0, [(handle, b"", True)], -1))
             self._writer.jobs.put(("rmtree", 0, path, -1))
         else:
+            if handle is not None:
+                handle.close()
             shutil.rmtree(path, ignore_errors=True)
 
     # ---- group commit ----
@@ -493,9 +498,7 @@ class MessageStore:
             if _FADVISE:
                 # a queue's next bodies mostly follow these: have the kernel read them in the
                 # background, so the next batch is a page-cache copy, not a wait for the disk
-                os.posix_fadvise(
-                    self._reader(segment), end, 2 * READ_AHEAD, os.POSIX_FADV_WILLNEED
-                )
+                os.posix_fadvise(self._reader(segment), end, 2 * READ_AHEAD, os.POSIX_FADV_WILLNEED)
             for msg in batch[start:stop]:
                 at = msg.store_offset - begin
                 unpage(msg, data[at : at + msg.body_size()])
