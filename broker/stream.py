@@ -273,6 +273,14 @@ def _private_store(vhost: VirtualHost) -> tuple[MessageStore, str]:
 _ids = iter(range(1, 1 << 62))
 
 
+def _sync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class StreamLog:
     """The segment files of one stream; appends go through the store's writer in its batches."""
 
@@ -283,7 +291,11 @@ class StreamLog:
         self._timers = timers
         self.directory = directory
         self.log = log
-        os.makedirs(directory, exist_ok=True)
+        if not os.path.isdir(directory):
+            os.makedirs(directory)
+            if store.sync:  # its name, and the streams directory's, survive a power loss
+                _sync_directory(os.path.dirname(directory))
+                _sync_directory(os.path.dirname(os.path.dirname(directory)))
         self.segments: list[Segment] = []
         self.next_offset = 0  # the offset the next message gets
         self.committed = 0  # messages below this offset are on disk and readable
@@ -369,6 +381,8 @@ class StreamLog:
         path = os.path.join(self.directory, f"{first:020d}.seg")
         self._handle = open(path, "ab", buffering=0)  # noqa: SIM115
         self.segments.append(Segment(path, first))
+        if self.store.sync:  # the new file's name is durable before any confirm depends on it
+            _sync_directory(self.directory)
 
     # ---- appending ----
 

