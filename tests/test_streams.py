@@ -850,7 +850,11 @@ def test_segments_and_retention_survive_a_restart(tmp_path: Path, name: str) -> 
     with run_broker(data_dir=str(tmp_path)) as running:
         conn = pika.BlockingConnection(pika.URLParameters(running.url))
         ch = conn.channel()
-        args = {"x-stream-max-segment-size-bytes": 3000, "x-max-length-bytes": 8000}
+        args = {
+            "x-stream-max-segment-size-bytes": 3000,
+            "x-max-length-bytes": 8000,
+            "x-max-age": "1h",
+        }
         declare(ch, name, **args)
         for i in range(30):
             publish(ch, name, [b"%04d" % i + b"x" * 996])
