@@ -34,6 +34,11 @@ EQUIVALENCE_CHECKED = (  # in the order RabbitMQ checks them, so the same one is
     "x-delayed-retry-max",
     "x-delayed-retry-multiplier",
     "x-delayed-retry-schedule",
+    # streams (broker/stream.py)
+    "x-max-age",
+    "x-stream-max-segment-size-bytes",
+    "x-stream-filter-size-bytes",
+    "x-initial-cluster-size",
 )
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")

@@ -20,6 +20,7 @@ from warren.broker.consumer import Consumer
 from warren.broker.exchange import Exchange
 from warren.broker.message import Message
 from warren.broker.stats import ChannelStats
+from warren.broker.stream import check_consume
 from warren.protocol.connection import Content
 from warren.protocol.constants import (
     ACCESS_REFUSED,
@@ -169,7 +170,8 @@ class Channel:
             )
         )
 
-    def deliver(self, consumer: Consumer, msg: Message) -> None:
+    def deliver(self, consumer: Consumer, msg: Message, content: bytes | None = None) -> None:
+        """``content``: the content frames already encoded (streams share them among readers)."""
         self.next_tag = tag = self.next_tag + 1
         if (tracer := self.vhost.tracer) is not None:
             tracer.delivered(self, consumer, msg, tag)
@@ -192,7 +194,10 @@ class Channel:
                 consumer.queue.lock(msg, self, tag, consumer.timeout)
         conn = self.conn
         conn.write(deliver_frame(self.id, consumer.tag_enc, tag, msg.redelivered, msg.ex_rk))
-        conn.write_many(content_frames(self.id, msg.properties, msg.body, conn.frame_max))
+        if content is None:
+            conn.write_many(content_frames(self.id, msg.properties, msg.body, conn.frame_max))
+        else:
+            conn.write(content)
         conn.out_bytes += len(msg.body)
         if conn.out_bytes > FLUSH_AT:
             conn.flush()  # lets the transport say "stop" (pause_writing) before more piles up
@@ -567,7 +572,12 @@ class Channel:
         self.allow("read", "queue", self._queue_name(method.queue))
         queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
         arguments = method.arguments or {}
-        validate_consumer_arguments(arguments, queue.name, self.vhost.name)
+        if queue.queue_type == "stream":  # RabbitMQ's stream consume checks (broker/stream.py)
+            check_consume(
+                queue, arguments, method.no_ack, self.prefetch_count, bool(self.prefetch_global)
+            )
+        else:
+            validate_consumer_arguments(arguments, queue.name, self.vhost.name)
         tag = method.consumer_tag or _ctag()
         if tag in self.consumers:
             raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", 60, 20)

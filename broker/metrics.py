@@ -40,7 +40,11 @@ if TYPE_CHECKING:
     from warren.broker.queue import Queue
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-QUEUE_TYPES = {"classic": "rabbit_classic_queue", "quorum": "rabbit_quorum_queue"}
+QUEUE_TYPES = {
+    "classic": "rabbit_classic_queue",
+    "quorum": "rabbit_quorum_queue",
+    "stream": "rabbit_stream_queue",
+}
 DEAD_LETTER_REASONS = ("expired", "rejected", "maxlen", "delivery_limit")
 DEAD_LETTER_HELP = {
     "expired": "Total number of messages dead-lettered due to message TTL exceeded",

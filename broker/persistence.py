@@ -136,6 +136,8 @@ class Persistence:
             gc.enable()
 
     def _restore(self, broker: Broker) -> None:
+        from warren.broker.stream import StreamQueue, stream_directory  # it imports queue.py
+
         started = time.monotonic()
         defs = self.definitions.load()
         access = broker.access
@@ -178,6 +180,8 @@ class Persistence:
                 queue.store_id = queue_id
                 queue.message_store = self.messages
                 queues_by_id[queue_id] = queue
+                if isinstance(queue, StreamQueue):  # its own log (broker/stream.py)
+                    queue.open_log(self.messages, stream_directory(self.messages, queue_id))
         for vhost_name, source, kind, destination, routing_key, arguments in defs.bindings:
             host = broker.vhosts.get(vhost_name)
             if host is None or source not in host.exchanges:

@@ -14,7 +14,7 @@ from warren.broker.arguments import is_int
 from warren.broker.deprecated import HA_KEYS
 from warren.broker.retry import RETRY_TYPES, RetryConfigError, parse_schedule
 
-APPLY_TO = ("queues", "classic_queues", "quorum_queues", "exchanges", "all")
+APPLY_TO = ("queues", "classic_queues", "quorum_queues", "streams", "exchanges", "all")
 
 # definition keys Warren understands, with their validators (value -> error text or None)
 _POSITIVE_INT_KEYS = ("consumer-timeout", "expires")
@@ -60,11 +60,37 @@ def validate_definition(definition: dict[str, Any]) -> None:
                 raise PolicyError(f"{key}: {exc}") from None
         elif key in _DEPRECATED_KEYS:
             pass  # accepted only when permitted: DeprecatedFeatures.policy_error checks first
+        elif key in _STREAM_KEYS:  # streams (broker/stream.py), rabbit_policies' texts
+            _validate_stream_key(key, value)
         elif key == "delivery-limit":
             if not is_int(value) or value < -1:
                 raise PolicyError(f"delivery-limit must be an integer >= -1, got {value!r}")
         else:
             raise PolicyError(f"unknown policy key '{key}'")
+
+
+_STREAM_KEYS = (
+    "max-age",
+    "stream-max-segment-size-bytes",
+    "stream-filter-size-bytes",
+    "initial-cluster-size",
+)
+
+
+def _validate_stream_key(key: str, value: Any) -> None:
+    from warren.broker.stream import MAX_SEGMENT_SIZE, parse_age
+
+    if key == "max-age":
+        if not isinstance(value, str) or parse_age(value) is None:
+            raise PolicyError(f"{value!r} is not a valid max age")
+    elif key == "initial-cluster-size":
+        if not is_int(value) or value < 0:
+            raise PolicyError(f"{value!r} is not a valid cluster size")
+    elif key == "stream-max-segment-size-bytes":
+        if not is_int(value) or not 0 <= value <= MAX_SEGMENT_SIZE:
+            raise PolicyError(f"{value!r} is not a valid segment size")
+    elif not is_int(value) or not 16 <= value <= 255:
+        raise PolicyError(f"{value!r} is not a valid filter size. Valid range is 16-255")
 
 
 @dataclass
@@ -96,6 +122,8 @@ class Policy:
         if self.apply_to == "classic_queues" and queue_type != "classic":
             return False
         if self.apply_to == "quorum_queues" and queue_type != "quorum":
+            return False
+        if self.apply_to == "streams" and queue_type != "stream":
             return False
         return self.regex.search(name) is not None
 

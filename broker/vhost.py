@@ -16,6 +16,7 @@ from warren.broker.firehose import TRACE_EXCHANGE
 from warren.broker.message import Message
 from warren.broker.policy import Policy, pick
 from warren.broker.queue import Queue
+from warren.broker.stream import StreamQueue, stream_directory, validate_stream_arguments
 from warren.protocol.constants import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
@@ -179,7 +180,8 @@ class VirtualHost:
             exchange.attach(self)
 
     def restore_queue(self, name: str, auto_delete: bool, arguments: dict[str, Any]) -> Queue:
-        queue = Queue(self, name, durable=True, auto_delete=auto_delete, arguments=arguments)
+        cls = StreamQueue if arguments.get("x-queue-type") == "stream" else Queue
+        queue = cls(self, name, durable=True, auto_delete=auto_delete, arguments=arguments)
         self.queues[name] = queue
         self._apply_policy(queue)
         return queue
@@ -303,7 +305,9 @@ class VirtualHost:
                 f"cannot declare queue '{name}': queue limit in vhost '{self.name}' "
                 f"({max_queues}) is reached",
             )
-        validate_queue_arguments(
+        stream = arguments.get("x-queue-type") == "stream"  # broker/stream.py
+        validate = validate_stream_arguments if stream else validate_queue_arguments
+        validate(
             arguments,
             name,
             self.name,
@@ -313,7 +317,7 @@ class VirtualHost:
         )
         if self.deprecated is not None:
             self.deprecated.check_new_queue(durable, exclusive, arguments)
-        queue = Queue(
+        queue = (StreamQueue if stream else Queue)(
             self,
             name,
             durable=durable,
@@ -327,6 +331,9 @@ class VirtualHost:
             self.persistence.queue_declared(self.name, queue)
         if self.stats is not None:
             self.stats.queues_created += 1
+        if isinstance(queue, StreamQueue):
+            store = queue.message_store
+            queue.open_log(store, stream_directory(store, queue.store_id) if store else None)
         return queue
 
     def _with_default_type(

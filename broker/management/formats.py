@@ -269,6 +269,8 @@ def queue_json(mgmt: Management, queue: Queue, full: bool = False) -> dict[str, 
         out["owner_pid_details"] = _connection_details(owner)
     if full:
         out["consumer_details"] = [consumer_json(mgmt, c) for c in queue.consumers]
+    if queue.queue_type == "stream":  # segments, offsets, readers (broker/stream.py)
+        out.update(queue.stream_info())  # type: ignore[attr-defined]
     return out
 
 

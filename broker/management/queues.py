@@ -84,7 +84,10 @@ def purge(ctx: Ctx) -> web.StreamResponse:
     vhost, queue = _queue(ctx)
     operations.allow(ctx.mgmt, ctx.user.name, vhost.name, "read", "queue", queue.name)
     vhost.check_exclusive(queue, operations.API_OWNER)
-    queue.purge()
+    try:
+        queue.purge()
+    except AMQPError as exc:  # a stream: purge is not supported
+        raise from_channel(exc) from None
     return no_content()
 
 
@@ -141,7 +144,10 @@ def get_messages(ctx: Ctx) -> web.StreamResponse:
     taken: list[Message] = []
     out = []
     for _ in range(max(count, 0)):
-        msg = queue.get()
+        try:
+            msg = queue.get()
+        except AMQPError as exc:  # a stream: basic.get is not supported
+            raise from_channel(exc) from None
         if msg is None:
             break
         if msg.redelivered:

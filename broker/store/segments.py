@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import os
 import queue
+import shutil
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -59,7 +60,7 @@ class _Writer(threading.Thread):
         self.loop = loop
         self.synced = synced
         self.sync = sync
-        self.jobs: queue.SimpleQueue[tuple[str, int, bytes, int]] = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue[tuple[str, int, Any, int]] = queue.SimpleQueue()
         self.files: dict[int, Any] = {}
         self.error: BaseException | None = None
 
@@ -87,12 +88,24 @@ class _Writer(threading.Thread):
             written: set[int] = set()
             last_batch = -1
             unlinks: list[int] = []
+            others: list[Any] = []  # files of other logs (streams) written in this round
+            closing: list[Any] = []
             stop = False
             for kind, segment, data, batch in jobs:
                 if kind == "write":
                     self._file(segment).write(data)
                     written.add(segment)
                     last_batch = max(last_batch, batch)
+                elif kind == "external":  # [(file, bytes, close once synced)]
+                    for handle, chunk, close in data:
+                        handle.write(chunk)
+                        if handle not in others:
+                            others.append(handle)
+                        if close:
+                            closing.append(handle)
+                    last_batch = max(last_batch, batch)
+                elif kind == "rmtree":
+                    shutil.rmtree(data, ignore_errors=True)
                 elif kind == "unlink":
                     unlinks.append(segment)
                 elif kind == "stop":
@@ -100,6 +113,12 @@ class _Writer(threading.Thread):
             if self.sync:
                 for segment in written:
                     os.fsync(self.files[segment].fileno())
+                for handle in others:
+                    # appends only: fdatasync also makes the new size durable (POSIX), at a
+                    # fraction of fsync's cost (ext4 here: 0.3 ms against 1.6 ms)
+                    os.fdatasync(handle.fileno())
+            for handle in closing:
+                handle.close()
             for segment in unlinks:
                 handle = self.files.pop(segment, None)
                 if handle is not None:
@@ -148,6 +167,9 @@ class MessageStore:
         self._batch_ends: deque[tuple[int, int, int]] = deque()  # (batch, segment, end offset)
         self._written = (0, 0)  # (segment, offset) up to which the log is on disk
         self._readers: dict[int, int] = {}  # segment -> file descriptor to read bodies back
+        # other logs (streams, broker/stream.py) writing through this writer and its batches
+        self._external: list[Any] = []  # with data for the open batch
+        self.external_logs: set[Any] = set()  # told of every synced batch
 
     # ---- start-up ----
 
@@ -257,12 +279,19 @@ class MessageStore:
     def _handoff(self) -> None:
         self._handoff_scheduled = False
         writer = self._writer
-        if not self._buffer or writer is None:
+        if (not self._buffer and not self._external) or writer is None:
             return  # records made after close() are lost, as in a crash at that moment
-        data = b"".join(self._buffer)
-        self._buffer.clear()
         if writer.error is not None:
             raise RuntimeError(f"message store writer failed: {writer.error!r}")
+        if self._external:
+            external = [log.take_chunk(self.open_batch) for log in self._external]
+            self._external.clear()
+            writer.jobs.put(("external", 0, external, self.open_batch))
+            if not self._buffer:
+                self.open_batch += 1
+                return
+        data = b"".join(self._buffer)
+        self._buffer.clear()
         writer.jobs.put(("write", self._segment, data, self.open_batch))
         if self._to_page:
             self._batch_ends.append((self.open_batch, self._segment, self._segment_bytes))
@@ -323,6 +352,26 @@ class MessageStore:
                 records.encode_state(msg.store_id, msg.delivery_count, msg.retries, retry_at_wall)
             )
 
+    def external_pending(self, log: Any) -> None:
+        """``log`` has data for this loop turn: ``log.take_chunk(batch)`` joins the batch."""
+        self._external.append(log)
+        if not self._handoff_scheduled:
+            self._handoff_scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._handoff)
+
+    def remove_tree(self, path: str, handle: Any = None) -> None:
+        """Delete a directory once everything queued for the writer before is written;
+        ``handle``, a file of it the writer appends to, is closed first, by the writer."""
+        if self._writer is not None:
+            if handle is not None:
+                self._writer.jobs.put(("external", 0, [(handle, b"", True)], -1))
+            self._writer.jobs.put(("rmtree", 0, path, -1))
+        else:
+            if handle is not None:
+                handle.close()
+            shutil.rmtree(path, ignore_errors=True)
+
     # ---- group commit ----
 
     def after_sync(self, callback: Callable[[], None]) -> None:
@@ -330,7 +379,7 @@ class MessageStore:
 
         Callbacks run in the order they were registered.
         """
-        batch = self.open_batch if self._buffer else self.open_batch - 1
+        batch = self.open_batch if self._buffer or self._external else self.open_batch - 1
         if batch <= self.synced_batch and not self._after_sync:
             callback()
         else:
@@ -342,6 +391,8 @@ class MessageStore:
 
     def _on_synced(self, batch: int) -> None:
         self.synced_batch = batch
+        for log in self.external_logs:
+            log.synced(batch)
         if self.waiters:
             for channel in list(self.waiters):
                 channel.store_synced(batch)
@@ -448,9 +499,7 @@ class MessageStore:
             if _FADVISE:
                 # a queue's next bodies mostly follow these: have the kernel read them in the
                 # background, so the next batch is a page-cache copy, not a wait for the disk
-                os.posix_fadvise(
-                    self._reader(segment), end, 2 * READ_AHEAD, os.POSIX_FADV_WILLNEED
-                )
+                os.posix_fadvise(self._reader(segment), end, 2 * READ_AHEAD, os.POSIX_FADV_WILLNEED)
             for msg in batch[start:stop]:
                 at = msg.store_offset - begin
                 unpage(msg, data[at : at + msg.body_size()])

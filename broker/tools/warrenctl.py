@@ -492,7 +492,7 @@ def _policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--apply-to",
         default="all",
-        choices=["queues", "classic_queues", "quorum_queues", "exchanges", "all"],
+        choices=["queues", "classic_queues", "quorum_queues", "streams", "exchanges", "all"],
     )
     p.add_argument("name")
     p.add_argument("pattern")
