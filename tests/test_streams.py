@@ -529,16 +529,33 @@ def test_consume_needs_a_prefetch_and_manual_acks(broker: Any, name: str) -> Non
     assert closed_with(conn, no_ack) == (
         540, f"NOT_IMPLEMENTED - automatic acknowledgement not supported by stream {where}"
     )  # fmt: skip
+
+
+def test_global_qos_on_a_stream(broker: Any, name: str, tmp_path: Path) -> None:
+    """4.3 denies global_qos by default and then applies global=true per consumer
+    (rabbit_channel handle_method basic.qos), so a stream consumer is accepted; where the
+    feature is permitted, rabbit_stream_queue:consume/3 refuses a channel-wide prefetch."""
     conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    declare(conn.channel(), name)
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=10, global_qos=True)
+    ch.basic_consume(name, lambda *a: None)
+    conn.close()
 
-    def global_qos(ch: BlockingChannel) -> None:
-        ch.basic_qos(prefetch_count=10)
-        ch.basic_qos(prefetch_count=10, global_qos=True)
-        ch.basic_consume(name, lambda *a: None)
+    permits = {"deprecated_features_permit": (("global_qos", True),)}
+    with run_broker(data_dir=str(tmp_path), **permits) as permitted:
+        conn = pika.BlockingConnection(pika.URLParameters(permitted.url))
+        declare(conn.channel(), name)
 
-    assert closed_with(conn, global_qos) == (
-        540, f"NOT_IMPLEMENTED - {where} does not support global qos"
-    )  # fmt: skip
+        def global_qos(ch: BlockingChannel) -> None:
+            ch.basic_qos(prefetch_count=10)
+            ch.basic_qos(prefetch_count=10, global_qos=True)
+            ch.basic_consume(name, lambda *a: None)
+
+        where = f"queue '{name}' in vhost '/'"
+        assert closed_with(conn, global_qos) == (
+            540, f"NOT_IMPLEMENTED - {where} does not support global qos"
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize(("arg", "value"), [("x-priority", 3), ("x-consumer-timeout", 1000)])
