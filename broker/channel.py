@@ -112,6 +112,9 @@ class Channel:
         self.flow_active = True
         self.closed = False
         self.last_queue = ""  # the queue name an empty name stands for
+        # consumer tags whose basic.cancel waits for this channel's queue.delete-ok (RabbitMQ's
+        # order: the queue's deletion reaches the channel after the method it is busy with)
+        self._cancels_after: list[str] | None = None
         self.trace_ref = 0  # its id in the trace stream (broker/tracing.py), 0: none yet
         self._allowed: set[tuple[str, str, str]] = set()  # permission checks that passed
         self._allowed_version = -1
@@ -263,7 +266,10 @@ class Channel:
         if self.consumers.pop(consumer.tag, None) is None:
             return
         if self.conn.capabilities.get("consumer_cancel_notify") is True and not self.closed:
-            self.conn.write(cancel_frame(self.id, consumer.tag))
+            if self._cancels_after is not None:
+                self._cancels_after.append(consumer.tag)
+            else:
+                self.conn.write(cancel_frame(self.id, consumer.tag))
 
     # ---- basic.publish ----
 
@@ -857,10 +863,18 @@ class Channel:
                 raise ChannelError(PRECONDITION_FAILED, f"{where} in use")
             if method.if_empty and queue.ready_count:
                 raise ChannelError(PRECONDITION_FAILED, f"{where} not empty")
-            count = self.vhost.delete_queue(queue)
+            self._cancels_after = []
+            try:
+                count = self.vhost.delete_queue(queue)
+            finally:
+                cancels, self._cancels_after = self._cancels_after, None
             self.conn.exclusive_queues.pop(name, None)
+        else:
+            cancels = []
         if not method.nowait:
             self.reply(commands.Queue.DeleteOk(message_count=count))
+        for tag in cancels:
+            self.conn.write(cancel_frame(self.id, tag))
 
     # ---- confirms and transactions ----
 
