@@ -19,6 +19,7 @@ from warren.broker.arguments import MAX_TTL, validate_consumer_arguments
 from warren.broker.consumer import Consumer
 from warren.broker.exchange import Exchange
 from warren.broker.message import Message
+from warren.broker.queue import fan_out
 from warren.protocol.connection import Content
 from warren.protocol.constants import (
     ACCESS_REFUSED,
@@ -109,7 +110,7 @@ class Channel:
         self.next_tag = 0
         self.prefetch_count = 0  # basic.qos global=false: for consumers created later
         self.prefetch_global = 0  # basic.qos global=true: shared by the channel
-        self.flow_active = True
+        self.flow_active = True  # never false: RabbitMQ refuses channel.flow(active=false)
         self.closed = False
         self.last_queue = ""  # the queue name an empty name stands for
         # consumer tags whose basic.cancel waits for this channel's queue.delete-ok (RabbitMQ's
@@ -163,8 +164,7 @@ class Channel:
 
     def can_deliver(self, consumer: Consumer) -> bool:
         return (
-            self.flow_active
-            and self.conn.writable
+            self.conn.writable
             and not consumer.timed_out
             and (not consumer.prefetch or consumer.unacked < consumer.prefetch)
             and (
@@ -365,11 +365,7 @@ class Channel:
         accepted = True
         if queues:
             self.stats.routed += 1
-            first = True
-            for queue in queues:
-                if not queue.publish(msg if first else msg.copy(), ttl):
-                    accepted = False
-                first = False
+            accepted = fan_out(queues, msg, ttl) == len(queues)
         elif mandatory:
             self.stats.unroutable_returned += 1
             self.conn.write(return_frame(self.id, NO_ROUTE, "NO_ROUTE", msg.ex_rk))
@@ -707,10 +703,11 @@ class Channel:
         self._reject(msgs, True)
 
     def on_channel_flow(self, method: commands.Channel.Flow) -> None:
-        self.flow_active = bool(method.active)
-        self.reply(commands.Channel.FlowOk(active=method.active))
-        if method.active:
-            self.dispatch_all()
+        # RabbitMQ 4.3 (rabbit_channel.erl, handle_method channel.flow): a client may not
+        # stop deliveries this way, only prefetch limits them
+        if not method.active:
+            raise ConnectionError_(NOT_IMPLEMENTED, "active=false", 20, 20)
+        self.reply(commands.Channel.FlowOk(active=True))
 
     # ---- exchanges ----
 

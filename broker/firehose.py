@@ -14,6 +14,7 @@ import struct
 from typing import TYPE_CHECKING
 
 from warren.broker.message import Message
+from warren.broker.queue import fan_out
 from warren.protocol.errors import SURROGATES
 from warren.protocol.properties import join_properties, split_properties
 from warren.protocol.tables import join_entries
@@ -75,12 +76,9 @@ def _flush() -> None:
     batch = _pending[:]
     _pending.clear()
     for vhost, targets, copy in batch:
-        first = True
-        for queue in targets:
-            if vhost.queues.get(queue.name) is not queue:
-                continue  # deleted meanwhile
-            queue.publish(copy if first else copy.copy(), None)
-            first = False
+        live = [q for q in targets if vhost.queues.get(q.name) is q]  # some deleted meanwhile?
+        if live:
+            fan_out(live, copy, None)
 
 
 def _who(channel: Channel) -> dict[str, bytes]:

@@ -14,7 +14,7 @@ from warren.broker.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exch
 from warren.broker.firehose import TRACE_EXCHANGE
 from warren.broker.message import Message
 from warren.broker.policy import Policy, pick
-from warren.broker.queue import Queue
+from warren.broker.queue import Queue, fan_out
 from warren.protocol.constants import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
@@ -440,10 +440,7 @@ class VirtualHost:
         queues = self.route(exchange, msg)
         if (tracer := self.tracer) is not None:
             tracer.published_by_api(msg, queues)
-        accepted = False
-        for i, queue in enumerate(queues):
-            accepted = queue.publish(msg if i == 0 else msg.copy(), None) or accepted
-        return accepted
+        return fan_out(queues, msg, None) > 0
 
     def dead_letter(self, queue: Queue, msg: Message, reason: str) -> None:
         """Route a dead-lettered copy through the queue's dead-letter exchange, if it exists."""
@@ -467,8 +464,8 @@ class VirtualHost:
             targets = [q for q in targets if not _is_cycle(q.name, deaths)]
         if (tracer := self.tracer) is not None:
             tracer.dead_letter_routed(copy, targets)
-        for i, target in enumerate(targets):
-            target.publish(copy if i == 0 else copy.copy(), None)
+        if targets:
+            fan_out(targets, copy, None)
 
 
 def _describe(value: Any) -> str:

@@ -14,6 +14,7 @@ from warren.broker.management.app import Ctx, Router, created, no_content, reply
 from warren.broker.management.errors import ApiError, bad_request, not_found
 from warren.broker.management.formats import exchange_json, properties_from_json
 from warren.broker.message import Message
+from warren.broker.queue import fan_out
 from warren.protocol.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
 from warren.protocol.errors import AMQPError, ChannelError
 from warren.protocol.properties import decode_field, split_properties
@@ -138,10 +139,7 @@ def publish(ctx: Ctx) -> web.StreamResponse:
         stats.confirmed += 1
         return reply(ctx, {"routed": False})
     stats.routed += 1
-    accepted = True
-    for i, queue in enumerate(queues):
-        accepted = queue.publish(msg if i == 0 else msg.copy(), ttl) and accepted
-    if not accepted:  # a queue at its limit with overflow reject-publish: a nack
+    if fan_out(queues, msg, ttl) < len(queues):  # a queue refused it (reject-publish): a nack
         raise bad_request("rejected Unable to publish message. Check queue limits.")
     stats.confirmed += 1
     return reply(ctx, {"routed": True})
