@@ -18,7 +18,7 @@ from warren.broker import firehose
 from warren.broker.arguments import MAX_TTL, validate_consumer_arguments
 from warren.broker.consumer import Consumer
 from warren.broker.exchange import Exchange
-from warren.broker.message import Message
+from warren.broker.message import Message, routing_headers
 from warren.broker.queue import fan_out
 from warren.protocol.connection import Content
 from warren.protocol.constants import (
@@ -48,6 +48,7 @@ from warren.protocol.methods import (
 )
 from warren.protocol.properties import (
     FLAG_EXPIRATION,
+    FLAG_HEADERS,
     FLAG_REPLY_TO,
     FLAG_USER_ID,
     decode_field,
@@ -291,10 +292,17 @@ class Channel:
                 f"in vhost '{self.vhost.name}'",
             )
         props = content.properties
+        flags = (props[0] << 8) | props[1]
+        sender_keys = None
+        # "CC" or "BCC" somewhere in the headers? (find: about half the cost of ``in`` here)
+        if flags & FLAG_HEADERS and props.find(b"CC") >= 0:
+            props, sender_keys = routing_headers(props)
         ttl = None
-        if ((props[0] << 8) | props[1]) & (FLAG_EXPIRATION | FLAG_USER_ID | FLAG_REPLY_TO):
+        if flags & (FLAG_EXPIRATION | FLAG_USER_ID | FLAG_REPLY_TO):
             ttl, props = self._check_properties(props)
         msg = Message(method.exchange, method.routing_key, props, content.body)
+        if sender_keys is not None:
+            msg.sender_keys = sender_keys
         if not method.exchange and method.routing_key.startswith(REPLY_TO_PREFIX):
             self._publish_reply(msg, method.mandatory)
             return

@@ -29,7 +29,6 @@ TRACE_EXCHANGE = "amq.rabbitmq.trace"
 NODE = "warren@" + platform.node()
 NO_PROPERTIES = b"\x00\x00"
 
-_pending: list[tuple[VirtualHost, list[Queue], Message]] = []
 _i32 = struct.Struct(">i")
 _u32 = struct.Struct(">I")
 
@@ -61,21 +60,23 @@ def _tap(
         return
     entries = {
         "exchange_name": _longstr(msg.exchange),
-        "routing_keys": _array([msg.routing_key]),
+        "routing_keys": _array(msg.routing_keys()),
         "properties": b"F" + join_entries(_properties(msg.properties)),
         "node": _longstr(NODE),
         **extra,
     }
     copy.properties = join_properties({"headers": join_entries(entries)})
-    if not _pending:
-        vhost.timers.call_soon(_flush)
-    _pending.append((vhost, list(targets), copy))
+    # the vhost's own list: several brokers (threads, event loops) may share this process
+    pending = vhost.firehose_pending
+    if not pending:
+        vhost.timers.call_soon(lambda: _flush(vhost))
+    pending.append((list(targets), copy))
 
 
-def _flush() -> None:
-    batch = _pending[:]
-    _pending.clear()
-    for vhost, targets, copy in batch:
+def _flush(vhost: VirtualHost) -> None:
+    batch = vhost.firehose_pending[:]
+    vhost.firehose_pending.clear()
+    for targets, copy in batch:
         live = [q for q in targets if vhost.queues.get(q.name) is q]  # some deleted meanwhile?
         if live:
             fan_out(live, copy, None)

@@ -66,6 +66,8 @@ class VirtualHost:
         self.persistence: Any = None  # broker.persistence.Persistence, with a data directory
         self.log: Any = structlog.get_logger("warren")
         self.tracer: Tracer | None = None  # set while this vhost traces (broker/tracing.py)
+        # firehose copies waiting for the current event to end (broker/firehose.py)
+        self.firehose_pending: list[tuple[list[Queue], Message]] = []
         self.queues: dict[str, Queue] = {}
         self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self)}
         for ex_name, kind in STANDARD_EXCHANGES:
@@ -393,9 +395,12 @@ class VirtualHost:
 
     def route(self, exchange: Exchange, msg: Message) -> list[Queue]:
         """The queues a message published to ``exchange`` reaches."""
-        dests = exchange.route(msg.routing_key, lambda: msg.headers)
-        if not exchange.has_exchange_destinations and (dests or not exchange.alternate_exchange):
-            return dests
+        if msg.sender_keys is None:
+            dests = exchange.route(msg.routing_key, lambda: msg.headers)
+            if not exchange.has_exchange_destinations and (
+                dests or not exchange.alternate_exchange
+            ):
+                return dests
         queues: list[Queue] = []
         self._route_into(exchange, msg, queues, {id(exchange)})
         return queues
@@ -410,18 +415,24 @@ class VirtualHost:
         everything reached through it (nested exchanges included) found no queue.
         """
         rk = msg.routing_key
+        keys = msg.routing_keys() if msg.sender_keys is not None else None
 
         def headers() -> dict[str, Any]:
             return msg.headers
 
-        stack = [(exchange, len(queues), iter(exchange.route(rk, headers)))]
+        def route(exchange: Exchange) -> list[Any]:
+            if keys is None:
+                return exchange.route(rk, headers)
+            return _route_keys(exchange, keys, headers)
+
+        stack = [(exchange, len(queues), iter(route(exchange)))]
         while stack:
             current, before, dests = stack[-1]
             for dest in dests:
                 if isinstance(dest, Exchange):
                     if id(dest) not in seen:
                         seen.add(id(dest))
-                        stack.append((dest, len(queues), iter(dest.route(rk, headers))))
+                        stack.append((dest, len(queues), iter(route(dest))))
                         break  # back to this exchange's iterator once ``dest`` is done
                 elif dest not in queues:
                     queues.append(dest)
@@ -431,7 +442,7 @@ class VirtualHost:
                     alternate = self.exchanges.get(current.alternate_exchange)
                     if alternate is not None and id(alternate) not in seen:
                         seen.add(id(alternate))
-                        stack.append((alternate, len(queues), iter(alternate.route(rk, headers))))
+                        stack.append((alternate, len(queues), iter(route(alternate))))
 
     def publish(self, exchange_name: str, routing_key: str, properties: bytes, body: bytes) -> bool:
         """Publish from outside AMQP (management API); True if any queue took the message."""
@@ -458,6 +469,8 @@ class VirtualHost:
             dlx_name,
             routing_key if routing_key is not None else msg.routing_key,
         )
+        if routing_key is None:  # RabbitMQ routes by the message's own keys, CC and BCC too
+            copy.sender_keys = msg.sender_keys
         targets = self.route(exchange, copy)
         if reason != "rejected":
             # a cycle with no rejection in it would spin forever: drop those targets
@@ -466,6 +479,18 @@ class VirtualHost:
             tracer.dead_letter_routed(copy, targets)
         if targets:
             fan_out(targets, copy, None)
+
+
+def _route_keys(exchange: Exchange, keys: list[str], headers: Any) -> list[Any]:
+    """Destinations for any of ``keys`` (CC and BCC add keys), each once, in first-seen order."""
+    dests: list[Any] = []
+    seen: set[int] = set()
+    for key in keys:
+        for dest in exchange.route(key, headers):
+            if id(dest) not in seen:
+                seen.add(id(dest))
+                dests.append(dest)
+    return dests
 
 
 def _describe(value: Any) -> str:
