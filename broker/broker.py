@@ -103,6 +103,8 @@ class Broker:
         self.access.persistence = self.persistence
         for vhost in self.vhosts.values():
             vhost.persistence = self.persistence
+        # a dead store writer blocks publishers, as a full disk would (alarm set until restart)
+        self.persistence.messages.on_failure = lambda _: self.set_alarm("message_store", True)
         self.persistence.start(self.timers.loop)
 
     def close_store(self) -> None:

@@ -23,6 +23,7 @@ from warren.broker.queue import fan_out
 from warren.protocol.connection import Content
 from warren.protocol.constants import (
     ACCESS_REFUSED,
+    INTERNAL_ERROR,
     NO_ROUTE,
     NOT_ALLOWED,
     NOT_FOUND,
@@ -383,6 +384,8 @@ class Channel:
         else:
             self.stats.unroutable_dropped += 1
         if seq:
+            if accepted and store is not None and store.error is not None:
+                accepted = store.published == stored_before  # never on disk now: a nack
             if accepted:
                 if store is not None and (store.published != stored_before or self._sync_waits):
                     self._wait_for_disk(store, seq)
@@ -429,6 +432,32 @@ class Channel:
                 self.conn.release(self)
         if not waits and self._store is not None:
             self._store.waiters.discard(self)
+
+    def store_failed(self) -> None:
+        """The message store stopped writing: nack every publish still waiting for the disk."""
+        waits = self._sync_waits
+        if not waits:
+            return
+        upto = waits[-1][0]
+        waits.clear()
+        self.flush_confirms()  # acks already due go first
+        for nacked in [n for n in self._nacked if n <= upto]:  # nacked already: step past
+            self._nacked.remove(nacked)
+            if nacked - 1 > self.confirmed:
+                self._nack_confirms(nacked - 1)
+            self.confirmed = nacked
+        if upto > self.confirmed:
+            self._nack_confirms(upto)
+        if self in self.conn.held:
+            self.conn.release(self)
+        self.conn.schedule_flush()
+
+    def _nack_confirms(self, last: int) -> None:
+        """One basic.nack for every publish after the last confirmed one, up to ``last``."""
+        if (tracer := self.vhost.tracer) is not None:
+            tracer.confirmed(self, self.confirmed + 1, last, False)
+        self.conn.write(nack_frame(self.id, last, last - self.confirmed > 1))
+        self.confirmed = last
 
     def flush_confirms(self) -> None:
         upto = self.confirm_upto
@@ -919,9 +948,17 @@ class Channel:
             return
         self.reply(commands.Tx.CommitOk())
 
-    def _commit_synced(self) -> None:
-        if not self.closed:
+    def _commit_synced(self, on_disk: bool) -> None:
+        if self.closed:
+            return
+        if on_disk:
             self.reply(commands.Tx.CommitOk())
+        else:
+            store = self._store
+            error = store.error if store is not None else None
+            self.conn.connection_error(
+                ConnectionError_(INTERNAL_ERROR, f"message store failed: {error}", 90, 20)
+            )
 
     def on_tx_rollback(self, method: commands.Tx.Rollback) -> None:
         self._require_tx()
