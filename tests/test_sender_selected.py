@@ -13,6 +13,7 @@ from typing import Any
 
 import pika
 import pytest
+from http_api import HttpApi
 from pika.adapters.blocking_connection import BlockingChannel
 from pika.exceptions import ChannelClosedByBroker, UnroutableError
 
@@ -236,4 +237,23 @@ def test_firehose_names_every_routing_key(tmp_path: Path) -> None:
         _, props = wait_one(ch, "sink")
         assert props["routing_keys"] == ["rk", "c1", "c2", "b1"]
         assert props["properties"]["headers"] == {"CC": ["c1", "c2"]}
+        conn.close()
+
+
+def test_management_publish_routes_by_cc_and_bcc() -> None:
+    with run_broker(management_port=0) as broker:
+        assert broker.server.management_port is not None
+        api = HttpApi(broker.server.management_port)
+        conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+        ch = conn.channel()
+        a, b, c = declare(ch, "api", "a", "b", "c")
+        body = {"routing_key": a, "payload": "m", "payload_encoding": "string"}
+        table = {"CC": [b], "BCC": [c]}
+        assert api.ok(
+            "POST",
+            "/api/exchanges/%2F/amq.default/publish",
+            {**body, "properties": {"headers": table}},
+        ) == {"routed": True}
+        for queue in (a, b, c):
+            assert drain(ch, queue) == [(b"m", {"CC": [b]})]
         conn.close()
