@@ -118,11 +118,13 @@ class Broker:
         if vhost is None:
             return False
         self.tracing.disable(vhost)
+        # RabbitMQ 4.3's order (rabbit_vhost.erl): the queues go first, so their consumers
+        # get basic.cancel, then the connections are closed
+        for queue in list(vhost.queues.values()):
+            vhost.delete_queue(queue)
         for connection in list(self.connections):
             if connection.vhost is vhost:
                 connection.force_close(f"vhost '{name}' is deleted")
-        for queue in list(vhost.queues.values()):
-            vhost.delete_queue(queue)
         for user, vhost_name in list(self.access.permissions):
             if vhost_name == name:
                 self.access.clear_permissions(user, vhost_name)

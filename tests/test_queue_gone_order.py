@@ -18,6 +18,8 @@ from amqp.exceptions import ConsumerCancelled
 from amqp_raw import Frame, RawClient, build
 from pamqp import commands
 
+from warren.broker.testkit import run_broker
+
 
 @pytest.fixture
 def client(amqp_addr: tuple[str, int]) -> Iterator[RawClient]:
@@ -81,3 +83,19 @@ def test_kombu_queue_delete_with_consumer_on_same_channel(amqp_url: str, name: s
         # then the broker's basic.cancel; kombu's consumer has no on_cancel, so py-amqp raises
         with pytest.raises(ConsumerCancelled):
             conn.drain_events(timeout=2)
+
+
+def test_vhost_deletion_cancels_consumers_before_closing() -> None:
+    """RabbitMQ 4.3 deletes the vhost's queues, then closes its connections (rabbit_vhost.erl,
+    delete_ignoring_protection); 3.10 (rabbitmqctl delete_vhost) sends the same frames."""
+    with run_broker() as broker:
+        broker.add_vhost("doomed")
+        c = RawClient.connect((broker.host, broker.port), vhost="doomed")
+        c.channel_open(2)
+        q = c.new_queue(1)
+        c.consume(1, q, consumer_tag="one")
+        c.consume(2, q, consumer_tag="two")
+        assert broker.delete_vhost("doomed")
+        got = [(f.channel, f.method().name) for f in c.frames_within(0.5)]
+        assert got == [(1, "Basic.Cancel"), (2, "Basic.Cancel"), (0, "Connection.Close")]
+        c.abort()
