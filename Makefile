@@ -26,10 +26,16 @@ $(CHROMIUM):
 	$(SUDO) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium
 
+# tests/test_go_channel_flow.py builds a program with RabbitMQ's Go client, Debian's package.
+GO_AMQP := /usr/share/gocode/src/github.com/rabbitmq/amqp091-go
+$(GO_AMQP):
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends golang-go golang-github-rabbitmq-amqp091-go-dev
+
 run: $(RUN_STAMP)
 	$(BIN)/warren-server --port $(PORT)
 
-test: $(STAMP) $(CHROMIUM)
+test: $(STAMP) $(CHROMIUM) $(GO_AMQP)
 	$(BIN)/ruff check broker protocol config tests pipeline warren
 	$(BIN)/mypy
 	$(BIN)/pytest -q

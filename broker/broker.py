@@ -106,6 +106,8 @@ class Broker:
         self.access.persistence = self.persistence
         for vhost in self.vhosts.values():
             vhost.persistence = self.persistence
+        # a dead store writer blocks publishers, as a full disk would (alarm set until restart)
+        self.persistence.messages.on_failure = lambda _: self.set_alarm("message_store", True)
         self.persistence.start(self.timers.loop)
 
     def close_store(self) -> None:
@@ -121,11 +123,13 @@ class Broker:
         self.tracing.disable(vhost)
         if self.recording is not None:
             self.recording.detach(vhost)
+        # RabbitMQ 4.3's order (rabbit_vhost.erl): the queues go first, so their consumers
+        # get basic.cancel, then the connections are closed
+        for queue in list(vhost.queues.values()):
+            vhost.delete_queue(queue)
         for connection in list(self.connections):
             if connection.vhost is vhost:
                 connection.force_close(f"vhost '{name}' is deleted")
-        for queue in list(vhost.queues.values()):
-            vhost.delete_queue(queue)
         for exchange in vhost.exchanges.values():
             exchange.close()  # x-delayed-message: its timer and held messages go
         for user, vhost_name in list(self.access.permissions):

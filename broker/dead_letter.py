@@ -54,7 +54,7 @@ def dead_letter_copy(
             "queue": queue,
             "time": now,
             "exchange": msg.exchange,
-            "routing-keys": [msg.routing_key],
+            "routing-keys": _death_keys(msg),
         }
         if expiration is not None:
             death["original-expiration"] = decode_field("expiration", expiration)
@@ -68,6 +68,16 @@ def dead_letter_copy(
     copy = Message(exchange, routing_key, join_properties(fields), msg.body)
     copy.trace_id = msg.trace_id  # the trace follows the message into the dead-letter queue
     return copy, deaths
+
+
+def _death_keys(msg: Message) -> list[str]:
+    """The routing keys x-death records: CC's too, BCC's not (RabbitMQ 4.3 mc.erl
+    record_death subtracts the BCC keys from all the routing keys, Erlang's ``--``)."""
+    keys = msg.routing_keys()
+    if msg.sender_keys is not None:
+        for key in msg.sender_keys[1]:
+            keys.remove(key)  # the first occurrence, as Erlang's list subtraction does
+    return keys
 
 
 def _decode_array(raw: bytes) -> list[dict[str, Any]]:

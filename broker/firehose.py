@@ -14,6 +14,7 @@ import struct
 from typing import TYPE_CHECKING
 
 from warren.broker.message import Message
+from warren.broker.queue import fan_out
 from warren.protocol.errors import SURROGATES
 from warren.protocol.properties import join_properties, split_properties
 from warren.protocol.tables import join_entries
@@ -28,7 +29,6 @@ TRACE_EXCHANGE = "amq.rabbitmq.trace"
 NODE = "warren@" + platform.node()
 NO_PROPERTIES = b"\x00\x00"
 
-_pending: list[tuple[VirtualHost, list[Queue], Message]] = []
 _i32 = struct.Struct(">i")
 _u32 = struct.Struct(">I")
 
@@ -60,27 +60,26 @@ def _tap(
         return
     entries = {
         "exchange_name": _longstr(msg.exchange),
-        "routing_keys": _array([msg.routing_key]),
+        "routing_keys": _array(msg.routing_keys()),
         "properties": b"F" + join_entries(_properties(msg.properties)),
         "node": _longstr(NODE),
         **extra,
     }
     copy.properties = join_properties({"headers": join_entries(entries)})
-    if not _pending:
-        vhost.timers.call_soon(_flush)
-    _pending.append((vhost, list(targets), copy))
+    # the vhost's own list: several brokers (threads, event loops) may share this process
+    pending = vhost.firehose_pending
+    if not pending:
+        vhost.timers.call_soon(lambda: _flush(vhost))
+    pending.append((list(targets), copy))
 
 
-def _flush() -> None:
-    batch = _pending[:]
-    _pending.clear()
-    for vhost, targets, copy in batch:
-        first = True
-        for queue in targets:
-            if vhost.queues.get(queue.name) is not queue:
-                continue  # deleted meanwhile
-            queue.publish(copy if first else copy.copy(), None)
-            first = False
+def _flush(vhost: VirtualHost) -> None:
+    batch = vhost.firehose_pending[:]
+    vhost.firehose_pending.clear()
+    for targets, copy in batch:
+        live = [q for q in targets if vhost.queues.get(q.name) is q]  # some deleted meanwhile?
+        if live:
+            fan_out(live, copy, None)
 
 
 def _who(channel: Channel) -> dict[str, bytes]:

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from warren.protocol.constants import PRECONDITION_FAILED
+from warren.protocol.errors import ChannelError
 from warren.protocol.methods import shortstr
-from warren.protocol.properties import FLAG_HEADERS, decode_field, has_flag, split_properties
+from warren.protocol.properties import (
+    FLAG_HEADERS,
+    decode_field,
+    has_flag,
+    join_properties,
+    split_properties,
+)
+from warren.protocol.tables import TYPE_NAMES, array_longstrs, join_entries, table_entries
 
 if TYPE_CHECKING:
     from warren.broker.channel import Channel
@@ -40,6 +49,7 @@ class Message:
         "redelivered",
         "retries",
         "routing_key",
+        "sender_keys",
         "seq",
         "state",
         "store_id",
@@ -71,6 +81,8 @@ class Message:
         self.consumer: Consumer | None = None
         self.queue: Queue | None = None  # the queue holding this copy
         self.trace_id = 0  # broker-assigned id when the vhost traces (broker/tracing.py)
+        # the CC and BCC headers' routing keys, when the publisher gave any (routing_headers)
+        self.sender_keys: tuple[list[str], list[str]] | None = None
 
     @property
     def ex_rk(self) -> bytes:
@@ -78,6 +90,13 @@ class Message:
         if self._ex_rk is None:
             self._ex_rk = shortstr(self.exchange) + shortstr(self.routing_key)
         return self._ex_rk
+
+    def routing_keys(self) -> list[str]:
+        """The routing key, then those of the CC and BCC headers (RabbitMQ's order)."""
+        if self.sender_keys is None:
+            return [self.routing_key]
+        cc, bcc = self.sender_keys
+        return [self.routing_key, *cc, *bcc]
 
     @property
     def headers(self) -> dict[str, Any]:
@@ -106,7 +125,42 @@ class Message:
         other._ex_rk = self._ex_rk
         other._headers = self._headers
         other.trace_id = self.trace_id  # one message, many queues: one id
+        other.sender_keys = self.sender_keys
         return other
+
+
+def routing_headers(properties: bytes) -> tuple[bytes, tuple[list[str], list[str]] | None]:
+    """RabbitMQ's sender-selected distribution: the CC and BCC headers' extra routing keys.
+
+    Returns the properties without BCC (RabbitMQ removes it on arrival; only then are
+    the header bytes re-encoded) and (CC keys, BCC keys), or None when there are none.
+    Arrays count, with their long strings only; any other type of value is refused, as
+    rabbit_basic.erl's header_routes does. Called only when the property bytes hold "CC".
+    """
+    fields = split_properties(properties)
+    raw = fields.get("headers")
+    if raw is None:
+        return properties, None
+    entries, _ = table_entries(raw)
+    found: list[list[str]] = []
+    for name in ("CC", "BCC"):
+        value = entries.get(name)
+        if value is None:
+            found.append([])
+        elif value[:1] == b"A":
+            found.append(array_longstrs(value))
+        else:
+            kind = TYPE_NAMES.get(chr(value[0]), "unknown")
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f'invalid message: {{unacceptable_type_in_header,"{name}",{kind}}}',
+            )
+    if "BCC" in entries:
+        del entries["BCC"]
+        fields["headers"] = join_entries(entries)
+        properties = join_properties(fields)
+    cc, bcc = found
+    return properties, (cc, bcc) if cc or bcc else None
 
 
 _BODY: Any = Message.__dict__["body"]  # the slot itself, under PagedMessage's property

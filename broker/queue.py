@@ -800,6 +800,24 @@ class Queue:
         self.purge()
 
 
+def fan_out(queues: list[Queue], msg: Message, ttl: int | None) -> int:
+    """Enqueue ``msg`` in each of ``queues``; returns how many took it.
+
+    Every place that routes one message to several queues goes through here. All the
+    copies are made before any queue sees the message: a queue may dead-letter or drop
+    it at once (TTL 0, a length limit), which frees its body. One queue takes the
+    message itself, with no copy.
+    """
+    if len(queues) == 1:
+        return 1 if queues[0].publish(msg, ttl) else 0
+    copies = [msg, *(msg.copy() for _ in range(len(queues) - 1))]
+    taken = 0
+    for queue, copy in zip(queues, copies, strict=True):
+        if queue.publish(copy, ttl):
+            taken += 1
+    return taken
+
+
 def _locked(entry: tuple[float, int, Message, Channel, int, int]) -> bool:
     """Is the delivery this heap entry timed still out with its consumer?"""
     msg = entry[2]

@@ -15,7 +15,7 @@ from warren.broker.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exch
 from warren.broker.firehose import TRACE_EXCHANGE
 from warren.broker.message import Message
 from warren.broker.policy import Policy, pick
-from warren.broker.queue import Queue
+from warren.broker.queue import Queue, fan_out
 from warren.broker.stream import StreamQueue, stream_directory, validate_stream_arguments
 from warren.protocol.constants import (
     ACCESS_REFUSED,
@@ -74,6 +74,8 @@ class VirtualHost:
         self.log: Any = structlog.get_logger("warren")
         self.tracer: Tracer | None = None  # set while this vhost traces (broker/tracing.py)
         self.disabled_exchange_types: frozenset[str] = frozenset()  # by configuration
+        # firehose copies waiting for the current event to end (broker/firehose.py)
+        self.firehose_pending: list[tuple[list[Queue], Message]] = []
         self.queues: dict[str, Queue] = {}
         self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self)}
         for ex_name, kind in STANDARD_EXCHANGES:
@@ -441,9 +443,12 @@ class VirtualHost:
 
     def route(self, exchange: Exchange, msg: Message) -> list[Queue]:
         """The queues a message published to ``exchange`` reaches."""
-        dests = exchange.route(msg.routing_key, msg.get_headers)
-        if not exchange.has_exchange_destinations and (dests or not exchange.alternate_exchange):
-            return dests
+        if msg.sender_keys is None:
+            dests = exchange.route(msg.routing_key, msg.get_headers)
+            if not exchange.has_exchange_destinations and (
+                dests or not exchange.alternate_exchange
+            ):
+                return dests
         queues: list[Queue] = []
         self._route_into(exchange, msg, queues, {id(exchange)})
         return queues
@@ -458,16 +463,22 @@ class VirtualHost:
         everything reached through it (nested exchanges included) found no queue.
         """
         rk = msg.routing_key
+        keys = msg.routing_keys() if msg.sender_keys is not None else None
         headers = msg.get_headers
 
-        stack = [(exchange, len(queues), iter(exchange.route(rk, headers)))]
+        def route(exchange: Exchange) -> list[Any]:
+            if keys is None:
+                return exchange.route(rk, headers)
+            return _route_keys(exchange, keys, headers)
+
+        stack = [(exchange, len(queues), iter(route(exchange)))]
         while stack:
             current, before, dests = stack[-1]
             for dest in dests:
                 if isinstance(dest, Exchange):
                     if id(dest) not in seen:
                         seen.add(id(dest))
-                        stack.append((dest, len(queues), iter(dest.route(rk, headers))))
+                        stack.append((dest, len(queues), iter(route(dest))))
                         break  # back to this exchange's iterator once ``dest`` is done
                 elif dest not in queues:
                     queues.append(dest)
@@ -477,7 +488,7 @@ class VirtualHost:
                     alternate = self.exchanges.get(current.alternate_exchange)
                     if alternate is not None and id(alternate) not in seen:
                         seen.add(id(alternate))
-                        stack.append((alternate, len(queues), iter(alternate.route(rk, headers))))
+                        stack.append((alternate, len(queues), iter(route(alternate))))
 
     def publish(self, exchange_name: str, routing_key: str, properties: bytes, body: bytes) -> bool:
         """Publish from outside AMQP (management API); True if any queue took the message."""
@@ -492,10 +503,7 @@ class VirtualHost:
         queues = self.route(exchange, msg)
         if (tracer := self.tracer) is not None:
             tracer.published_by_api(msg, queues)
-        accepted = False
-        for i, queue in enumerate(queues):
-            accepted = queue.publish(msg if i == 0 else msg.copy(), None) or accepted
-        return accepted
+        return fan_out(queues, msg, None) > 0
 
     def dead_letter(self, queue: Queue, msg: Message, reason: str) -> None:
         """Route a dead-lettered copy through the queue's dead-letter exchange, if it exists."""
@@ -514,14 +522,28 @@ class VirtualHost:
             routing_key if routing_key is not None else msg.routing_key,
             self.timers.wall(),
         )
+        if routing_key is None:  # RabbitMQ routes by the message's own keys, CC and BCC too
+            copy.sender_keys = msg.sender_keys
         targets = self.route(exchange, copy)
         if reason != "rejected":
             # a cycle with no rejection in it would spin forever: drop those targets
             targets = [q for q in targets if not _is_cycle(q.name, deaths)]
         if (tracer := self.tracer) is not None:
             tracer.dead_letter_routed(copy, targets)
-        for i, target in enumerate(targets):
-            target.publish(copy if i == 0 else copy.copy(), None)
+        if targets:
+            fan_out(targets, copy, None)
+
+
+def _route_keys(exchange: Exchange, keys: list[str], headers: Any) -> list[Any]:
+    """Destinations for any of ``keys`` (CC and BCC add keys), each once, in first-seen order."""
+    dests: list[Any] = []
+    seen: set[int] = set()
+    for key in keys:
+        for dest in exchange.route(key, headers):
+            if id(dest) not in seen:
+                seen.add(id(dest))
+                dests.append(dest)
+    return dests
 
 
 def _describe(value: Any) -> str:

@@ -273,6 +273,23 @@ def table_entries(buf: bytes, offset: int = 0) -> tuple[dict[str, bytes], int]:
     return entries, end
 
 
+def array_longstrs(raw: bytes) -> list[str]:
+    """The long strings of an encoded array value (type octet included); others skipped.
+
+    Text that is not UTF-8 keeps its bytes as surrogates, as names from methods do.
+    """
+    items: list[str] = []
+    off, end = 5, 5 + _u32.unpack_from(raw, 1)[0]
+    while off < end:
+        if raw[off] == 0x53:  # 'S'
+            (n,) = _u32.unpack_from(raw, off + 1)
+            items.append(raw[off + 5 : off + 5 + n].decode("utf-8", SURROGATES))
+            off += 5 + n
+        else:
+            _, off = _value(raw, off, 0)
+    return items
+
+
 def join_entries(entries: dict[str, bytes]) -> bytes:
     body = b"".join(encode_key(k) + v for k, v in entries.items())
     return _u32.pack(len(body)) + body

@@ -748,13 +748,14 @@ def test_channel_flow_active_true(client: RawClient, queue: str) -> None:
     assert client.read_delivery(1).body == b"0"
 
 
-def test_channel_flow_pauses_and_resumes_deliveries(client: RawClient, queue: str) -> None:
-    """Warren implements channel.flow(active=false) (RabbitMQ 3.10 refuses it with 540)."""
-    ok = client.call(1, commands.Channel.Flow(active=False), commands.Channel.FlowOk)
-    assert ok.active is False
+def test_channel_flow_active_false_is_refused(client: RawClient, queue: str) -> None:
+    """RabbitMQ 4.3 refuses it as a connection error (rabbit_channel.erl, handle_method
+    channel.flow: protocol_error(not_implemented, "active=false")); 3.10 does the same."""
     client.consume(1, queue, "c", no_ack=True)
-    fill(client, queue, 2)
-    client.assert_silent(0.3)
-    ok = client.call(1, commands.Channel.Flow(active=True), commands.Channel.FlowOk)
-    assert ok.active is True
-    assert [client.read_delivery(1).body for _ in range(2)] == [b"0", b"1"]
+    client.send_method(1, commands.Channel.Flow(active=False))
+    assert client.expect_close(wait_eof=True) == (
+        540,
+        "NOT_IMPLEMENTED - active=false",
+        20,
+        20,
+    )

@@ -13,7 +13,8 @@ from warren.broker.management import auth, operations
 from warren.broker.management.app import Ctx, Router, created, no_content, reply, reply_list
 from warren.broker.management.errors import ApiError, bad_request, not_found
 from warren.broker.management.formats import exchange_json, properties_from_json
-from warren.broker.message import Message
+from warren.broker.message import Message, routing_headers
+from warren.broker.queue import fan_out
 from warren.protocol.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
 from warren.protocol.errors import AMQPError, ChannelError
 from warren.protocol.properties import decode_field, split_properties
@@ -125,6 +126,9 @@ def publish(ctx: Ctx) -> web.StreamResponse:
                 ACCESS_REFUSED,
                 f"cannot publish to internal exchange '{name}' in vhost '{vhost.name}'",
             )
+        sender_keys = None
+        if properties.find(b"CC") >= 0:  # CC or BCC headers route too, as over AMQP
+            properties, sender_keys = routing_headers(properties)
         ttl = _ttl(ctx, properties)
     except AMQPError as exc:
         raise _publish_error(exc) from None
@@ -132,6 +136,7 @@ def publish(ctx: Ctx) -> web.StreamResponse:
     if name == "" and routing_key.startswith(REPLY_TO_PREFIX):
         return reply(ctx, {"routed": False})  # replies need an AMQP channel to reach
     msg = Message(name, routing_key, properties, data)
+    msg.sender_keys = sender_keys
     # x-delayed-message: held, so no queue now (the plugin's route/3), as over AMQP
     delay = exchange.delay(msg) if exchange.delays else 0
     queues = [] if delay else vhost.route(exchange, msg)
@@ -142,10 +147,7 @@ def publish(ctx: Ctx) -> web.StreamResponse:
         stats.confirmed += 1
         return reply(ctx, {"routed": False})
     stats.routed += 1
-    accepted = True
-    for i, queue in enumerate(queues):
-        accepted = queue.publish(msg if i == 0 else msg.copy(), ttl) and accepted
-    if not accepted:  # a queue at its limit with overflow reject-publish: a nack
+    if fan_out(queues, msg, ttl) < len(queues):  # a queue refused it (reject-publish): a nack
         raise bad_request("rejected Unable to publish message. Check queue limits.")
     stats.confirmed += 1
     return reply(ctx, {"routed": True})

@@ -54,11 +54,13 @@ class _Writer(threading.Thread):
         loop: asyncio.AbstractEventLoop,
         synced: Callable[[int], None],
         sync: bool,
+        failed: Callable[[BaseException], None],
     ) -> None:
         super().__init__(name="warren-store-writer", daemon=True)
         self.directory = directory
         self.loop = loop
         self.synced = synced
+        self.failed = failed
         self.sync = sync
         self.jobs: queue.SimpleQueue[tuple[str, int, Any, int]] = queue.SimpleQueue()
         self.files: dict[int, Any] = {}
@@ -76,6 +78,8 @@ class _Writer(threading.Thread):
             self._run()
         except BaseException as exc:  # surfaced by the store on the loop
             self.error = exc
+            with contextlib.suppress(RuntimeError):  # the loop may be closed already
+                self.loop.call_soon_threadsafe(self.failed, exc)
 
     def _run(self) -> None:
         while True:
@@ -93,7 +97,7 @@ class _Writer(threading.Thread):
             stop = False
             for kind, segment, data, batch in jobs:
                 if kind == "write":
-                    self._file(segment).write(data)
+                    _write_all(self._file(segment), data)
                     written.add(segment)
                     last_batch = max(last_batch, batch)
                 elif kind == "external":  # [(file, bytes, close once synced)]
@@ -136,6 +140,13 @@ class _Writer(threading.Thread):
                 return
 
 
+def _write_all(handle: Any, data: bytes) -> None:
+    """An unbuffered write may take only part of the data (a file size limit, a signal)."""
+    view = memoryview(data)
+    while view:
+        view = view[handle.write(view) :]
+
+
 class MessageStore:
     def __init__(
         self, directory: str, log: Any, *, segment_size: int = SEGMENT_SIZE, sync: bool = True
@@ -160,7 +171,7 @@ class MessageStore:
         self._writer: _Writer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._compacting: dict[int, int] = {}  # segment being compacted -> batch of its copies
-        self._after_sync: deque[tuple[int, Callable[[], None]]] = deque()  # (batch, callback)
+        self._after_sync: deque[tuple[int, Callable[[bool], None]]] = deque()  # (batch, callback)
         # paging bodies out: messages waiting for their record to be written, in log order
         self.page_limit: int | None = PAGE_LIMIT  # None: bodies always stay in memory
         self._to_page: deque[Message] = deque()
@@ -170,6 +181,9 @@ class MessageStore:
         # other logs (streams, broker/stream.py) writing through this writer and its batches
         self._external: list[Any] = []  # with data for the open batch
         self.external_logs: set[Any] = set()  # told of every synced batch
+        # the writer thread's failure: nothing is written any more, confirms are nacked
+        self.error: BaseException | None = None
+        self.on_failure: Callable[[BaseException], None] | None = None  # the broker's alarm
 
     # ---- start-up ----
 
@@ -261,7 +275,9 @@ class MessageStore:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._writer = _Writer(self.directory, loop, self._on_synced, self.sync)
+        self._writer = _Writer(
+            self.directory, loop, self._on_synced, self.sync, self._writer_failed
+        )
         self._writer.start()
         self._collect_garbage()  # what recovery found dead goes now that the writer runs
 
@@ -282,7 +298,12 @@ class MessageStore:
         if (not self._buffer and not self._external) or writer is None:
             return  # records made after close() are lost, as in a crash at that moment
         if writer.error is not None:
-            raise RuntimeError(f"message store writer failed: {writer.error!r}")
+            # nothing is written any more; _writer_failed told those who wait
+            self._buffer.clear()
+            for log in self._external:
+                log.take_chunk(self.open_batch)  # lost, as in a crash at this moment
+            self._external.clear()
+            return
         if self._external:
             external = [log.take_chunk(self.open_batch) for log in self._external]
             self._external.clear()
@@ -374,14 +395,18 @@ class MessageStore:
 
     # ---- group commit ----
 
-    def after_sync(self, callback: Callable[[], None]) -> None:
-        """Call back once what has been appended so far is on disk (tx.commit-ok).
+    def after_sync(self, callback: Callable[[bool], None]) -> None:
+        """Call back once what has been appended so far is on disk (tx.commit-ok), with
+        True; with False if it never will be (the writer failed).
 
         Callbacks run in the order they were registered.
         """
+        if self.error is not None:
+            callback(False)
+            return
         batch = self.open_batch if self._buffer or self._external else self.open_batch - 1
         if batch <= self.synced_batch and not self._after_sync:
-            callback()
+            callback(True)
         else:
             self._after_sync.append((batch, callback))
 
@@ -398,7 +423,7 @@ class MessageStore:
                 channel.store_synced(batch)
         after = self._after_sync
         while after and after[0][0] <= batch:
-            after.popleft()[1]()
+            after.popleft()[1](True)
         ends = self._batch_ends
         if ends and ends[0][0] <= batch:
             while ends and ends[0][0] <= batch:
@@ -412,6 +437,26 @@ class MessageStore:
                     self._drop_segment(segment)
             if not self._compacting:
                 self._collect_garbage()  # the dead segments it held up go at once
+
+    def _writer_failed(self, error: BaseException) -> None:
+        """The writer thread died: what waits for the disk is told now, never later."""
+        if self.error is not None:
+            return
+        self.error = error
+        self.log.error(
+            "message store writer failed: persistent messages are no longer written",
+            error=f"{error.__class__.__name__}: {error}",
+            directory=self.directory,
+        )
+        waiters = list(self.waiters)
+        self.waiters.clear()
+        for channel in waiters:
+            channel.store_failed()
+        after, self._after_sync = self._after_sync, deque()
+        for _, callback in after:
+            callback(False)
+        if self.on_failure is not None:
+            self.on_failure(error)
 
     # ---- paging bodies out of memory ----
 
