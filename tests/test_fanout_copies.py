@@ -50,13 +50,13 @@ def body_of(ch: BlockingChannel, queue: str) -> bytes | None:
 def queues(ch: BlockingChannel, name: str, dying: dict[str, Any]) -> tuple[str, list[str], str]:
     """A dying queue (dead-lettering into ``<name>.dlq``), two plain queues and the DLQ."""
     dlq = f"{name}.dlq"
-    ch.queue_declare(dlq, auto_delete=True)
+    ch.queue_declare(dlq, durable=True, auto_delete=True)
     args = {**dying, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq}
     first = f"{name}.dies"
-    ch.queue_declare(first, auto_delete=True, arguments=args)
+    ch.queue_declare(first, durable=True, auto_delete=True, arguments=args)
     others = [f"{name}.a", f"{name}.b"]
     for other in others:
-        ch.queue_declare(other, auto_delete=True)
+        ch.queue_declare(other, durable=True, auto_delete=True)
     return first, others, dlq
 
 
@@ -97,7 +97,10 @@ def test_dead_letter_fanout_keeps_body(channel: BlockingChannel, name: str) -> N
         channel.queue_bind(queue, dlx)
     source = f"{name}.source"
     channel.queue_declare(
-        source, auto_delete=True, arguments={"x-message-ttl": 0, "x-dead-letter-exchange": dlx}
+        source,
+        durable=True,
+        auto_delete=True,
+        arguments={"x-message-ttl": 0, "x-dead-letter-exchange": dlx},
     )
     channel.basic_publish("", source, BODY)
     assert [body_of(channel, q) for q in others] == [BODY, BODY]
@@ -111,7 +114,7 @@ def test_firehose_copies_keep_body(tmp_path: Path) -> None:
         first, others, dlq = queues(ch, "fh", DYING["ttl-0"])
         for queue in (first, *others):
             ch.queue_bind(queue, "amq.rabbitmq.trace", "publish.#")
-        ch.queue_declare("work")
+        ch.queue_declare("work", durable=True)
         ch.basic_publish("", "work", BODY)
         assert [body_of(ch, q) for q in others] == [BODY, BODY]
         assert body_of(ch, dlq) == BODY

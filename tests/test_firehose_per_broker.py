@@ -59,9 +59,9 @@ def hold() -> Iterator[_HoldOnChannelError]:
 def traced_sink(url: str) -> tuple[pika.BlockingConnection, str]:
     conn = pika.BlockingConnection(pika.URLParameters(url))
     ch = conn.channel()
-    ch.queue_declare("sink")
+    ch.queue_declare("sink", durable=True)
     ch.queue_bind("sink", "amq.rabbitmq.trace", "publish.#")
-    ch.queue_declare("work")
+    ch.queue_declare("work", durable=True)
     return conn, "sink"
 
 

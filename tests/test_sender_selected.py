@@ -38,7 +38,7 @@ def channel(conn: pika.BlockingConnection) -> BlockingChannel:
 def declare(ch: BlockingChannel, name: str, *suffixes: str, **arguments: Any) -> list[str]:
     names = [f"{name}.{s}" for s in suffixes]
     for queue in names:
-        ch.queue_declare(queue, auto_delete=True, arguments=arguments or None)
+        ch.queue_declare(queue, durable=True, auto_delete=True, arguments=arguments or None)
     return names
 
 
@@ -231,7 +231,7 @@ def test_firehose_names_every_routing_key(tmp_path: Path) -> None:
     with run_broker(trace_enabled=True, trace_dir=str(tmp_path / "trace")) as broker:
         conn = pika.BlockingConnection(pika.URLParameters(broker.url))
         ch = conn.channel()
-        ch.queue_declare("sink")
+        ch.queue_declare("sink", durable=True)
         ch.queue_bind("sink", "amq.rabbitmq.trace", "publish.#")
         ch.basic_publish("", "rk", b"m", headers(cc=["c1", "c2"], bcc=["b1"]))
         _, props = wait_one(ch, "sink")
