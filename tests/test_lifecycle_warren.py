@@ -224,7 +224,7 @@ def test_settled_messages_are_not_kept_for_their_ttl(
     ("arguments", "arg", "value"),
     [
         ({"x-overflow": "drop-tail"}, "x-overflow", "drop-tail"),
-        ({"x-queue-type": "stream"}, "x-queue-type", "stream"),
+        ({"x-queue-type": "bogus"}, "x-queue-type", "bogus"),
         ({"x-delayed-retry-type": "sometimes"}, "x-delayed-retry-type", "sometimes"),
         ({"x-delayed-retry-schedule": "10s,soon"}, "x-delayed-retry-schedule", "soon"),
         ({"x-delayed-retry-schedule": 10}, "x-delayed-retry-schedule", "expected a string"),
