@@ -20,7 +20,7 @@ from warren.broker.consumer import Consumer
 from warren.broker.exchange import Exchange
 from warren.broker.message import Message, routing_headers
 from warren.broker.queue import fan_out
-from warren.broker.stats import ChannelStats
+from warren.broker.stats import ChannelStats, size_bucket
 from warren.broker.stream import check_consume
 from warren.protocol.connection import Content
 from warren.protocol.constants import (
@@ -283,7 +283,11 @@ class Channel:
         method = content.method
         if method.immediate:
             raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true", 60, 40)
-        self.stats.received += 1
+        stats = self.stats
+        stats.received += 1
+        size = len(content.body)
+        stats.size_buckets[size_bucket(size)] += 1  # rabbitmq_message_size_bytes
+        stats.size_sum += size
         self.allow("write", "exchange", method.exchange or "amq.default")
         exchange = self.vhost.exchanges.get(method.exchange)
         if exchange is None:

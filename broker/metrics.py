@@ -32,6 +32,7 @@ from aiohttp import web
 from warren.broker.alarms import resident_memory
 from warren.broker.management.formats import channel_name, connection_name
 from warren.broker.management.overview import API_VERSION
+from warren.broker.stats import SIZE_BOUNDS, ChannelStats
 
 if TYPE_CHECKING:
     from warren.broker.channel import Channel
@@ -813,6 +814,21 @@ def _globals(
         "rabbitmq_global_consumers", "gauge", "Current number of consumers", [(PROTOCOL, consumers)]
     )
     _dead_letters(mgmt, out, queues, totals.consumer_timeouts)
+    _message_sizes(out, totals)
+
+
+def _message_sizes(out: Exposition, totals: ChannelStats) -> None:
+    """rabbitmq_message_size_bytes: a cumulative histogram, as Prometheus' buckets are."""
+    name = "rabbitmq_message_size_bytes"
+    out.lines.append(f"# HELP {name} Size of messages received from publishers")
+    out.lines.append(f"# TYPE {name} histogram")
+    cumulative = 0
+    for bound, count in zip((*SIZE_BOUNDS, "+Inf"), totals.size_buckets, strict=True):
+        cumulative += count
+        labels = _labels({**PROTOCOL, "le": str(bound)})
+        out.lines.append(f"{name}_bucket{labels} {cumulative}")
+    out.lines.append(f"{name}_sum{_labels(PROTOCOL)} {totals.size_sum}")
+    out.lines.append(f"{name}_count{_labels(PROTOCOL)} {cumulative}")
 
 
 def _dead_letters(

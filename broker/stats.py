@@ -23,6 +23,27 @@ CHANNEL_COUNTERS = (
 )
 
 
+# rabbitmq_message_size_bytes' bucket bounds (RabbitMQ 4.x rabbit_msg_size_metrics.erl);
+# the last bucket is +Inf
+SIZE_BOUNDS = (100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000, 50_000_000, 100_000_000)
+# a size's bucket from its bit length, one comparison away from exact (see size_bucket)
+_BY_BITS = tuple(
+    next((i for i, bound in enumerate(SIZE_BOUNDS) if (1 << bits) - 1 <= bound), len(SIZE_BOUNDS))
+    if bits
+    else 0
+    for bits in range(64)
+)
+
+
+def size_bucket(size: int) -> int:
+    """The histogram bucket of a message of ``size`` octets: a table lookup by bit length
+    gives the highest bucket its bit length can reach; one comparison steps down."""
+    bucket = _BY_BITS[size.bit_length()]
+    if bucket and size <= SIZE_BOUNDS[bucket - 1]:
+        bucket -= 1
+    return bucket
+
+
 class ChannelStats:
     """One channel's cumulative message counters (Prometheus' rabbitmq_channel_*_total).
 
@@ -30,7 +51,7 @@ class ChannelStats:
     per message, and per-channel samples for free. A closing channel adds its counts to
     the broker's BrokerStats, so the node's totals never go down."""
 
-    __slots__ = CHANNEL_COUNTERS
+    __slots__ = (*CHANNEL_COUNTERS, "size_buckets", "size_sum")
 
     acked: int
     confirmed: int
@@ -50,6 +71,9 @@ class ChannelStats:
     def __init__(self) -> None:
         for name in CHANNEL_COUNTERS:
             setattr(self, name, 0)
+        # rabbitmq_message_size_bytes: published messages by body size, and the sizes' sum
+        self.size_buckets = [0] * (len(SIZE_BOUNDS) + 1)
+        self.size_sum = 0
 
     @property
     def delivered(self) -> int:
@@ -64,6 +88,9 @@ class ChannelStats:
     def add(self, other: ChannelStats) -> None:
         for name in CHANNEL_COUNTERS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        mine, theirs = self.size_buckets, other.size_buckets
+        self.size_buckets = [a + b for a, b in zip(mine, theirs, strict=True)]
+        self.size_sum += other.size_sum
 
 
 class BrokerStats(ChannelStats):
