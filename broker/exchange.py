@@ -265,7 +265,7 @@ def topic_matches(pattern: str, routing_key: str) -> bool:
     return len(words) in states
 
 
-_NO_CHILDREN: dict[str, _Node] = {}  # shared by every leaf, never written to
+_NO_CHILDREN: dict[str, _Node] = {}  # shared by every node without literal children
 
 
 class _Node:
@@ -274,11 +274,19 @@ class _Node:
     __slots__ = ("children", "dests", "hash", "is_hash", "star")
 
     def __init__(self, is_hash: bool) -> None:
-        self.children = _NO_CHILDREN  # word ('*' and '#' included) -> node
-        self.star: _Node | None = None  # children['*'] and children['#'], read per message
+        # kept apart so that a leaf under '#' (``user.<i>.#``) has no dictionary of its own
+        self.children = _NO_CHILDREN  # literal word -> node
+        self.star: _Node | None = None
         self.hash: _Node | None = None
         self.is_hash = is_hash  # reached by '#': takes any number of words
         self.dests: Destinations | None = None  # bindings whose key ends here
+
+    def child(self, word: str) -> _Node | None:
+        if word == "*":
+            return self.star
+        if word == "#":
+            return self.hash
+        return self.children.get(word)
 
 
 class TopicTrie:
@@ -297,16 +305,17 @@ class TopicTrie:
     def add(self, pattern: str, destination: Any) -> None:
         node = self.root
         for word in _words(pattern):
-            child = node.children.get(word)
+            child = node.child(word)
             if child is None:
                 child = _Node(word == "#")
-                if node.children is _NO_CHILDREN:
-                    node.children = {}
-                node.children[word] = child
                 if word == "*":
                     node.star = child
                 elif word == "#":
                     node.hash = child
+                else:
+                    if node.children is _NO_CHILDREN:
+                        node.children = {}
+                    node.children[word] = child
             node = child
         if node.dests is None:
             node.dests = Destinations()
@@ -316,7 +325,9 @@ class TopicTrie:
         words = _words(pattern)
         path = [self.root]
         for word in words:
-            path.append(path[-1].children[word])
+            child = path[-1].child(word)
+            assert child is not None
+            path.append(child)
         node = path[-1]
         assert node.dests is not None
         node.dests.remove(destination)
@@ -325,14 +336,21 @@ class TopicTrie:
         # prune the nodes that lead nowhere any more, from the leaf up
         for depth in range(len(words), 0, -1):
             node = path[depth]
-            if node.dests is not None or node.children:
+            if node.dests is not None or node.children or node.star or node.hash:
                 break
             parent, word = path[depth - 1], words[depth - 1]
-            del parent.children[word]
             if word == "*":
                 parent.star = None
             elif word == "#":
                 parent.hash = None
+            else:
+                del parent.children[word]
+                if not parent.children:
+                    parent.children = _NO_CHILDREN
+
+    def empty(self) -> bool:
+        root = self.root
+        return not (root.children or root.star or root.hash or root.dests)
 
     def match(self, routing_key: str) -> list[Any]:
         reached: dict[_Node, None] = {}
