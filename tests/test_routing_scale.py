@@ -5,9 +5,14 @@ exchanges with thousands of keys, exchange-to-exchange chains to thousands of qu
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pika
 import pika.adapters.blocking_connection
@@ -34,6 +39,8 @@ from warren.broker.exchange import (
     TopicExchange,
     TopicTrie,
 )
+
+CURVE = Path(__file__).resolve().parent / "benchmarks" / "routing_curve.py"
 
 # -- the trie against a regular expression (hypothesis) ------------------------------------
 
@@ -439,3 +446,43 @@ def test_fanout_chain_to_many_queues_costs_in_proportion(
         c.declare_queue(1, qs[0], passive=False)
         c.delete_queue(1, qs[0])
         c.close()
+
+
+# -- the benchmark script itself ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["topic", "direct", "headers"])
+def test_routing_curve_script_reports_each_point(amqp_url: str, kind: str, tmp_path: Path) -> None:
+    """routing_curve.py (make bench-compare) against the test broker as both brokers: a
+    row per point with both rates, and the exchanges and queues it made are gone after."""
+    out = tmp_path / "rows.json"
+    result = subprocess.run(
+        [
+            sys.executable, str(CURVE), "--warren-url", amqp_url, "--rabbit-url", amqp_url,
+            "--kind", kind, "--bindings", "10,200", "--time", "0.2", "--runs", "1",
+            "--warren-pid", str(os.getpid()), "--json", str(out),
+        ],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out.read_text())
+    assert [r["bindings"] for r in rows] == [10, 200]
+    assert all(r["warren"] > 0 and r["rabbit"] > 0 for r in rows)
+    assert "| 200 |" in result.stdout
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        ch = conn.channel()
+        for broker in ("warren", "rabbit"):
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker):
+                ch.exchange_declare(
+                    f"routing-curve.{kind}.200.{broker}.{rows[0]['pid']}", passive=True
+                )
+            ch = conn.channel()
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker):
+                ch.queue_declare(
+                    f"routing-curve.{kind}.200.{broker}.{rows[0]['pid']}.q0", passive=True
+                )
+            ch = conn.channel()
+    finally:
+        if conn.is_open:
+            conn.close()
