@@ -155,19 +155,19 @@ def confirmed_upto(c: RawClient, buf: bytearray, upto: int) -> int:
     return upto
 
 
-def publish_rate(c: RawClient, batches: list[bytes], seconds: float) -> float:
-    """Publish round the pool for ``seconds``; confirmed messages per second (NaN if the
-    broker stopped reading or confirming for a minute: the run is reported as stalled)."""
+def publish(c: RawClient, batches: list[bytes], seconds: float) -> tuple[int, float]:
+    """Publish round the pool for ``seconds``: (messages confirmed, seconds until the last
+    confirm); NaN seconds if the broker stopped reading or confirming for a minute."""
     c.sock.settimeout(60)
     try:
-        return _publish_rate(c, batches, seconds)
+        return _publish(c, batches, seconds)
     except TimeoutError:
-        return float("nan")
+        return 0, float("nan")
     finally:
         c.sock.settimeout(c.timeout)
 
 
-def _publish_rate(c: RawClient, batches: list[bytes], seconds: float) -> float:
+def _publish(c: RawClient, batches: list[bytes], seconds: float) -> tuple[int, float]:
     sent = done = 0
     buf = bytearray()
     start = time.perf_counter()
@@ -185,7 +185,7 @@ def _publish_rate(c: RawClient, batches: list[bytes], seconds: float) -> float:
         done = confirmed_upto(c, buf, done)
     c.publish_seq[1] += sent
     c.settled[1] = {}
-    return sent / (time.perf_counter() - start)
+    return sent, time.perf_counter() - start
 
 
 def cpu_seconds(pid: int | None) -> float:
@@ -216,10 +216,11 @@ def curve(args: argparse.Namespace) -> list[dict[str, Any]]:
         for run in range(args.runs):
             for name in ("warren", "rabbit") if run % 2 == 0 else ("rabbit", "warren"):
                 before = cpu_seconds(pids[name])
-                rate = publish_rate(brokers[name], pools[name], args.time)
+                count, elapsed = publish(brokers[name], pools[name], args.time)
                 used = cpu_seconds(pids[name]) - before
+                rate = count / elapsed
                 rates[name].append(rate)
-                cpu[name].append(used * 1e6 / (rate * args.time))
+                cpu[name].append(used * 1e6 / count if count else float("nan"))
                 print(f"  {args.kind} {n:>7,} {name:<6} run {run}: {rate:,.0f} msg/s, "
                       f"{cpu[name][-1]:.1f} us CPU/msg", file=sys.stderr, flush=True)  # fmt: skip
         for name, c in brokers.items():
