@@ -168,7 +168,8 @@ def publish(c: RawClient, batches: list[bytes], seconds: float) -> tuple[int, fl
 
 
 def _publish(c: RawClient, batches: list[bytes], seconds: float) -> tuple[int, float]:
-    sent = done = 0
+    # sequence numbers go on across runs on the channel, and so do the acks' delivery tags
+    base = sent = done = c.publish_seq[1]
     buf = bytearray()
     start = time.perf_counter()
     deadline = start + seconds
@@ -183,9 +184,10 @@ def _publish(c: RawClient, batches: list[bytes], seconds: float) -> tuple[int, f
             done = confirmed_upto(c, buf, done)
     while done < sent:
         done = confirmed_upto(c, buf, done)
-    c.publish_seq[1] += sent
+    assert done == sent, f"acks up to {done}, {sent} published"
+    c.publish_seq[1] = sent
     c.settled[1] = {}
-    return sent, time.perf_counter() - start
+    return sent - base, time.perf_counter() - start
 
 
 def cpu_seconds(pid: int | None) -> float:
