@@ -62,7 +62,8 @@ conformance: $(STAMP)
 crash-test: $(STAMP)
 	WARREN_CRASH_ROUNDS=100 $(BIN)/pytest -q tests/test_durability.py -k kill_9
 
-# amqp-perf against Warren and a second broker, side by side, S1-S10 (see README "Performance")
+# amqp-perf against Warren and a second broker, side by side, S1-S10 (see README "Performance"),
+# then the routing curve, 100 to 100,000 topic bindings (docs/performance-routing.md)
 bench-compare: $(STAMP)
 	PYTHON=$(BIN)/python tests/benchmarks/compare.sh
 

@@ -241,7 +241,7 @@ class VirtualHost:
         exchange.bindings.clear()
         exchange._bindings_changed()
         for other in list(self.exchanges.values()):
-            if any(b.destination is exchange for b in other.bindings.values()):
+            if other.binds_to(exchange):
                 other.unbind_destination(exchange)
                 self._maybe_auto_delete(other)
 
@@ -365,7 +365,7 @@ class VirtualHost:
         if self.persistence is not None:
             self.persistence.queue_deleted(self.name, queue)
         for exchange in list(self.exchanges.values()):
-            if any(b.destination is queue for b in exchange.bindings.values()):
+            if exchange.binds_to(queue):
                 exchange.unbind_destination(queue)
                 self._maybe_auto_delete(exchange)
         queue.close()
@@ -449,12 +449,12 @@ class VirtualHost:
                 dests or not exchange.alternate_exchange
             ):
                 return dests
-        queues: list[Queue] = []
+        queues: dict[int, Queue] = {}  # by identity, in order: each queue once
         self._route_into(exchange, msg, queues, {id(exchange)})
-        return queues
+        return list(queues.values())
 
     def _route_into(
-        self, exchange: Exchange, msg: Message, queues: list[Queue], seen: set[int]
+        self, exchange: Exchange, msg: Message, queues: dict[int, Queue], seen: set[int]
     ) -> None:
         """Depth first through exchange-to-exchange bindings and alternate exchanges.
 
@@ -480,8 +480,8 @@ class VirtualHost:
                         seen.add(id(dest))
                         stack.append((dest, len(queues), iter(route(dest))))
                         break  # back to this exchange's iterator once ``dest`` is done
-                elif dest not in queues:
-                    queues.append(dest)
+                elif id(dest) not in queues:
+                    queues[id(dest)] = dest
             else:
                 stack.pop()
                 if len(queues) == before and current.alternate_exchange is not None:

@@ -16,6 +16,9 @@
 #   RABBIT_S10_URL, RABBIT_S10_PID   a RabbitMQ for S10 (default RABBIT_URL/RABBIT_PID): it
 #                            needs a file limit above 10,000; Debian's service gets 1,024
 #   S10_CONNECTIONS=10000    S9_MESSAGES=1000000
+#   ROUTING=1                also the routing curve (routing_curve.py): a topic exchange with
+#                            ROUTING_BINDINGS=100,1000,10000,100000 bindings, ROUTING_RUNS=2
+#                            runs of ROUTING_TIME=3 s per broker and point
 #
 # Each scenario runs RUNS times per broker, alternating brokers run by run (who goes first
 # also alternates), so drift and noise hit both. The table shows medians and the ratio
@@ -36,6 +39,10 @@ RABBIT_S10_PID=${RABBIT_S10_PID:-$RABBIT_PID}
 S10_CONNECTIONS=${S10_CONNECTIONS:-10000}
 S9_MESSAGES=${S9_MESSAGES:-1000000}
 OUT_DIR=${OUT_DIR:-$(mktemp -d /tmp/warren-compare.XXXXXX)}
+ROUTING=${ROUTING:-1}
+ROUTING_BINDINGS=${ROUTING_BINDINGS:-100,1000,10000,100000}
+ROUTING_RUNS=${ROUTING_RUNS:-2}
+ROUTING_TIME=${ROUTING_TIME:-3}
 
 if [[ ! -x $AMQP_PERF ]]; then
     cat >&2 <<EOF
@@ -168,3 +175,12 @@ for name, flags, field in rows:
     ratio = f"{w / r:.2f}" if w is not None and r else "n/a"
     print(f"| {name} `{flags}` | {field} | {cell(w, wbad)} | {cell(r, rbad)} | {ratio} |")
 ' "$OUT_DIR"
+
+# routing cost against the number of bindings (issue 24): its own table, after the one above
+if [[ $ROUTING == 1 ]]; then
+    echo "[$(date +%T)] routing curve: routing_curve.py --bindings $ROUTING_BINDINGS" >&2
+    echo
+    "$PYTHON" "$(dirname "$0")/routing_curve.py" --warren-url "$WARREN_URL" --rabbit-url "$RABBIT_URL" \
+        --bindings "$ROUTING_BINDINGS" --runs "$ROUTING_RUNS" --time "$ROUTING_TIME" \
+        --json "$OUT_DIR/routing-curve.json" || echo "routing curve failed" >&2
+fi
