@@ -812,7 +812,8 @@ class Channel:
             server_named=server_named,
             connection=self.conn,
             passive=method.passive,
-            durable=method.durable,
+            # RabbitMQ makes an exclusive queue transient (rabbit_channel, queue.declare)
+            durable=method.durable and not method.exclusive,
             exclusive=method.exclusive,
             auto_delete=method.auto_delete,
             arguments=method.arguments or {},

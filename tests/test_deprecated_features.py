@@ -474,3 +474,15 @@ def test_classic_arguments_on_a_quorum_queue_are_refused(
             50,
             10,
         )
+
+
+def test_an_exclusive_queue_declared_durable_is_transient(default: RunningBroker, name: str) -> None:
+    """rabbit_channel handle_method queue.declare (v4.3.5): Durable = DurableDeclare andalso
+    not ExclusiveDeclare; 3.10 does the same. A redeclare with durable=true still matches."""
+    conn = pika.BlockingConnection(pika.URLParameters(default.url))
+    ch = conn.channel()
+    ch.queue_declare(name, durable=True, exclusive=True)
+    ch.queue_declare(name, durable=True, exclusive=True)  # equivalent: the same coercion
+    ch.queue_declare(name, durable=False, exclusive=True)
+    assert api(default).ok("GET", f"/api/queues/%2F/{name}")["durable"] is False
+    conn.close()
