@@ -20,7 +20,7 @@ from warren.broker.consumer import Consumer
 from warren.broker.exchange import Exchange
 from warren.broker.message import Message, routing_headers
 from warren.broker.queue import fan_out
-from warren.broker.stats import ChannelStats, size_bucket
+from warren.broker.stats import SIZE_BOUNDS, SIZE_BUCKET_BY_BITS, ChannelStats
 from warren.broker.stream import check_consume
 from warren.protocol.connection import Content
 from warren.protocol.constants import (
@@ -286,7 +286,11 @@ class Channel:
         stats = self.stats
         stats.received += 1
         size = len(content.body)
-        stats.size_buckets[size_bucket(size)] += 1  # rabbitmq_message_size_bytes
+        # rabbitmq_message_size_bytes' bucket: by bit length, then one step down if it fits
+        bucket = SIZE_BUCKET_BY_BITS[size.bit_length()]
+        if bucket and size <= SIZE_BOUNDS[bucket - 1]:
+            bucket -= 1
+        stats.size_buckets[bucket] += 1
         stats.size_sum += size
         self.allow("write", "exchange", method.exchange or "amq.default")
         exchange = self.vhost.exchanges.get(method.exchange)
@@ -385,7 +389,10 @@ class Channel:
         accepted = True
         if queues:
             self.stats.routed += 1
-            accepted = fan_out(queues, msg, ttl) == len(queues)
+            if len(queues) == 1:  # the usual case, without fan_out's call (hot path)
+                accepted = queues[0].publish(msg, ttl)
+            else:
+                accepted = fan_out(queues, msg, ttl) == len(queues)
         elif mandatory:
             self.stats.unroutable_returned += 1
             self.conn.write(return_frame(self.id, NO_ROUTE, "NO_ROUTE", msg.ex_rk))

@@ -189,7 +189,7 @@ class Connection:
         proto = self.protocol
         budget = PUBLISH_EVENTS_PER_TURN if self.publisher else EVENTS_PER_TURN
         flow = self.flow
-        while not self.closed and not flow.stopped:
+        while not self.closed and flow.reasons <= TURN:  # flow.stopped, inlined (hot path)
             try:
                 event = proto.next_event()
                 if not self.publisher and proto.content_seen:

@@ -26,22 +26,14 @@ CHANNEL_COUNTERS = (
 # rabbitmq_message_size_bytes' bucket bounds (RabbitMQ 4.x rabbit_msg_size_metrics.erl);
 # the last bucket is +Inf
 SIZE_BOUNDS = (100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000, 50_000_000, 100_000_000)
-# a size's bucket from its bit length, one comparison away from exact (see size_bucket)
-_BY_BITS = tuple(
+# a size's bucket by its bit length: the highest bucket that bit length can reach, one
+# comparison (size <= the bound below it) away from exact (Channel.on_content)
+SIZE_BUCKET_BY_BITS = tuple(
     next((i for i, bound in enumerate(SIZE_BOUNDS) if (1 << bits) - 1 <= bound), len(SIZE_BOUNDS))
     if bits
     else 0
     for bits in range(64)
 )
-
-
-def size_bucket(size: int) -> int:
-    """The histogram bucket of a message of ``size`` octets: a table lookup by bit length
-    gives the highest bucket its bit length can reach; one comparison steps down."""
-    bucket = _BY_BITS[size.bit_length()]
-    if bucket and size <= SIZE_BOUNDS[bucket - 1]:
-        bucket -= 1
-    return bucket
 
 
 class ChannelStats:

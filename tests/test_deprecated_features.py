@@ -476,7 +476,9 @@ def test_classic_arguments_on_a_quorum_queue_are_refused(
         )
 
 
-def test_an_exclusive_queue_declared_durable_is_transient(default: RunningBroker, name: str) -> None:
+def test_an_exclusive_queue_declared_durable_is_transient(
+    default: RunningBroker, name: str
+) -> None:
     """rabbit_channel handle_method queue.declare (v4.3.5): Durable = DurableDeclare andalso
     not ExclusiveDeclare; 3.10 does the same. A redeclare with durable=true still matches."""
     conn = pika.BlockingConnection(pika.URLParameters(default.url))

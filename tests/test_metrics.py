@@ -504,7 +504,7 @@ def test_message_sizes_are_a_histogram_with_rabbitmqs_buckets(warren: RunningBro
     conn = pika.BlockingConnection(pika.URLParameters(warren.url))
     ch = conn.channel()
     ch.confirm_delivery()
-    for size in (0, 100, 101, 5_000, 200_000):
+    for size in (0, 100, 101, 5_000, 200_000, 1_000, 1_024, 65_536):
         ch.basic_publish("", "nowhere", b"x" * size)
     conn.close()
     after, text = scrape(warren)
@@ -512,8 +512,10 @@ def test_message_sizes_are_a_histogram_with_rabbitmqs_buckets(warren: RunningBro
     name = 'rabbitmq_message_size_bytes_bucket{protocol="amqp091",le="%s"}'
     grew = {le: after[name % le] - before.get(name % le, 0) for le in
             ("100", "1000", "10000", "100000", "1000000", "+Inf")}  # fmt: skip
-    assert grew == {"100": 2, "1000": 3, "10000": 4, "100000": 4, "1000000": 5, "+Inf": 5}
+    assert grew == {"100": 2, "1000": 4, "10000": 6, "100000": 7, "1000000": 8, "+Inf": 8}
     count = 'rabbitmq_message_size_bytes_count{protocol="amqp091"}'
     total = 'rabbitmq_message_size_bytes_sum{protocol="amqp091"}'
-    assert after[count] - before.get(count, 0) == 5
-    assert after[total] - before.get(total, 0) == 0 + 100 + 101 + 5_000 + 200_000
+    assert after[count] - before.get(count, 0) == 8
+    assert (
+        after[total] - before.get(total, 0) == 100 + 101 + 5_000 + 200_000 + 1_000 + 1_024 + 65_536
+    )

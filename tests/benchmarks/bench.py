@@ -506,7 +506,7 @@ def consumer_main(idx: int, slot: int, cfg: dict[str, Any], shared: Shared) -> N
 def setup_queue(cfg: dict[str, Any]) -> int:
     conn = Conn(parse_url(cfg["url"]), "setup")
     try:
-        conn.rpc(commands.Queue.Declare(queue=cfg["queue"]), commands.Queue.DeclareOk)
+        conn.rpc(commands.Queue.Declare(queue=cfg["queue"], durable=True), commands.Queue.DeclareOk)
         purged = conn.rpc(commands.Queue.Purge(queue=cfg["queue"]), commands.Queue.PurgeOk)
         return int(purged.message_count)
     finally:

@@ -119,7 +119,7 @@ def hold_pending(url: str, count: int) -> float:
 def plain_traffic(url: str, count: int = 20_000) -> float:
     conn = connect(url)
     ch = conn.channel()
-    ch.queue_declare(PLAIN)
+    ch.queue_declare(PLAIN, durable=True)
     started = time.monotonic()
     for i in range(count):
         ch.basic_publish("", PLAIN, b"%016d" % i)
@@ -147,7 +147,7 @@ def main() -> int:
         conn = connect(url)
         ch = conn.channel()
         ch.exchange_declare(EXCHANGE, "x-delayed-message", arguments={"x-delayed-type": "direct"})
-        ch.queue_declare(QUEUE)
+        ch.queue_declare(QUEUE, durable=True)
         ch.queue_bind(QUEUE, EXCHANGE, "k")
         conn.close()
         out["plain_20k_s_idle"] = round(plain_traffic(url), 3)

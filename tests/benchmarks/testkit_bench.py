@@ -37,7 +37,7 @@ def fill(broker: RunningBroker, queues: int) -> pika.BlockingConnection:
     ch.exchange_declare("bench", "direct")
     ch.confirm_delivery()
     for i in range(queues):
-        ch.queue_declare(f"q{i}", arguments={"x-message-ttl": 3_600_000})
+        ch.queue_declare(f"q{i}", durable=True, arguments={"x-message-ttl": 3_600_000})
         ch.queue_bind(f"q{i}", "bench", f"k{i}")
         ch.basic_publish("bench", f"k{i}", b"m")
 

@@ -32,10 +32,10 @@ def setup(broker: RunningBroker) -> None:
     ch = conn.channel()
     ch.exchange_declare("shop", "topic")
     ch.exchange_declare("dlx", "fanout")
-    ch.queue_declare("dead-letters")
+    ch.queue_declare("dead-letters", durable=True)
     ch.queue_bind("dead-letters", "dlx")
-    ch.queue_declare("orders")
-    ch.queue_declare("audit")
+    ch.queue_declare("orders", durable=True)
+    ch.queue_declare("audit", durable=True)
     ch.queue_declare("emails", arguments={**DLX, "x-message-ttl": 2000})
     ch.queue_declare("payments", durable=True, arguments={
         **DLX, "x-queue-type": "quorum", "x-consumer-timeout": 1000,

@@ -75,7 +75,7 @@ def handshake(confirm: bool = False) -> bytes:
     out += _m(commands.Connection.TuneOk(channel_max=2047, frame_max=131072, heartbeat=0), 0)
     out += _m(commands.Connection.Open(virtual_host="/"), 0)
     out += _m(commands.Channel.Open())
-    out += _m(commands.Queue.Declare(queue="q"))
+    out += _m(commands.Queue.Declare(queue="q", durable=True))
     out += _m(commands.Basic.Qos(prefetch_count=BATCH * 2))
     out += _m(commands.Basic.Consume(queue="q", consumer_tag="c"))
     if confirm:

@@ -84,7 +84,7 @@ def fill(url: str, queue: str, count: int, size: int, seed: int = 1) -> float:
     """Publish ``count`` messages with random expirations (10 min - 1 h); returns the seconds."""
     conn = bench.Conn(bench.parse_url(url), "filler")
     try:
-        conn.rpc(commands.Queue.Declare(queue=queue), commands.Queue.DeclareOk)
+        conn.rpc(commands.Queue.Declare(queue=queue, durable=True), commands.Queue.DeclareOk)
         conn.rpc(commands.Queue.Purge(queue=queue), commands.Queue.PurgeOk)
         method = frame.marshal(commands.Basic.Publish(exchange="", routing_key=queue), bench.CH)
         body = frame.marshal(pbody.ContentBody(b"p" * size), bench.CH) if size else b""
