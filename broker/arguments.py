@@ -170,11 +170,13 @@ def validate_queue_arguments(
                     f"invalid arg '{arg}' for queue '{queue}' in vhost '{vhost}' of queue type "
                     "rabbit_quorum_queue",
                 )
-        # RabbitMQ: a quorum queue is durable, not exclusive and not auto-delete
+        # a quorum queue is durable, not exclusive and not auto-delete, checked in the order of
+        # rabbit_quorum_queue:declare/2 (4.3): an exclusive queue, made transient by the
+        # declare, is named for its exclusivity
         for bad, name in (
-            (not durable, "non-durable"),
-            (exclusive, "exclusive-owner"),
             (auto_delete, "auto-delete"),
+            (exclusive, "exclusive-owner"),
+            (not durable, "non-durable"),
         ):
             if bad:
                 raise ChannelError(
