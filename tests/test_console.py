@@ -504,3 +504,29 @@ def test_an_administrator_manages_vhosts_and_permissions(browser: Browser, api: 
     expect(page.locator("tr", has_text="console-vh")).to_have_count(0)
     assert api.get("/api/vhosts/console-vh").status == 404
     page.close()
+
+
+def test_an_administrator_adds_a_plugin_exchange(
+    warren: RunningBroker, browser: Browser, api: HttpApi
+) -> None:
+    """The exchange form offers the plugin types; the API's refusal shows next to the action."""
+    page = login(browser, api)
+    page.click("nav >> text=Exchanges")
+    page.click("summary >> text=Add an exchange")
+    form = page.locator("form[data-role=add-exchange]")
+    form.locator("input[name=name]").fill("console.later")
+    form.locator("select[name=xtype]").select_option("x-delayed-message")
+    form.locator("button[type=submit]").click()
+    expect(form.locator(".msg")).to_contain_text("x-delayed-type")  # the plugin's 406 text
+    form.locator("textarea[name=arguments]").fill('{"x-delayed-type": "topic"}')
+    form.locator("button[type=submit]").click()
+    expect(form.locator(".msg")).to_contain_text("Exchange declared")
+    made = api.ok("GET", "/api/exchanges/%2F/console.later")
+    assert (made["type"], made["arguments"], made["durable"]) == (
+        "x-delayed-message",
+        {"x-delayed-type": "topic"},
+        True,
+    )
+    expect(page.locator("tbody")).to_contain_text("console.later")
+    page.close()
+    api.ok("DELETE", "/api/exchanges/%2F/console.later")

@@ -292,7 +292,35 @@ export function exchanges(ctx) {
     ],
     fetchPage: (s) => listPage(vhost.value ? `/exchanges/${enc(vhost.value)}` : "/exchanges", s),
   });
-  return { el: h("section", {}, h("h1", {}, "Exchanges"), t.el), refresh: () => t.reload() };
+  const el = h("section", {}, h("h1", {}, "Exchanges"), t.el, addExchangeForm(ctx, () => t.reload()));
+  return { el, refresh: () => t.reload() };
+}
+
+// the built-in types and those RabbitMQ users install plugins for (docs/plugin-exchanges.md)
+const EXCHANGE_TYPES = ["direct", "fanout", "topic", "headers", "x-delayed-message",
+  "x-consistent-hash", "x-modulus-hash", "x-local-random"];
+
+function addExchangeForm(ctx, done) {
+  if (!ctx.user.isAdmin) return null;
+  const slot = messageSlot();
+  const form = h("form", { class: "card", dataset: { role: "add-exchange" }, onsubmit: async (e) => {
+    e.preventDefault();
+    const f = e.target;
+    await act(slot, async () => {
+      const args = f.arguments.value.trim() ? JSON.parse(f.arguments.value) : {};
+      await api("PUT", `/exchanges/${enc(f.vhost.value)}/${enc(f.name.value)}`,
+        { type: f.xtype.value, durable: f.durable.checked, auto_delete: false, arguments: args });
+      done();
+    }, "Exchange declared");
+  } },
+  h("h2", {}, "Add an exchange"),
+  h("label", {}, "Vhost", h("input", { name: "vhost", value: "/", required: true })),
+  h("label", {}, "Name", h("input", { name: "name", required: true })),
+  h("label", {}, "Type", h("select", { name: "xtype" }, EXCHANGE_TYPES.map((t) => h("option", { value: t }, t)))),
+  h("label", { class: "check" }, h("input", { type: "checkbox", name: "durable", checked: true }), "durable"),
+  h("label", {}, "Arguments (JSON)", h("textarea", { name: "arguments", placeholder: '{"x-delayed-type": "direct"}' })),
+  h("div", { class: "actions" }, h("button", { class: "primary", type: "submit" }, "Add exchange"), slot));
+  return h("details", {}, h("summary", {}, "Add an exchange"), form);
 }
 
 export function exchange(ctx) {
