@@ -97,6 +97,7 @@ class Exchange:
         self.auto_delete = auto_delete
         self.internal = internal
         self.arguments = arguments or {}
+        self.policy: Any = None  # the vhost's policy that applies to it (broker/policy.py)
         self.bindings: dict[tuple[int, str, str], Binding] = {}
         self.deleted = False
         self.has_exchange_destinations = False  # any exchange-to-exchange binding from here
@@ -131,7 +132,10 @@ class Exchange:
 
     @property
     def alternate_exchange(self) -> str | None:
+        """The argument, else the policy's key: rabbit_policy:get_arg/3, the argument wins."""
         value = self.arguments.get("alternate-exchange")
+        if value is None and self.policy is not None:
+            value = self.policy.definition.get("alternate-exchange")
         return value if isinstance(value, str) else None
 
     def bind(self, binding: Binding) -> bool:

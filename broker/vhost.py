@@ -160,6 +160,7 @@ class VirtualHost:
         )
         self.exchanges[name] = exchange
         exchange.attach(self)
+        self._apply_exchange_policy(exchange)
         if self.persistence is not None:
             self.persistence.exchange_declared(self.name, exchange)
         return exchange
@@ -180,6 +181,7 @@ class VirtualHost:
                 name, durable=True, auto_delete=auto_delete, internal=internal, arguments=arguments
             )
             exchange.attach(self)
+            self._apply_exchange_policy(exchange)
 
     def restore_queue(self, name: str, auto_delete: bool, arguments: dict[str, Any]) -> Queue:
         cls = StreamQueue if arguments.get("x-queue-type") == "stream" else Queue
@@ -393,12 +395,19 @@ class VirtualHost:
     def _reapply_policies(self) -> None:
         for queue in list(self.queues.values()):
             self._apply_policy(queue)
+        for exchange in self.exchanges.values():
+            self._apply_exchange_policy(exchange)
 
     def _apply_policy(self, queue: Queue) -> None:
         policy = pick(self.policies, lambda p: p.applies_to_queue(queue.name, queue.queue_type))
         if policy is not queue.policy:
             queue.policy = policy
             queue.apply_settings()
+
+    def _apply_exchange_policy(self, exchange: Exchange) -> None:
+        """Exchanges take a policy's alternate-exchange (RabbitMQ's only core exchange key)."""
+        if exchange.name:  # the default exchange has no policy, as in RabbitMQ
+            exchange.policy = pick(self.policies, lambda p: p.applies_to_exchange(exchange.name))
 
     # ---- bindings ----
 

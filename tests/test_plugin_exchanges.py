@@ -4,6 +4,7 @@ local random, delayed message (broker/exchange_plugins.py, docs/plugin-exchanges
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -650,3 +651,33 @@ def test_confirmed_delayed_messages_survive_kill_9(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)
+
+
+@pytest.mark.parametrize("kind", ["x-consistent-hash", "x-modulus-hash", "x-delayed-message"])
+def test_an_alternate_exchange_policy_applies_to_plugin_exchanges(
+    warren: RunningBroker, name: str, kind: str
+) -> None:
+    """The one policy key RabbitMQ's core applies to exchanges: alternate-exchange, where an
+    exchange's own argument wins (rabbit_policy:get_arg/3, read by rabbit_exchange at route)."""
+    api = HttpApi(int(str(warren.management_url).rsplit(":", 1)[1]))
+    conn = pika.BlockingConnection(pika.URLParameters(warren.url))
+    ch = conn.channel()
+    args = {"x-delayed-type": "direct"} if kind == "x-delayed-message" else None
+    ch.exchange_declare(name, kind, auto_delete=False, arguments=args)
+    ch.exchange_declare(f"{name}.ae", "fanout")
+    ch.queue_declare(f"{name}.unrouted", exclusive=True)
+    ch.queue_bind(f"{name}.unrouted", f"{name}.ae", "")
+    policy = {"pattern": f"^{re.escape(name)}$", "apply-to": "exchanges",
+              "definition": {"alternate-exchange": f"{name}.ae"}}  # fmt: skip
+    api.ok("PUT", f"/api/policies/%2F/{q(name)}", policy)
+    assert api.ok("GET", f"/api/exchanges/%2F/{q(name)}")["policy"] == name
+    ch.basic_publish(name, "no bindings", b"to the alternate")
+    got = ch.basic_get(f"{name}.unrouted", auto_ack=True)
+    assert got[2] == b"to the alternate"
+    api.ok("DELETE", f"/api/policies/%2F/{q(name)}")
+    ch.basic_publish(name, "no bindings", b"dropped")
+    assert ch.queue_declare(f"{name}.unrouted", passive=True).method.message_count == 0
+    assert "policy" not in api.ok("GET", f"/api/exchanges/%2F/{q(name)}")
+    ch.exchange_delete(name)
+    ch.exchange_delete(f"{name}.ae")
+    conn.close()

@@ -285,6 +285,8 @@ def exchange_json(vhost: VirtualHost, exchange: Exchange) -> dict[str, Any]:
         "arguments": json_value(exchange.arguments),
         "user_who_performed_action": "rmq-internal",
     }
+    if exchange.policy is not None:
+        out["policy"] = exchange.policy.name
     if exchange.delays:  # the delayed-message plugin adds its exchange's held count
         out["messages_delayed"] = getattr(exchange, "messages_delayed", 0)
     return out
