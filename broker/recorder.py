@@ -53,8 +53,24 @@ def _properties(raw: bytes) -> dict[str, Any]:
         return {}
 
 
+class _DecodedProperties:
+    """``properties`` and ``headers`` decoded on demand from the bytes the publisher sent."""
+
+    raw_properties: bytes
+
+    @property
+    def properties(self) -> dict[str, Any]:
+        """The basic properties, decoded (``headers`` is a dict)."""
+        return _properties(self.raw_properties)
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        headers = self.properties.get("headers")
+        return headers if isinstance(headers, dict) else {}
+
+
 @dataclass
-class Published:
+class Published(_DecodedProperties):
     """One basic.publish (or a publish through the management API), as it arrived."""
 
     exchange: str
@@ -66,16 +82,6 @@ class Published:
     mandatory: bool = False
     id: int = 0  # the message's id: its outcomes in each queue carry the same
     order: int = field(default=0, repr=False)  # broker-wide publish order
-
-    @property
-    def properties(self) -> dict[str, Any]:
-        """The basic properties, decoded (``headers`` is a dict)."""
-        return _properties(self.raw_properties)
-
-    @property
-    def headers(self) -> dict[str, Any]:
-        headers = self.properties.get("headers")
-        return headers if isinstance(headers, dict) else {}
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -91,7 +97,7 @@ class Published:
 
 
 @dataclass
-class Outcome:
+class Outcome(_DecodedProperties):
     """A message's story in one queue; ``outcome`` is where it stands now."""
 
     queue: str
@@ -111,15 +117,6 @@ class Outcome:
     history: list[str] = field(default_factory=list)  # every event, oldest first
     _msg: Message | None = field(default=None, repr=False, compare=False)
     _got: bool = field(default=False, repr=False, compare=False)
-
-    @property
-    def properties(self) -> dict[str, Any]:
-        return _properties(self.raw_properties)
-
-    @property
-    def headers(self) -> dict[str, Any]:
-        headers = self.properties.get("headers")
-        return headers if isinstance(headers, dict) else {}
 
     def snapshot(self) -> Outcome:
         """A copy as of now; a basic.get with no-ack has no ack event: it shows as acked."""
