@@ -350,7 +350,12 @@ def test_kill_9_during_compaction_loses_nothing(tmp_path: Path, round_: int) -> 
     confirmed: list[int] = []
     worker = threading.Thread(target=churn, args=(url, 100_000, 7, confirmed))
     worker.start()
-    time.sleep(random.Random(round_).uniform(0.3, 0.8))
+    # the kill lands at a different point of the churn each round, once a few publishes
+    # to keep.q are confirmed (a loaded machine may take seconds to get there)
+    deadline = time.monotonic() + 60
+    while len(confirmed) < 6 and worker.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(random.Random(round_).uniform(0.0, 0.5))
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     worker.join(10)
