@@ -251,9 +251,14 @@ def test_kill_9_loses_no_confirmed_message(tmp_path: Path, round_: int) -> None:
     import threading
 
     rng = random.Random(round_)
-    kill_after = rng.uniform(0.05, 0.6)
-    worker = threading.Thread(target=publisher_until_killed, args=(url, confirmed, 5.0))
+    kill_after = rng.uniform(0.0, 0.55)
+    worker = threading.Thread(target=publisher_until_killed, args=(url, confirmed, 30.0))
     worker.start()
+    # the first confirm, then a different point of the publishing each round (waiting for
+    # the first confirm rather than a fixed time: a loaded machine may take seconds to it)
+    deadline = time.monotonic() + 60
+    while not confirmed and worker.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.005)
     time.sleep(kill_after)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
