@@ -200,7 +200,9 @@ class Channel:
         conn = self.conn
         conn.write(deliver_frame(self.id, consumer.tag_enc, tag, msg.redelivered, msg.ex_rk))
         if content is None:
-            conn.write_many(content_frames(self.id, msg.properties, msg.body, conn.frame_max))
+            conn.write_many(
+                content_frames(self.id, msg.properties, msg.body, conn.protocol.frame_max)
+            )
         else:
             conn.write(content)
         conn.out_bytes += len(msg.body)
@@ -360,11 +362,13 @@ class Channel:
             target.next_tag = tag = target.next_tag + 1
             out = target.conn
             out.write(deliver_frame(target.id, shortstr(target.reply_tag), tag, False, msg.ex_rk))
-            out.write_many(content_frames(target.id, msg.properties, msg.body, out.frame_max))
+            out.write_many(
+                content_frames(target.id, msg.properties, msg.body, out.protocol.frame_max)
+            )
         elif mandatory:
             self.conn.write(return_frame(self.id, NO_ROUTE, "NO_ROUTE", msg.ex_rk))
             self.conn.write_many(
-                content_frames(self.id, msg.properties, msg.body, self.conn.frame_max)
+                content_frames(self.id, msg.properties, msg.body, self.conn.protocol.frame_max)
             )
         if seq:
             self.confirms.accepted(seq)
@@ -397,7 +401,7 @@ class Channel:
             self.stats.unroutable_returned += 1
             self.conn.write(return_frame(self.id, NO_ROUTE, "NO_ROUTE", msg.ex_rk))
             self.conn.write_many(
-                content_frames(self.id, msg.properties, msg.body, self.conn.frame_max)
+                content_frames(self.id, msg.properties, msg.body, self.conn.protocol.frame_max)
             )
         else:
             self.stats.unroutable_dropped += 1
@@ -705,7 +709,7 @@ class Channel:
                 queue.lock(msg, self, tag, timeout)
         self.conn.write(get_ok_frame(self.id, tag, msg.redelivered, msg.ex_rk, queue.ready_count))
         conn = self.conn
-        conn.write_many(content_frames(self.id, msg.properties, msg.body, conn.frame_max))
+        conn.write_many(content_frames(self.id, msg.properties, msg.body, conn.protocol.frame_max))
         conn.out_bytes += len(msg.body)
         if conn.out_bytes > FLUSH_AT:
             conn.flush()

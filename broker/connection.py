@@ -14,20 +14,27 @@ from pamqp import commands
 
 from warren.broker.channel import HANDLERS, Channel
 from warren.broker.flow import ALARM, TURN, UNCONFIRMED, WRITER, FlowControl
-from warren.protocol.connection import Content, ProtocolConnection, Sentinel
+from warren.protocol.connection import (
+    CLOSED,
+    CLOSING,
+    OPEN,
+    OPENING,
+    ChannelState,
+    Content,
+    ProtocolConnection,
+    Sentinel,
+)
 from warren.protocol.constants import (
     ACCESS_REFUSED,
-    CHANNEL_ERROR,
     COMMAND_INVALID,
     CONNECTION_FORCED,
-    FRAME_MIN_SIZE,
     INTERNAL_ERROR,
     NOT_ALLOWED,
     PROTOCOL_HEADER,
 )
 from warren.protocol.errors import AMQPError, ChannelError, ConnectionError_, truncate_reply_text
 from warren.protocol.frames import HEARTBEAT_FRAME
-from warren.protocol.methods import make, method_frame
+from warren.protocol.methods import make
 from warren.protocol.tables import TableError, decode_table
 
 if TYPE_CHECKING:
@@ -45,8 +52,6 @@ PUBLISH_EVENTS_PER_TURN = 64
 # after close-ok the client closes the socket, within the heartbeat interval or this many
 # seconds, whichever is shorter (rabbit_reader:close_connection's ?CLOSING_TIMEOUT)
 CLOSING_TIMEOUT = 30.0
-# handshake step done -> the connection state RabbitMQ names in its 504 texts
-_STATES = {"": "starting", "start": "starting", "start-ok": "tuning", "tune-ok": "opening"}
 
 
 class Transport(Protocol):
@@ -86,26 +91,25 @@ class Connection:
         self.transport = transport
         self.peer = peer
         settings = broker.settings
-        self.protocol = ProtocolConnection(settings.frame_max or 2**31, settings.max_message_size)
-        self.frame_max = FRAME_MIN_SIZE
-        self.channel_max = settings.channel_max
-        self.heartbeat = 0
+        # the lifecycle, the channel table and the negotiated limits (protocol/connection.py)
+        self.protocol: ProtocolConnection[Channel] = ProtocolConnection(
+            settings.frame_max or 2**31, settings.max_message_size
+        )
+        # the protocol's own table, read here on every event (only the protocol changes it)
+        self._channels = self.protocol.channels
         self.user = ""
         self.vhost: VirtualHost = broker.default_vhost_obj()
         self.client_properties: dict[str, Any] = {}
         self.capabilities: dict[str, Any] = {}
-        self.channels: dict[int, Channel] = {}
         self.exclusive_queues: dict[str, Queue] = {}
         self.pending_confirms: set[Channel] = set()
         self.writable = True
-        self.opened = False
-        self.opened_at = broker.timers.now()
+        self.connected_at = broker.timers.now()
+        # when connection.open-ok went out; None while (or if) the handshake never finished.
+        # A record for accounting and logs, which need it after the state has moved on.
+        self.opened_at: float | None = None
         self._close_reason = ""
-        self._step = ""  # handshake progress: start, start-ok, tune-ok, open
         self._refusal: TimerHandle | None = None
-        self.tuned = False  # tune-ok accepted: from here on errors are reported, not just closed
-        self.closing = False
-        self.closed = False
         self._out: list[bytes] = []
         self.out_bytes = 0  # message bodies in _out: past a limit they are written at once
         # socket reads and writes (Prometheus' connection_{incoming,outgoing}_*): one
@@ -128,6 +132,40 @@ class Connection:
             settings.handshake_timeout / 1000, self._handshake_timed_out
         )
 
+    # ---- views of the protocol's state (protocol/connection.py owns it) ----
+
+    @property
+    def channels(self) -> dict[int, Channel]:
+        """Open and closing channels by number: the owners in the protocol's table."""
+        return {n: r.owner for n, r in self._channels.items() if r.owner is not None}
+
+    @property
+    def opened(self) -> bool:
+        """connection.open-ok was sent (it may be closing since)."""
+        return self.opened_at is not None
+
+    @property
+    def closing(self) -> bool:
+        """connection.close was sent or received; the socket may still be open."""
+        return self.protocol.state is CLOSING
+
+    @property
+    def closed(self) -> bool:
+        """The transport is gone."""
+        return self.protocol.state is CLOSED
+
+    @property
+    def frame_max(self) -> int:
+        return self.protocol.frame_max
+
+    @property
+    def channel_max(self) -> int:
+        return self.protocol.channel_max
+
+    @property
+    def heartbeat(self) -> int:
+        return self.protocol.heartbeat
+
     # ---- output ----
 
     def write(self, data: bytes) -> None:
@@ -148,7 +186,8 @@ class Connection:
             self.broker.timers.call_soon(self.flush)
 
     def send_method(self, channel: int, method: Any) -> None:
-        self.write(method_frame(channel, method))
+        """A method off the message path: the protocol encodes it and applies its state change."""
+        self.write(self.protocol.send(channel, method))
 
     def flush(self) -> None:
         self._flush_scheduled = False
@@ -158,7 +197,7 @@ class Connection:
             self.pending_confirms = set()
             for channel in pending:
                 channel.flush_confirms()
-        if self._out and not self.closed:
+        if self._out and self.protocol.state is not CLOSED:
             data = b"".join(self._out)
             self._out.clear()
             self._sent = True
@@ -189,7 +228,7 @@ class Connection:
         proto = self.protocol
         budget = PUBLISH_EVENTS_PER_TURN if self.publisher else EVENTS_PER_TURN
         flow = self.flow
-        while not self.closed and flow.reasons <= TURN:  # flow.stopped, inlined (hot path)
+        while proto.state is not CLOSED and flow.reasons <= TURN:  # flow.stopped, inlined
             try:
                 event = proto.next_event()
                 if not self.publisher and proto.content_seen:
@@ -216,7 +255,8 @@ class Connection:
                 self.connection_error(exc)
                 break
             except ChannelError as exc:  # raised by the framing layer for one channel
-                channel = self.channels.get(exc.channel)
+                record = self._channels.get(exc.channel)
+                channel = record.owner if record is not None else None
                 if channel is None or channel.closed:
                     self.connection_error(ConnectionError_(exc.code, exc.text.split(" - ", 1)[1]))
                     break
@@ -236,7 +276,7 @@ class Connection:
 
     def _continue(self) -> None:
         """Handle, next turn, what was read while handling was stopped."""
-        if not self._continue_scheduled and not self.closed:
+        if not self._continue_scheduled and self.protocol.state is not CLOSED:
             self._continue_scheduled = True
             self.broker.timers.call_soon(self._process)
 
@@ -251,14 +291,14 @@ class Connection:
     def _block(self) -> None:
         """Stop reading a publishing connection while an alarm is on (RabbitMQ's blocking)."""
         self.blocked = True
-        if self.capabilities.get("connection.blocked") is True and not self.closing:
+        if self.capabilities.get("connection.blocked") is True and self.protocol.state is OPEN:
             reason = "low on memory" if "memory" in self.broker.alarms else "low on disk"
             self.send_method(0, commands.Connection.Blocked(reason=reason))
         self.flow.pause(ALARM)
 
     def _unblock(self) -> None:
         self.blocked = False
-        if self.capabilities.get("connection.blocked") is True and not self.closing:
+        if self.capabilities.get("connection.blocked") is True and self.protocol.state is OPEN:
             self.send_method(0, commands.Connection.Unblocked())
         if self.flow.clear(ALARM):
             self._continue()  # what was read before the block
@@ -284,42 +324,47 @@ class Connection:
             self._continue()
 
     def _channel_event(self, channel_id: int, method: Any) -> None:
-        channel = self.channels.get(channel_id)
-        if channel is None:
-            if isinstance(method, commands.Channel.Open):
-                self.channels[channel_id] = Channel(self, channel_id)
-                # RabbitMQ leaves the reserved field empty; pamqp insists on "0"
-                self.send_method(channel_id, make(commands.Channel.OpenOk, channel_id=""))
+        handler = HANDLERS.get(type(method))
+        if handler is not None:
+            # the protocol passes such methods only on open channels, which have their owner
+            channel = self._channels[channel_id].owner
+            if channel is not None:
+                try:
+                    handler(channel, method)
+                except ChannelError as exc:
+                    self.channel_error(channel, exc.at(*_ids(method)))
+                except ConnectionError_ as exc:
+                    raise exc.at(*_ids(method)) from None
+                return
+        self._channel_lifecycle(channel_id, method)
+
+    def _channel_lifecycle(self, channel_id: int, method: Any) -> None:
+        """channel.open, close and close-ok; the protocol has applied what they change."""
+        record = self._channels.get(channel_id)
+        if record is None:  # close-ok: the protocol freed the number; its Channel has closed
             return
-        if channel.closed:
-            if isinstance(method, commands.Channel.CloseOk):
-                del self.channels[channel_id]
-            elif isinstance(method, commands.Channel.Close):
-                self.send_method(channel_id, commands.Channel.CloseOk())
+        if isinstance(method, commands.Channel.Open):
+            record.owner = Channel(self, channel_id)
+            # RabbitMQ leaves the reserved field empty; pamqp insists on "0"
+            self.send_method(channel_id, make(commands.Channel.OpenOk, channel_id=""))
             return
+        channel = record.owner
         if isinstance(method, commands.Channel.Close):
-            channel.flush_confirms()  # what it is owed goes before close-ok
-            channel.close()
-            del self.channels[channel_id]
-            self.protocol.channel_closed(channel_id)
+            if record.state is ChannelState.CLOSE_RECEIVED and channel is not None:
+                channel.flush_confirms()  # what it is owed goes before close-ok
+                channel.close()
+            # else the closes crossed: ours waits for its close-ok, theirs gets one now
             self.send_method(channel_id, commands.Channel.CloseOk())
             return
-        handler = HANDLERS.get(type(method))
-        try:
-            if handler is None:  # connection methods, or methods only a server sends
-                raise ConnectionError_(COMMAND_INVALID, "unimplemented method")
-            handler(channel, method)
-        except ChannelError as exc:
-            self.channel_error(channel, exc.at(*_ids(method)))
-        except ConnectionError_ as exc:
-            raise exc.at(*_ids(method)) from None
+        # connection methods, or methods only a server sends
+        raise ConnectionError_(COMMAND_INVALID, "unimplemented method").at(*_ids(method))
 
     def _describe(self) -> dict[str, Any]:
         props = self.client_properties
         return {
             "peer": f"{self.peer[0]}:{self.peer[1]}" if self.peer else None,
             "user": self.user or None,
-            "vhost": self.vhost.name if self.opened else None,
+            "vhost": self.vhost.name if self.opened_at is not None else None,
             "client": props.get("product"),
             "client_version": props.get("version"),
         }
@@ -329,7 +374,6 @@ class Connection:
             "channel error", channel=channel.id, code=exc.code, text=exc.text, **self._describe()
         )
         channel.flush_confirms()
-        self.protocol.close_channel(channel.id)
         self.send_method(
             channel.id,
             commands.Channel.Close(
@@ -341,21 +385,21 @@ class Connection:
         )
         channel.close()
 
-    def connection_error(self, exc: AMQPError) -> None:
-        if self.closing or self.closed:
+    def connection_error(self, exc: AMQPError, report: bool = False) -> None:
+        """Close the connection for ``exc``: connection.close once tuned (or if ``report``)."""
+        state = self.protocol.state
+        if state is CLOSING or state is CLOSED:
             return
         for channel in self.channels.values():
             channel.flush_confirms()  # owed confirms go before connection.close
-        self.closing = True
         self._close_reason = f"{exc.code} {exc.text}"
         self.broker.log.info("connection error", code=exc.code, text=exc.text, **self._describe())
-        if not self.tuned:
+        if not report and state is not OPENING and state is not OPEN:
             # RabbitMQ says nothing before the connection is tuned: it just closes the socket
-            self.protocol.close()
+            self.protocol.abort()
             self._release()
             self._close_transport()
             return
-        self.protocol.close()
         self.send_method(
             0,
             commands.Connection.Close(
@@ -372,7 +416,6 @@ class Connection:
     # ---- connection class ----
 
     def _send_start(self) -> None:
-        self._step = "start"
         self.send_method(
             0,
             commands.Connection.Start(
@@ -387,19 +430,15 @@ class Connection:
         )
 
     def _connection_method(self, method: Any) -> None:
-        # each handshake step once, in order; anything else is refused as RabbitMQ does
-        if isinstance(method, commands.Connection.StartOk) and self._step == "start":
-            self._step = "start-ok"
+        # the protocol lets each handshake step through once, in order, and refuses the rest
+        if isinstance(method, commands.Connection.StartOk):
             self._on_start_ok(method)
-        elif isinstance(method, commands.Connection.TuneOk) and self._step == "start-ok":
-            self._step = "tune-ok"
-            self._on_tune_ok(method)
-        elif isinstance(method, commands.Connection.Open) and self._step == "tune-ok":
-            self._step = "open"
+        elif isinstance(method, commands.Connection.TuneOk):
+            if self.protocol.heartbeat:  # the protocol has checked and applied the tuning
+                self._schedule_heartbeat()
+        elif isinstance(method, commands.Connection.Open):
             self._on_open(method)
-        elif isinstance(method, commands.Connection.Close) and (
-            self._step == "open" or self.closing
-        ):
+        elif isinstance(method, commands.Connection.Close):
             self._close_reason = f"client closed: {method.reply_code} {method.reply_text}"
             for channel in self.channels.values():
                 channel.flush_confirms()  # owed confirms go before close-ok
@@ -407,17 +446,10 @@ class Connection:
             self._release()
             self.flush()
             self._await_client_close()
-        elif isinstance(method, commands.Connection.CloseOk) and self.closing:
+        elif isinstance(method, commands.Connection.CloseOk):
             self._close_transport()
-        elif isinstance(method, commands.Connection.UpdateSecret) and self._step == "open":
+        elif isinstance(method, commands.Connection.UpdateSecret):
             self.send_method(0, commands.Connection.UpdateSecretOk())
-        else:
-            # RabbitMQ's wording, with its name for the state: a close (or update-secret)
-            # before connection.open is refused too; before tune-ok the socket just closes
-            state = _STATES.get(self._step, "running")
-            raise ConnectionError_(
-                CHANNEL_ERROR, f"unexpected method in connection state {state}"
-            ).at(*_ids(method))
 
     def _await_client_close(self) -> None:
         """Leave closing the socket to the client, as RabbitMQ does after close-ok.
@@ -426,8 +458,6 @@ class Connection:
         reset or EOF error. Only connection.close (answered again) and close-ok are
         read meanwhile; a client that never closes loses the socket after the bound.
         """
-        self.closing = True
-        self.protocol.close()
         if self._close_timer is None:
             beat = self.heartbeat
             bound = beat if 0 < beat < CLOSING_TIMEOUT else CLOSING_TIMEOUT
@@ -487,11 +517,11 @@ class Connection:
         )
 
     def _refuse(self, detail: str) -> None:
-        if self.closed:
+        if self.protocol.state is CLOSED:
             return
         if self.capabilities.get("authentication_failure_close") is True:
-            self.tuned = True  # the one error RabbitMQ reports before tuning
-            self.connection_error(ConnectionError_(ACCESS_REFUSED, detail))
+            # the one error RabbitMQ reports before tuning
+            self.connection_error(ConnectionError_(ACCESS_REFUSED, detail), report=True)
             self.flush()
         self._close_transport()
 
@@ -503,29 +533,6 @@ class Connection:
             or host.startswith("::ffff:127.")
         )
 
-    def _on_tune_ok(self, method: commands.Connection.TuneOk) -> None:
-        settings = self.broker.settings
-        # 0 means "no limit": more than the server proposed unless it proposed 0 too
-        frame_max = method.frame_max or 2**32 - 1
-        server_frame_max = settings.frame_max or 2**32 - 1
-        if frame_max > server_frame_max or frame_max < FRAME_MIN_SIZE:
-            raise ConnectionError_(
-                NOT_ALLOWED,
-                f"frame_max={method.frame_max} outside {FRAME_MIN_SIZE}..{server_frame_max}",
-            )
-        channel_max = method.channel_max or 65535
-        if channel_max > (settings.channel_max or 65535):
-            raise ConnectionError_(
-                NOT_ALLOWED, f"channel_max={method.channel_max} > {settings.channel_max}"
-            )
-        self.frame_max = frame_max
-        self.channel_max = channel_max
-        self.protocol.tuned(frame_max, channel_max)
-        self.heartbeat = method.heartbeat
-        self.tuned = True
-        if self.heartbeat:
-            self._schedule_heartbeat()
-
     def _on_open(self, method: commands.Connection.Open) -> None:
         vhost = self.broker.vhosts.get(method.virtual_host)
         if vhost is None:
@@ -533,9 +540,7 @@ class Connection:
         limit = vhost.limits.get("max-connections")
         if limit is not None and limit >= 0:
             open_here = sum(
-                1
-                for c in self.broker.connections
-                if c.opened and not c.closing and c.vhost is vhost
+                1 for c in self.broker.connections if c.protocol.state is OPEN and c.vhost is vhost
             )
             if open_here >= limit:
                 raise ConnectionError_(
@@ -553,9 +558,7 @@ class Connection:
                 40,
             )
         self.vhost = vhost
-        self.opened = True
         self.opened_at = self.broker.timers.now()
-        self.protocol.open()
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None
@@ -565,7 +568,7 @@ class Connection:
 
     def _handshake_timed_out(self) -> None:
         self._handshake_timer = None
-        if not self.opened and not self.closed:
+        if self.opened_at is None and self.protocol.state is not CLOSED:
             self.broker.log.info("handshake timeout", peer=self.peer)
             self._close_transport()
 
@@ -578,7 +581,7 @@ class Connection:
         )
 
     def _heartbeat_tick(self) -> None:
-        if self.closed:
+        if self.protocol.state is CLOSED:
             return
         if self._received or self.flow.stopped:  # what we do not read, we cannot hear
             self._silent_ticks = 0
@@ -645,18 +648,17 @@ class Connection:
             self.transport.close()
 
     def connection_lost(self) -> None:
-        if self.closed:
+        if self.protocol.state is CLOSED:
             return
         self._release()
-        self.closed = True
-        if self.opened:
+        self.protocol.connection_lost()  # CLOSED; its channel table, with our Channels, empties
+        if self.opened_at is not None:
             self.broker.log.info(
                 "connection closed",
                 reason=self._close_reason or "socket closed",
                 duration_s=round(self.broker.timers.now() - self.opened_at, 3),
                 **self._describe(),
             )
-        self.channels.clear()
         self._out.clear()
         if self._close_timer is not None:
             self._close_timer.cancel()

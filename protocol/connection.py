@@ -5,15 +5,26 @@ next complete thing the client said, or ``NEED_DATA``. Like h11, the caller
 handles each event before asking for the next, so a channel.close the broker
 sends (``close_channel``) takes effect for the very next frame.
 
-This module owns the framing rules (sizes, frame-end octets, content
-assembly, frames on unopened or closing channels). What the methods mean
-is the broker's business.
+This module owns the protocol state: the connection's lifecycle
+(``ConnectionState``), which channel numbers are open or closing
+(``ChannelState``, one table: the broker's Channel objects hang on it as
+``owner``), the negotiated frame_max, channel_max and heartbeat, and the
+framing rules (sizes, frame-end octets, content assembly). As in h11, the
+broker's outgoing methods that change state go through ``send``, which
+returns their bytes and applies the change, and refuses (LocalProtocolError)
+what the state forbids; what the client sends out of turn is refused with
+RabbitMQ's error. What the methods mean is the broker's business.
+
+The message path (basic.deliver, acks, content frames) does not go through
+``send``: those frames change no state and are encoded by hand and written
+directly.
 """
 
 from __future__ import annotations
 
 from enum import Enum, auto
 from struct import Struct
+from typing import Generic, TypeVar
 
 from pamqp import commands
 
@@ -24,14 +35,20 @@ from warren.protocol.constants import (
     FRAME_HEADER,
     FRAME_HEARTBEAT,
     FRAME_METHOD,
+    FRAME_MIN_SIZE,
     NOT_ALLOWED,
     PRECONDITION_FAILED,
     PROTOCOL_HEADER,
     SYNTAX_ERROR,
     UNEXPECTED_FRAME,
 )
-from warren.protocol.errors import ChannelError, ConnectionError_, erlang_binary
-from warren.protocol.methods import BasicPublish, Method, decode_method
+from warren.protocol.errors import (
+    ChannelError,
+    ConnectionError_,
+    LocalProtocolError,
+    erlang_binary,
+)
+from warren.protocol.methods import BasicPublish, Method, decode_method, method_frame
 from warren.protocol.properties import PropertiesError, check_properties
 
 _frame_head = Struct(">BHI")
@@ -61,20 +78,99 @@ class Content:
 
 Event = tuple[int, Method | Content] | Sentinel
 
+OwnerT = TypeVar("OwnerT")  # what the broker keeps per open channel (its Channel)
 
-class _Channel:
-    __slots__ = ("body_size", "closing", "parts", "pending", "properties", "received")
+
+class ConnectionState(Enum):
+    """Where a connection is in its life. Every state change is in this module."""
+
+    HEADER = auto()  # the 8-octet protocol header is read, then connection.start is owed
+    STARTING = auto()  # connection.start sent: start-ok comes, the login is checked
+    TUNING = auto()  # connection.tune sent: tune-ok comes
+    OPENING = auto()  # tune-ok accepted: connection.open comes
+    OPEN = auto()  # connection.open-ok sent: channels may be used
+    CLOSING = auto()  # connection.close sent or received: only close and close-ok are read
+    CLOSED = auto()  # the transport is gone: nothing is read or sent
+
+
+class ChannelState(Enum):
+    OPENING = auto()  # channel.open received, open-ok owed
+    OPEN = auto()
+    CLOSE_SENT = auto()  # the broker sent channel.close: all but close and close-ok is dropped
+    CLOSE_RECEIVED = auto()  # the client sent channel.close: close-ok owed, which frees the id
+
+
+HEADER = ConnectionState.HEADER
+STARTING = ConnectionState.STARTING
+TUNING = ConnectionState.TUNING
+OPENING = ConnectionState.OPENING
+OPEN = ConnectionState.OPEN
+CLOSING = ConnectionState.CLOSING
+CLOSED = ConnectionState.CLOSED
+_CH_OPENING = ChannelState.OPENING
+_CH_OPEN = ChannelState.OPEN
+_CH_CLOSE_SENT = ChannelState.CLOSE_SENT
+_CH_CLOSE_RECEIVED = ChannelState.CLOSE_RECEIVED
+
+# RabbitMQ's names for the states in its "unexpected method in connection state" texts
+STATE_NAMES = {
+    HEADER: "starting",
+    STARTING: "starting",
+    TUNING: "tuning",
+    OPENING: "opening",
+    OPEN: "running",
+    CLOSING: "closing",
+    CLOSED: "closed",
+}
+
+_StartOk = commands.Connection.StartOk
+_TuneOk = commands.Connection.TuneOk
+_ConnOpen = commands.Connection.Open
+_ConnClose = commands.Connection.Close
+_ConnCloseOk = commands.Connection.CloseOk
+_ChOpen = commands.Channel.Open
+_ChClose = commands.Channel.Close
+_ChCloseOk = commands.Channel.CloseOk
+
+# what the client may send on channel 0 in each state (rabbit_reader:handle_method0/2);
+# anything else is 504 CHANNEL_ERROR; in CLOSING only close and close-ok are read
+_RECEIVABLE: dict[ConnectionState, tuple[type, ...]] = {
+    HEADER: (),
+    STARTING: (_StartOk,),
+    TUNING: (_TuneOk,),
+    OPENING: (_ConnOpen,),
+    OPEN: (_ConnClose, commands.Connection.UpdateSecret),
+}
+
+
+class _OutOfTurn(ConnectionError_):
+    """A well-framed connection method in the wrong state: the stream is still in step,
+    so reading goes on (the client's close-ok ends the connection)."""
+
+
+class ChannelRecord(Generic[OwnerT]):
+    """One channel number: its state, its content being assembled, and the broker's owner."""
+
+    __slots__ = ("body_size", "owner", "parts", "pending", "properties", "received", "state")
 
     def __init__(self) -> None:
-        self.closing = False
+        self.state = _CH_OPENING
+        self.owner: OwnerT | None = None  # set by the broker when it answers channel.open
         self.pending: BasicPublish | None = None  # publish waiting for its content
         self.properties = b""
         self.body_size = 0
         self.received = 0
         self.parts: list[bytes] = []
 
+    def drop_content(self) -> None:
+        self.pending = None
+        self.properties = b""
+        self.body_size = 0
+        self.received = 0
+        self.parts = []
 
-class ProtocolConnection:
+
+class ProtocolConnection(Generic[OwnerT]):
     def __init__(self, frame_max: int, max_message_size: int) -> None:
         self._buf = b""
         self._off = 0
@@ -84,48 +180,97 @@ class ProtocolConnection:
         # for a 1 MiB frame). _want is how many more octets the parser needs.
         self._more = bytearray()
         self._want = 0
-        self.header_done = False
-        self.failed = False
-        self.closing = False  # the broker sent connection.close
-        self.opened = False  # connection.open-ok sent: channel frames are allowed
+        self.state = HEADER
+        self.header_done = False  # framing: the 8-octet header was read, frames follow
+        self.failed = False  # framing: the stream is out of step (or the peer is ignored)
         # a content header was accepted: the peer publishes, even if no message completed
         # yet (RabbitMQ's alarms block a connection on its first content frame)
         self.content_seen = False
-        self.frame_max = frame_max
+        self.frame_max = frame_max  # the parse limit; negotiated at tune-ok
         self.channel_max = 0  # 0 = no limit until tuned
+        self.heartbeat = 0  # seconds, as tune-ok asked; 0 = none
         self.max_message_size = max_message_size
-        self.channels: dict[int, _Channel] = {}
+        self._offer = (0, 0)  # channel_max and frame_max the broker's connection.tune proposed
+        # changed in place only, never rebound: the broker keeps a reference to read it
+        self.channels: dict[int, ChannelRecord[OwnerT]] = {}
 
-    # ---- driven by the broker ----
+    # ---- the broker's side: what it sends, and how it gives up ----
 
-    def open(self) -> None:
-        """The broker sent connection.open-ok."""
-        self.opened = True
+    def send(self, channel: int, method: Method) -> bytes:
+        """``method``'s frame, with its state change applied (h11's ``send``).
 
-    def tuned(self, frame_max: int, channel_max: int) -> None:
-        self.frame_max = frame_max
-        self.channel_max = channel_max
+        Raises LocalProtocolError, and changes nothing, if the state forbids it.
+        """
+        data = method_frame(channel, method)
+        if channel:
+            self._sent_on_channel(channel, method)
+        else:
+            self._sent_on_connection(method)
+        return data
 
-    def close_channel(self, channel: int) -> None:
-        """The broker sent channel.close: drop everything on it until close-ok."""
-        state = self.channels.get(channel)
-        if state is not None:
-            state.closing = True
-            state.pending = None
-            state.parts = []
+    def _sent_on_connection(self, method: Method) -> None:
+        kind = type(method)
+        state = self.state
+        if kind is commands.Connection.Start:
+            _require(state is HEADER and self.header_done, state, method)
+            self.state = STARTING
+        elif kind is commands.Connection.Tune:
+            _require(state is STARTING, state, method)
+            self._offer = (method.channel_max, method.frame_max)
+            self.state = TUNING
+        elif kind is commands.Connection.OpenOk:
+            _require(state is OPENING, state, method)
+            self.state = OPEN
+        elif kind is _ConnClose:
+            # before tuning only a refused login is reported (authentication_failure_close)
+            _require(state is not HEADER and state is not CLOSING and state is not CLOSED,
+                     state, method)  # fmt: skip
+            self.state = CLOSING
+        elif kind is _ConnCloseOk:
+            _require(state is CLOSING, state, method)  # the answer to a close received
+        else:
+            _require(state is OPEN, state, method)
 
-    def channel_closed(self, channel: int) -> None:
-        """The broker sent channel.close-ok: the id is free again."""
-        self.channels.pop(channel, None)
-
-    def close(self) -> None:
-        """The broker sent connection.close: only close/close-ok matter from now on."""
-        self.closing = True
+    def _sent_on_channel(self, channel: int, method: Method) -> None:
+        record = self.channels.get(channel)
+        if self.state is not OPEN or record is None:
+            raise LocalProtocolError(
+                f"{method.name} on channel {channel}: "
+                + ("no such channel" if record is None else f"connection {self.state.name}")
+            )
+        kind = type(method)
+        state = record.state
+        if kind is commands.Channel.OpenOk:
+            _require(state is _CH_OPENING, state, method)
+            record.state = _CH_OPEN
+        elif kind is _ChClose:
+            _require(state is _CH_OPEN, state, method)
+            record.state = _CH_CLOSE_SENT
+            record.drop_content()  # its frames are dropped until close-ok
+        elif kind is _ChCloseOk:
+            if state is _CH_CLOSE_RECEIVED:
+                del self.channels[channel]  # the id is free again
+            else:  # the answer to a close that crossed ours: ours still waits for close-ok
+                _require(state is _CH_CLOSE_SENT, state, method)
+        else:
+            _require(state is _CH_OPEN, state, method)
 
     def stop(self) -> None:
-        """The broker is done with this peer (a refused login): drop all it sends from now on."""
+        """The broker ignores this peer (a refused login): drop all it sends from now on."""
         self.failed = True
         self._buf, self._off, self._more = b"", 0, bytearray()
+
+    def abort(self) -> None:
+        """The broker closes the socket without a word (an error before tuning, as RabbitMQ)."""
+        self.stop()
+        if self.state is not CLOSED:
+            self.state = CLOSING
+
+    def connection_lost(self) -> None:
+        """The transport is gone: nothing is read or sent any more."""
+        self.stop()
+        self.state = CLOSED
+        self.channels.clear()
 
     # ---- bytes in ----
 
@@ -153,6 +298,8 @@ class ProtocolConnection:
             self._more = bytearray()
         try:
             event = self._next_event()
+        except _OutOfTurn:
+            raise
         except ConnectionError_:
             self.failed = True
             self._buf, self._off, self._more = b"", 0, bytearray()
@@ -192,26 +339,25 @@ class ProtocolConnection:
                     f"{{invalid_frame_end_marker,{buf[end]}}}",
                 )
             self._off = end + 1
-            if ftype == FRAME_METHOD and (channel == 0 or self.opened):
-                event = self._method(channel, payload)
-            elif ftype == FRAME_BODY and channel and self.opened:
-                event = self._body(channel, payload)
-            elif ftype == FRAME_HEADER and channel and self.opened:
-                event = self._header(channel, payload)
-            elif ftype == FRAME_HEARTBEAT and not payload and channel == 0:
+            state = self.state
+            if state is OPEN and channel:
+                if ftype == FRAME_METHOD:
+                    event = self._method(channel, payload)
+                elif ftype == FRAME_BODY:
+                    event = self._body(channel, payload)
+                elif ftype == FRAME_HEADER:
+                    event = self._header(channel, payload)
+                else:
+                    raise _bad_frame(ftype, payload, channel)
+            elif state is CLOSING:
+                # rabbit_reader:handle_frame/4 when stopping: only channel 0's methods are read
+                event = self._method0(payload) if ftype == FRAME_METHOD and not channel else None
+            elif ftype == FRAME_METHOD and not channel:
+                event = self._method0(payload)
+            elif ftype == FRAME_HEARTBEAT and not payload and not channel:
                 event = None
-            elif ftype in (FRAME_METHOD, FRAME_BODY, FRAME_HEADER) or (
-                ftype == FRAME_HEARTBEAT and not payload
-            ):
-                # a known frame type on the wrong channel, or a channel frame before open
-                raise ConnectionError_(
-                    UNEXPECTED_FRAME, f"type {ftype}, all octets = {erlang_binary(payload)}"
-                )
-            else:
-                raise ConnectionError_(
-                    FRAME_ERROR,
-                    f"type {ftype}, all octets = {erlang_binary(payload)}: unknown_frame",
-                )
+            else:  # a channel frame before open, a content frame on channel 0, or garbage
+                raise _bad_frame(ftype, payload, channel)
             if event is not None:
                 return event
 
@@ -230,60 +376,100 @@ class ProtocolConnection:
         self.header_done = True
         return Sentinel.PROTOCOL_HEADER
 
-    def _method(self, channel: int, payload: bytes) -> Event | None:
-        if len(payload) < 4:
-            raise ConnectionError_(
-                FRAME_ERROR, f"type 1, all octets = {erlang_binary(payload)}: unknown_frame"
+    def _method0(self, payload: bytes) -> Event | None:
+        """A method on channel 0: the handshake in order, then close (or update-secret)."""
+        method = _decode(payload)
+        kind = type(method)
+        state = self.state
+        if state is CLOSING:
+            return (0, method) if kind is _ConnClose or kind is _ConnCloseOk else None
+        if kind not in _RECEIVABLE[state]:
+            # RabbitMQ's wording with its name for the state: a close (or update-secret)
+            # before connection.open is refused too; before tune-ok the socket just closes
+            raise _OutOfTurn(
+                CHANNEL_ERROR,
+                f"unexpected method in connection state {STATE_NAMES[state]}",
+                method.index >> 16,
+                method.index & 0xFFFF,
             )
-        method = decode_method(payload)
-        if channel == 0:
-            if self.closing and not isinstance(
-                method, commands.Connection.Close | commands.Connection.CloseOk
-            ):
-                return None
-            return (0, method)
-        if self.closing:
-            return None
-        state = self.channels.get(channel)
-        if state is None:
-            if isinstance(method, commands.Channel.Open):
+        if kind is _TuneOk:
+            self._tune(method)
+        elif kind is _ConnClose:
+            self.state = CLOSING  # close-ok is owed; nothing but close and close-ok is read
+        return (0, method)
+
+    def _tune(self, method: commands.Connection.TuneOk) -> None:
+        """Accept the client's tune-ok if it stays within the broker's connection.tune."""
+        offered_channel_max, offered_frame_max = self._offer
+        # 0 means "no limit": more than the server proposed unless it proposed 0 too
+        frame_max = method.frame_max or 2**32 - 1
+        server_frame_max = offered_frame_max or 2**32 - 1
+        if frame_max > server_frame_max or frame_max < FRAME_MIN_SIZE:
+            raise ConnectionError_(
+                NOT_ALLOWED,
+                f"frame_max={method.frame_max} outside {FRAME_MIN_SIZE}..{server_frame_max}",
+                10,
+                31,
+            )
+        channel_max = method.channel_max or 65535
+        if channel_max > (offered_channel_max or 65535):
+            raise ConnectionError_(
+                NOT_ALLOWED, f"channel_max={method.channel_max} > {offered_channel_max}", 10, 31
+            )
+        self.frame_max = frame_max
+        self.channel_max = channel_max
+        self.heartbeat = method.heartbeat
+        self.state = OPENING
+
+    def _method(self, channel: int, payload: bytes) -> Event | None:
+        method = _decode(payload)
+        record = self.channels.get(channel)
+        if record is None:
+            if type(method) is _ChOpen:
                 if self.channel_max and len(self.channels) >= self.channel_max:
                     raise ConnectionError_(
                         NOT_ALLOWED,
                         f"number of channels opened ({len(self.channels)}) has reached the "
                         f"negotiated channel_max ({self.channel_max})",
                     )
-                self.channels[channel] = _Channel()
+                self.channels[channel] = ChannelRecord()
                 return (channel, method)
             raise ConnectionError_(
                 CHANNEL_ERROR, "expected 'channel.open'", method.index >> 16, method.index & 0xFFFF
             )
-        if state.closing:
-            if isinstance(method, commands.Channel.CloseOk):
-                del self.channels[channel]
-                return (channel, method)
-            if isinstance(method, commands.Channel.Close):
-                return (channel, method)
-            if isinstance(method, commands.Channel.Open):  # RabbitMQ checks this one first
-                raise ConnectionError_(CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
+        if record.state is not _CH_OPEN and record.state is not _CH_OPENING:
+            return self._closing_channel_method(channel, record, method)
+        if record.pending is not None:
+            raise _content_error(record)
+        kind = type(method)
+        if kind is BasicPublish:
+            record.pending = method
             return None
-        if state.pending is not None:
-            raise _content_error(state)
-        if isinstance(method, BasicPublish):
-            state.pending = method
-            return None
-        if isinstance(method, commands.Channel.Open):
+        if kind is _ChOpen:
             raise ConnectionError_(CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
+        if kind is _ChClose:
+            record.state = _CH_CLOSE_RECEIVED  # close-ok owed
         return (channel, method)
+
+    def _closing_channel_method(
+        self, channel: int, record: ChannelRecord[OwnerT], method: Method
+    ) -> Event | None:
+        kind = type(method)
+        if kind is _ChOpen:  # RabbitMQ checks this one first
+            raise ConnectionError_(CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
+        if record.state is _CH_CLOSE_SENT:
+            if kind is _ChCloseOk:
+                del self.channels[channel]  # the id is free again
+                return (channel, method)
+            if kind is _ChClose:
+                return (channel, method)  # the closes crossed: close-ok is owed all the same
+        return None  # after a close, all but close and close-ok is dropped
 
     def _header(self, channel: int, payload: bytes) -> Event | None:
         state = self.channels.get(channel)
-        if self.closing or (state is not None and state.closing):
-            return None
         if state is None or state.pending is None:
-            raise ConnectionError_(
-                UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
-            )
+            _check_no_publish(state)
+            return None
         if state.properties:
             raise _content_error(state)
         if len(payload) < 14:
@@ -328,12 +514,9 @@ class ProtocolConnection:
 
     def _body(self, channel: int, payload: bytes) -> Event | None:
         state = self.channels.get(channel)
-        if self.closing or (state is not None and state.closing):
-            return None
         if state is None or state.pending is None:
-            raise ConnectionError_(
-                UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
-            )
+            _check_no_publish(state)
+            return None
         if not state.properties:
             raise _content_error(state)
         received = state.received + len(payload)
@@ -357,7 +540,7 @@ class ProtocolConnection:
         return None
 
     @staticmethod
-    def _complete(channel: int, state: _Channel, body: bytes) -> Event:
+    def _complete(channel: int, state: ChannelRecord[OwnerT], body: bytes) -> Event:
         method = state.pending
         assert method is not None
         content = Content(method, state.properties, body)
@@ -368,7 +551,40 @@ class ProtocolConnection:
         return (channel, content)
 
 
-def _content_error(state: _Channel) -> ConnectionError_:
+def _check_no_publish(state: ChannelRecord[OwnerT] | None) -> None:
+    """A content frame with no publish before it: dropped on a closing channel, else 505."""
+    if state is not None and (state.state is _CH_CLOSE_SENT or state.state is _CH_CLOSE_RECEIVED):
+        return  # its publish was dropped with the channel's other frames
+    raise ConnectionError_(UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
+
+
+def _decode(payload: bytes) -> Method:
+    if len(payload) < 4:
+        raise ConnectionError_(
+            FRAME_ERROR, f"type 1, all octets = {erlang_binary(payload)}: unknown_frame"
+        )
+    return decode_method(payload)
+
+
+def _bad_frame(ftype: int, payload: bytes, channel: int) -> ConnectionError_:
+    if ftype in (FRAME_METHOD, FRAME_BODY, FRAME_HEADER) or (
+        ftype == FRAME_HEARTBEAT and not payload
+    ):
+        # a known frame type on the wrong channel, or a channel frame before open
+        return ConnectionError_(
+            UNEXPECTED_FRAME, f"type {ftype}, all octets = {erlang_binary(payload)}"
+        )
+    return ConnectionError_(
+        FRAME_ERROR, f"type {ftype}, all octets = {erlang_binary(payload)}: unknown_frame"
+    )
+
+
+def _require(allowed: bool, state: ConnectionState | ChannelState, method: Method) -> None:
+    if not allowed:
+        raise LocalProtocolError(f"{method.name} cannot be sent in state {state.name}")
+
+
+def _content_error(state: ChannelRecord[OwnerT]) -> ConnectionError_:
     """A frame out of place while a publish waits for its content header or body."""
     if not state.properties:
         text = "expected content header for class 60, got non content header frame instead"

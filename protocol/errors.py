@@ -39,6 +39,11 @@ class ConnectionError_(AMQPError):  # the underscore avoids shadowing the builti
     """Closes the whole connection (hard error)."""
 
 
+class LocalProtocolError(Exception):
+    """The broker asked to send what the protocol state forbids: a bug on our side, not the
+    client's (h11's LocalProtocolError). Nothing was sent; the connection closes with 541."""
+
+
 def erlang_binary(data: bytes) -> str:
     """Octets as RabbitMQ prints them in its reply texts: ``<<"abc">>`` or ``<<0,20,0,10>>``."""
     if not data:

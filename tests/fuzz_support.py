@@ -19,9 +19,18 @@ from typing import Any
 from hypothesis import strategies as st
 from pamqp import commands
 
-from warren.protocol.connection import NEED_DATA, Content, ProtocolConnection, Sentinel
-from warren.protocol.constants import FRAME_MIN_SIZE, PROTOCOL_HEADER, REPLY_NAMES
+from warren.protocol.connection import (
+    CLOSING,
+    NEED_DATA,
+    OPEN,
+    OPENING,
+    Content,
+    ProtocolConnection,
+    Sentinel,
+)
+from warren.protocol.constants import PROTOCOL_HEADER, REPLY_NAMES
 from warren.protocol.errors import AMQPError, ChannelError, ConnectionError_
+from warren.protocol.methods import make
 from warren.protocol.properties import read_properties
 from warren.protocol.tables import MAX_DEPTH
 
@@ -401,7 +410,7 @@ class Driver:
 
     def __init__(self, frame_max: int = 131072, max_message_size: int = 1 << 20) -> None:
         self.server_frame_max = frame_max
-        self.proto = ProtocolConnection(frame_max, max_message_size)
+        self.proto: ProtocolConnection[None] = ProtocolConnection(frame_max, max_message_size)
         self.max_message_size = max_message_size
         self.opened: set[int] = set()
         self.events: list[str] = []
@@ -442,6 +451,7 @@ class Driver:
         proto = self.proto
         if event is Sentinel.PROTOCOL_HEADER:
             self.events.append("header")
+            proto.send(0, commands.Connection.Start(mechanisms="PLAIN", locales="en_US"))
             return
         if event is Sentinel.BAD_PROTOCOL_HEADER:
             self.events.append("bad-header")
@@ -458,32 +468,44 @@ class Driver:
         name = getattr(item, "name", type(item).__name__)
         self.events.append(f"{channel}:{name}")
         if channel == 0:
-            if isinstance(item, commands.Connection.TuneOk):
-                frame_max = item.frame_max or 2**32 - 1
-                if not FRAME_MIN_SIZE <= frame_max <= self.server_frame_max:
-                    raise Finished  # the broker refuses the tuning (connection.close)
-                proto.tuned(frame_max, min(item.channel_max or 65535, 2047))
+            # the protocol lets each handshake step through once, in order, and tunes itself
+            if isinstance(item, commands.Connection.StartOk):
+                tune = commands.Connection.Tune(2047, self.server_frame_max, 0)
+                proto.send(0, tune)
             elif isinstance(item, commands.Connection.Open):
-                proto.open()
-            elif isinstance(item, commands.Connection.Close | commands.Connection.CloseOk):
+                proto.send(0, commands.Connection.OpenOk())
+            elif isinstance(item, commands.Connection.Close):
+                proto.send(0, commands.Connection.CloseOk())
+                raise Finished
+            elif isinstance(item, commands.Connection.CloseOk):
                 raise Finished
             return
         if isinstance(item, commands.Channel.Open):
             assert channel not in self.opened or channel not in proto.channels
             self.opened.add(channel)
+            proto.send(channel, make(commands.Channel.OpenOk, channel_id=""))
         elif isinstance(item, commands.Channel.Close):
-            proto.channel_closed(channel)
+            proto.send(channel, commands.Channel.CloseOk())
             self.opened.discard(channel)
         elif isinstance(item, commands.Channel.CloseOk):
             self.opened.discard(channel)
         elif isinstance(item, commands.Queue.Declare) and item.passive:
             # stands in for any method the broker refuses with channel.close
-            proto.close_channel(channel)
+            proto.send(channel, commands.Channel.Close(404, "NOT_FOUND - no queue", 50, 10))
 
     def _connection_error(self, exc: ConnectionError_) -> None:
         check_error(exc, HARD_CODES)
-        # the stream cannot be trusted past a framing error: nothing more comes out
-        assert self.proto.next_event() is NEED_DATA
+        proto = self.proto
+        if proto.failed:
+            # the stream cannot be trusted past a framing error: nothing more comes out
+            assert proto.next_event() is NEED_DATA
+        else:  # a method out of turn on channel 0: the broker closes, close-ok may follow
+            assert exc.code == 504 and "unexpected method in connection state" in exc.text
+            if proto.state is OPENING or proto.state is OPEN:
+                proto.send(0, commands.Connection.Close(exc.code, exc.text[:255], 0, 0))
+            else:
+                proto.abort()
+            assert proto.state is CLOSING
         self.error = exc
         self.events.append(f"connection-error:{exc.code}")
         self.done = True
@@ -493,7 +515,7 @@ class Driver:
         assert exc.channel in self.proto.channels, "channel error on a channel that is not open"
         self.channel_errors.append((exc.channel, exc.code))
         self.events.append(f"channel-error:{exc.channel}:{exc.code}")
-        self.proto.close_channel(exc.channel)
+        self.proto.send(exc.channel, commands.Channel.Close(exc.code, exc.text[:255], 60, 40))
 
     def _check_bounds(self) -> None:
         proto = self.proto

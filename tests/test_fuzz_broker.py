@@ -322,7 +322,8 @@ def target() -> Iterator[FuzzTarget]:
 
     def connection_lost(self: warren.broker.connection.Connection) -> None:
         if self.peer is not None and not self.closed:
-            closed[self.peer[1]] = Closed(self.tuned, self._close_reason)
+            tuned = self.protocol.channel_max != 0  # 0 until a tune-ok is accepted
+            closed[self.peer[1]] = Closed(tuned, self._close_reason)
         original(self)
 
     # The seeds are sessions of 3.x-era clients (transient queues), and 541 here means an

@@ -41,11 +41,12 @@ from fuzz_support import (
 )
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
+from pamqp import commands
 
-from warren.protocol.connection import NEED_DATA, ProtocolConnection
+from warren.protocol.connection import NEED_DATA, OPEN, ProtocolConnection
 from warren.protocol.constants import FRAME_ERROR, PROTOCOL_HEADER
 from warren.protocol.errors import ConnectionError_, truncate_reply_text
-from warren.protocol.methods import decode_method
+from warren.protocol.methods import decode_method, encode_method_payload
 from warren.protocol.properties import (
     PropertiesError,
     read_properties,
@@ -138,20 +139,20 @@ def test_nothing_is_kept_after_a_connection_error(stream: bytes, extra: bytes) -
 
 
 def opened_connection(frame_max: int = 131072, max_message_size: int = 1 << 20) -> Driver:
-    """A Driver past the handshake of the pika seed, with channel 1 open."""
+    """A Driver past the handshake of the pika seed (tuned to ``frame_max``), channel 1 open."""
     _, frames, _ = split_frames(SEEDS["pika_session"])
-    handshake = PROTOCOL_HEADER + b"".join(f.encode() for f in frames[:3])
+    start_ok, _, open_ = (f.encode() for f in frames[:3])
+    tune_ok = frame(1, 0, encode_method_payload(commands.Connection.TuneOk(2047, frame_max, 0)))
     driver = Driver(frame_max, max_message_size)
-    driver.feed(handshake + frame(1, 1, b"\x00\x14\x00\x0a\x00"))
-    assert driver.proto.opened and 1 in driver.proto.channels, driver.events
+    driver.feed(PROTOCOL_HEADER + start_ok + tune_ok + open_ + frame(1, 1, b"\x00\x14\x00\x0a\x00"))
+    assert driver.proto.state is OPEN and 1 in driver.proto.channels, driver.events
     return driver
 
 
 def test_a_frame_dripped_one_octet_at_a_time_costs_linear_time() -> None:
     """A frame sent an octet per read must not be re-copied on every read (quadratic time)."""
-    driver = opened_connection(frame_max=2**20)
+    driver = opened_connection(frame_max=2**20)  # as a broker with frame_max = 1MiB would
     proto = driver.proto
-    proto.tuned(2**20, 2047)  # as a broker with frame_max = 1MiB would
     payload = b"\x00\x32\x00\x0a\x00\x00\x00" + b"\x00" * (proto.frame_max - 7)
     data = struct.pack(">BHI", 1, 1, len(payload)) + payload  # frame end withheld
     started = time.perf_counter()

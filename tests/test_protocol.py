@@ -12,6 +12,7 @@ from warren.protocol import (
     NEED_DATA,
     ChannelError,
     ConnectionError_,
+    ConnectionState,
     Content,
     ProtocolConnection,
     Sentinel,
@@ -51,14 +52,45 @@ def header_payload(size: int, props: bytes = b"\x00\x00") -> bytes:
     return struct.pack(">HHQ", 60, 0, size) + props
 
 
-def opened(frame_max: int = 4096, max_message_size: int = 1 << 20) -> ProtocolConnection:
-    conn = ProtocolConnection(frame_max, max_message_size)
-    conn.open()
-    conn.receive_data(PROTOCOL_HEADER + frame(1, 1, encode_method_payload(commands.Channel.Open())))
+def method(channel: int, value: object) -> bytes:
+    return frame(1, channel, encode_method_payload(value))
+
+
+def handshaken(
+    frame_max: int = 4096, max_message_size: int = 1 << 20, channel_max: int = 0
+) -> ProtocolConnection[None]:
+    """A connection through the handshake, the broker's part played with ``send``."""
+    conn: ProtocolConnection[None] = ProtocolConnection(frame_max, max_message_size)
+    conn.receive_data(PROTOCOL_HEADER)
     assert conn.next_event() is Sentinel.PROTOCOL_HEADER
-    channel, method = conn.next_event()  # type: ignore[misc]
-    assert channel == 1 and isinstance(method, commands.Channel.Open)
+    conn.send(0, commands.Connection.Start())
+    conn.receive_data(method(0, commands.Connection.StartOk(response="\0guest\0guest")))
+    assert isinstance(conn.next_event()[1], commands.Connection.StartOk)  # type: ignore[index]
+    conn.send(0, commands.Connection.Tune(channel_max, frame_max, 60))
+    conn.receive_data(method(0, commands.Connection.TuneOk(channel_max, frame_max, 30)))
+    assert isinstance(conn.next_event()[1], commands.Connection.TuneOk)  # type: ignore[index]
+    conn.receive_data(method(0, commands.Connection.Open()))
+    assert isinstance(conn.next_event()[1], commands.Connection.Open)  # type: ignore[index]
+    conn.send(0, commands.Connection.OpenOk())
+    assert conn.state is ConnectionState.OPEN
     return conn
+
+
+def open_channel(conn: ProtocolConnection[None], channel: int) -> None:
+    conn.receive_data(method(channel, commands.Channel.Open()))
+    got, opened_ = conn.next_event()  # type: ignore[misc]
+    assert got == channel and isinstance(opened_, commands.Channel.Open)
+    conn.send(channel, commands.Channel.OpenOk())
+
+
+def opened(frame_max: int = 4096, max_message_size: int = 1 << 20) -> ProtocolConnection[None]:
+    conn = handshaken(frame_max, max_message_size)
+    open_channel(conn, 1)
+    return conn
+
+
+def channel_close(code: int = 406) -> commands.Channel.Close:
+    return commands.Channel.Close(code, "PRECONDITION_FAILED - x", 60, 40)
 
 
 def events(conn: ProtocolConnection) -> list[object]:
@@ -183,7 +215,7 @@ def test_oversized_message_is_a_channel_error_and_its_frames_are_dropped() -> No
     with pytest.raises(ChannelError) as info:
         conn.next_event()
     assert info.value.code == 406 and info.value.channel == 1
-    conn.close_channel(1)  # what the broker does when it sends channel.close
+    conn.send(1, channel_close())  # what the broker does with the error
     conn.receive_data(
         frame(3, 1, b"x" * 11) + frame(1, 1, encode_method_payload(commands.Channel.CloseOk()))
     )
@@ -193,7 +225,7 @@ def test_oversized_message_is_a_channel_error_and_its_frames_are_dropped() -> No
 
 def test_closing_channel_ignores_everything_but_close_ok() -> None:
     conn = opened()
-    conn.close_channel(1)
+    conn.send(1, channel_close())
     conn.receive_data(
         frame(1, 1, publish_payload("", "q"))
         + frame(2, 1, header_payload(1))
@@ -212,8 +244,8 @@ def test_closing_channel_ignores_everything_but_close_ok() -> None:
 
 
 def test_channel_max_counts_open_channels() -> None:
-    conn = opened()
-    conn.tuned(4096, 2)
+    conn = handshaken(channel_max=2)
+    open_channel(conn, 1)
     conn.receive_data(frame(1, 9, encode_method_payload(commands.Channel.Open())))
     assert len(events(conn)) == 1
     conn.receive_data(frame(1, 3, encode_method_payload(commands.Channel.Open())))
@@ -343,7 +375,9 @@ def test_properties_split_and_join_are_exact() -> None:
         # the fields before delivery_mode are skipped by their lengths, not decoded
         (
             commands.Basic.Properties(
-                content_type="x/y", content_encoding="gzip", headers={"h": "v" * 300},
+                content_type="x/y",
+                content_encoding="gzip",
+                headers={"h": "v" * 300},
                 delivery_mode=2,
             ),
             True,

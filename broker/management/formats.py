@@ -107,8 +107,10 @@ def channel_name(channel: Channel) -> str:
 
 
 def connected_at_ms(mgmt: Management, conn: Connection) -> int:
-    """``opened_at`` is on the loop's monotonic clock; the API shows wall-clock milliseconds."""
-    age = mgmt.broker.timers.now() - conn.opened_at
+    """When it was opened (connected, if it never was), on the loop's monotonic clock; the API
+    shows wall-clock milliseconds."""
+    since = conn.opened_at if conn.opened_at is not None else conn.connected_at
+    age = mgmt.broker.timers.now() - since
     return int((mgmt.wall_clock() - age) * 1000)
 
 
