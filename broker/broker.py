@@ -74,6 +74,7 @@ class Broker:
             vhost.stats = self.stats
             vhost.deprecated = self.deprecated
             vhost.default_queue_type = self.settings.default_queue_type
+            vhost.relaxed_quorum_redeclare = self.settings.quorum_relaxed_checks_on_redeclaration
             if not self.settings.local_random_exchange_enabled:
                 vhost.disabled_exchange_types = frozenset({"x-local-random"})
             self.tracing.attach(vhost)

@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -167,6 +168,26 @@ def test_global_qos_is_applied_per_consumer_by_default(default: RunningBroker, n
 
 def test_global_qos_is_shared_once_permitted(permitted: RunningBroker, name: str) -> None:
     assert _deliveries_with_global_qos(permitted, name) == 1
+
+
+def test_a_consumer_qos_lifts_the_channel_limit(permitted: RunningBroker, name: str) -> None:
+    """basic.qos(global=false) unlimits the channel's prefetch (rabbit_channel:handle_method/3
+    calls rabbit_limiter:unlimit_prefetch/1, in 4.3 as in 3.10: the 3.10 on this machine
+    delivers all three messages here too)."""
+    ch = channel(permitted)
+    ch.queue_declare(name, durable=True)
+    for _ in range(3):
+        ch.basic_publish("", name, b"m")
+    ch.basic_qos(prefetch_count=1, global_qos=True)
+    ch.basic_qos(prefetch_count=10, global_qos=False)
+    got: list[bytes] = []
+    ch.basic_consume(name, lambda c, m, p, b: got.append(b))
+    deadline = time.monotonic() + 5
+    while len(got) < 3 and time.monotonic() < deadline:
+        ch.connection.process_data_events(time_limit=0.05)
+    assert len(got) == 3
+    ch.queue_delete(name)
+    ch.connection.close()
 
 
 def test_denied_global_qos_is_logged_as_an_error(
