@@ -301,13 +301,8 @@ class VirtualHost:
             self._check_equivalent(existing, durable, exclusive, auto_delete, arguments, connection)
             existing.touch()
             return existing
-        max_queues = self.limits.get("max-queues")
-        if max_queues is not None and 0 <= max_queues <= len(self.queues):
-            raise ChannelError(
-                PRECONDITION_FAILED,
-                f"cannot declare queue '{name}': queue limit in vhost '{self.name}' "
-                f"({max_queues}) is reached",
-            )
+        # in the order of rabbit_amqqueue:declare/7: arguments, transient_nonexcl_queues,
+        # the vhost's queue limit (rabbit_queue_type:declare/2), queue_master_locator
         stream = arguments.get("x-queue-type") == "stream"  # broker/stream.py
         validate = validate_stream_arguments if stream else validate_queue_arguments
         validate(
@@ -319,7 +314,16 @@ class VirtualHost:
             auto_delete=auto_delete,
         )
         if self.deprecated is not None:
-            self.deprecated.check_new_queue(durable, exclusive, arguments)
+            self.deprecated.check_transient_queue(durable, exclusive)
+        max_queues = self.limits.get("max-queues")
+        if max_queues is not None and 0 <= max_queues <= len(self.queues):
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"cannot declare queue '{name}': queue limit in vhost '{self.name}' "
+                f"({max_queues}) is reached",
+            )
+        if self.deprecated is not None:
+            self.deprecated.check_master_locator(arguments)
         queue = (StreamQueue if stream else Queue)(
             self,
             name,

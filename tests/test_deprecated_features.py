@@ -104,6 +104,35 @@ def test_transient_non_exclusive_queue_is_refused_with_541(
     assert name not in default.queues()
 
 
+def test_checks_of_a_new_queue_in_4_3_order(name: str) -> None:
+    """rabbit_amqqueue:declare/7: the arguments (406), then transient_nonexcl_queues (541),
+    then the vhost's queue limit (rabbit_queue_type:check_queue_limits/1, 406), then
+    queue_master_locator (rabbit_classic_queue:declare/2, 541)."""
+    with run_broker() as broker:
+        vhost = broker.server.broker.vhosts["/"]
+        broker.call(lambda: vhost.limits.update({"max-queues": 0}))
+        addr = (broker.host, broker.port)
+
+        def declare(arguments: dict[str, object], durable: bool) -> tuple[int, str, int, int]:
+            with RawClient.connect(addr) as client:
+                method = commands.Queue.Declare(queue=name, durable=durable, arguments=arguments)
+                client.send_method(1, method)
+                _, close = client.read_method()
+                assert isinstance(close, commands.Connection.Close | commands.Channel.Close)
+                return (close.reply_code, close.reply_text, close.class_id, close.method_id)
+
+        assert declare({"x-max-length": -1}, durable=False)[0] == 406  # invalid arg
+        assert declare({}, durable=False)[:2] == (541, reply_text(TRANSIENT_DENIED))
+        limit = "cannot declare queue '{}': queue limit in vhost '/' (0) is reached"
+        locator = {"x-queue-master-locator": "min-masters"}
+        assert declare(locator, durable=True)[:2] == (
+            406,
+            f"PRECONDITION_FAILED - {limit.format(name)}",
+        )
+        broker.call(lambda: vhost.limits.update({"max-queues": -1}))
+        assert declare(locator, durable=True)[:2] == (541, reply_text(LOCATOR_DENIED))
+
+
 def test_exclusive_durable_and_existing_queues_stay_allowed(
     default: RunningBroker, permitted: RunningBroker, name: str
 ) -> None:
