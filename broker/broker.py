@@ -81,7 +81,7 @@ class Broker:
             if self.recording is not None:
                 self.recording.attach(vhost)
             if persist and self.persistence is not None:
-                self.persistence.vhost_added(name)
+                self.persistence.vhost_added(name, vhost.default_queue_type)
         return vhost
 
     def record(self, on: bool) -> Recording | None:

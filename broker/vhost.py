@@ -401,6 +401,11 @@ class VirtualHost:
         checked = EQUIVALENCE_CHECKED.get(existing.queue_type, EQUIVALENCE_CHECKED["classic"])
         check_equivalent_arguments(existing.arguments, arguments, existing.name, self.name, checked)
 
+    def set_default_queue_type(self, queue_type: str, persist: bool = True) -> None:
+        self.default_queue_type = queue_type
+        if persist and self.persistence is not None:
+            self.persistence.vhost_queue_type_set(self.name, queue_type)
+
     def delete_queue(self, queue: Queue) -> int:
         """Delete a queue with its bindings and messages; cancel its consumers."""
         if queue.deleted:

@@ -294,3 +294,25 @@ def test_arguments_of_other_queue_types_are_refused(
         50,
         10,
     )
+
+
+def test_a_vhost_keeps_its_type_across_restarts(tmp_path: Path, name: str) -> None:
+    """4.3 stores the type in the vhost's metadata: the one given, else the node's at creation
+    (rabbit_vhost:do_add/3), so a later default_queue_type in rabbitmq.conf changes no
+    existing vhost; a vhost stored without one (an older data directory) gets the node's at
+    recovery (rabbit_vhost:recover/1)."""
+    data = str(tmp_path / "data")
+    with run_broker(data_dir=data, management_port=0) as running:
+        api(running).ok("PUT", f"/api/vhosts/{name}", {"default_queue_type": "quorum"})
+    with run_broker(data_dir=data, management_port=0, default_queue_type="stream") as running:
+        http = api(running)
+        assert http.ok("GET", f"/api/vhosts/{name}")["default_queue_type"] == "quorum"
+        assert http.ok("GET", "/api/vhosts/%2F")["default_queue_type"] == "classic"
+    db = sqlite3.connect(tmp_path / "data" / "definitions.sqlite3")
+    with db:
+        db.execute("DELETE FROM vhost_queue_types")  # as an older Warren stored them
+    db.close()
+    with run_broker(data_dir=data, management_port=0, default_queue_type="stream") as running:
+        assert api(running).ok("GET", "/api/vhosts/%2F")["default_queue_type"] == "stream"
+    with run_broker(data_dir=data, management_port=0) as running:
+        assert api(running).ok("GET", "/api/vhosts/%2F")["default_queue_type"] == "stream"

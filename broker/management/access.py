@@ -257,7 +257,7 @@ def put_vhost(mgmt: Management, name: str, body: dict[str, Any]) -> bool:
     meta.description = description
     meta.tags = list(parse_tags(tags or []))
     if queue_type not in (None, "undefined"):  # else kept (rabbit_db_vhost:merge_metadata/2)
-        vhost.default_queue_type = queue_type
+        vhost.set_default_queue_type(queue_type)
     meta.tracing = parse_bool(body.get("tracing"))
     return not existed
 
