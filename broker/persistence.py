@@ -156,11 +156,11 @@ class Persistence:
             access.permissions.clear()
             broker.vhosts.clear()
         for name in defs.vhosts:
-            vhost = broker.add_vhost(name, persist=False)
+            restored = broker.add_vhost(name, persist=False)
             # a vhost keeps the type it was created with; one stored without (an older
             # Warren) gets the node's, kept from now on (rabbit_vhost:recover/1)
-            stored = defs.vhost_queue_types.get(name)
-            vhost.set_default_queue_type(stored or vhost.default_queue_type, persist=not stored)
+            dqt = defs.vhost_queue_types.get(name)
+            restored.set_default_queue_type(dqt or restored.default_queue_type, persist=not dqt)
         for name, password_hash, tags in defs.users:
             access.add_user(name, password_hash=password_hash, tags=tags, persist=False)
         for user_name, on_vhost, configure, write, read in defs.permissions:
