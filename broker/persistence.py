@@ -42,8 +42,7 @@ class Persistence:
     # ---- hooks from the engine ----
 
     def vhost_added(self, name: str, default_queue_type: str) -> None:
-        self.definitions.save_vhost(name)
-        self.vhost_queue_type_set(name, default_queue_type)
+        self.definitions.save_vhost(name, default_queue_type)
 
     def vhost_queue_type_set(self, name: str, default_queue_type: str) -> None:
         self.definitions.save_vhost_queue_type(name, default_queue_type)

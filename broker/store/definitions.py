@@ -75,8 +75,11 @@ class DefinitionStore:
 
     # ---- writes: each call is one transaction ----
 
-    def save_vhost(self, name: str) -> None:
+    def save_vhost(self, name: str, queue_type: str) -> None:
+        self.db.execute("BEGIN")  # one transaction, one sync
         self._run("INSERT OR IGNORE INTO vhosts VALUES (?)", name)
+        self._run("INSERT OR REPLACE INTO vhost_queue_types VALUES (?, ?)", name, queue_type)
+        self.db.execute("COMMIT")
 
     def save_vhost_queue_type(self, name: str, queue_type: str) -> None:
         self._run("INSERT OR REPLACE INTO vhost_queue_types VALUES (?, ?)", name, queue_type)
