@@ -14,36 +14,88 @@ MAX_UINT32 = 2**32 - 1
 # than 2^32 ms, so Warren takes RabbitMQ's limit rather than a 32-bit one
 MAX_TTL = 315_360_000_000
 
-# arguments whose values must match on redeclare (RabbitMQ ignores others)
-EQUIVALENCE_CHECKED = (  # in the order RabbitMQ checks them, so the same one is named
-    "x-expires",
-    "x-message-ttl",
+# Arguments whose values must match on redeclare, by the existing queue's type, in the order
+# RabbitMQ 4.3 checks them (rabbit_amqqueue:assert_args_equivalence/2 takes the type's
+# capabilities() queue_arguments: rabbit_classic_queue, rabbit_quorum_queue,
+# rabbit_stream_queue), so that the same argument is named. Warren's own arguments on a type
+# that 4.3 does not give them follow.
+_RETRY = ("x-delayed-retry-type", "x-delayed-retry-min", "x-delayed-retry-max")
+_WARREN_RETRY = ("x-delayed-retry-multiplier", "x-delayed-retry-schedule")
+EQUIVALENCE_CHECKED: dict[str, tuple[str, ...]] = {
+    "classic": (
+        "x-expires",
+        "x-message-ttl",
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-max-length",
+        "x-max-length-bytes",
+        "x-max-priority",
+        "x-overflow",
+        "x-queue-mode",
+        "x-queue-version",
+        "x-single-active-consumer",
+        "x-queue-type",
+        "x-queue-master-locator",
+        "x-queue-leader-locator",
+        # Warren's own on classic queues
+        "x-delivery-limit",
+        "x-consumer-timeout",
+        *_RETRY,
+        *_WARREN_RETRY,
+    ),
+    "quorum": (
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-dead-letter-strategy",
+        "x-expires",
+        "x-max-length",
+        "x-max-length-bytes",
+        "x-max-in-memory-length",
+        "x-max-in-memory-bytes",
+        "x-overflow",
+        "x-single-active-consumer",
+        "x-queue-type",
+        "x-quorum-initial-group-size",
+        "x-delivery-limit",
+        "x-message-ttl",
+        "x-queue-leader-locator",
+        "x-consumer-disconnected-timeout",
+        "x-consumer-timeout",
+        *_RETRY,
+        *_WARREN_RETRY,
+    ),
+    "stream": (  # broker/stream.py
+        "x-max-length-bytes",
+        "x-queue-type",
+        "x-max-age",
+        "x-stream-max-segment-size-bytes",
+        "x-stream-filter-size-bytes",
+        "x-initial-cluster-size",
+        "x-queue-leader-locator",
+    ),
+}
+# quorum_queue.property_equivalence.relaxed_checks_on_redeclaration: a quorum queue
+# redeclared as classic is checked on these only (rabbit_amqqueue:
+# perform_limited_equivalence_checks_on_qq_redeclaration/2)
+RELAXED_CHECKED = (
     "x-dead-letter-exchange",
     "x-dead-letter-routing-key",
+    "x-expires",
     "x-max-length",
     "x-max-length-bytes",
-    "x-max-priority",
-    "x-overflow",
-    "x-queue-mode",
     "x-single-active-consumer",
-    "x-queue-type",
-    "x-delivery-limit",
-    "x-consumer-timeout",
-    "x-delayed-retry-type",
-    "x-delayed-retry-min",
-    "x-delayed-retry-max",
-    "x-delayed-retry-multiplier",
-    "x-delayed-retry-schedule",
-    # streams (broker/stream.py)
-    "x-max-age",
-    "x-stream-max-segment-size-bytes",
-    "x-stream-filter-size-bytes",
-    "x-initial-cluster-size",
+    "x-message-ttl",
 )
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
-# queue arguments of classic queues that RabbitMQ 4.3's quorum queues do not take
-CLASSIC_ONLY = ("x-max-priority", "x-queue-mode", "x-queue-version", "x-queue-master-locator")
+# Arguments of other queue types that a type refuses (rabbit_amqqueue:check_arguments_key/4:
+# every type's queue_arguments but its own, 3.10 and 4.3 alike). Classic queues keep Warren's
+# x-delivery-limit, x-consumer-timeout and x-delayed-retry-* (README, "Where Warren differs").
+_KNOWN = {arg for args in EQUIVALENCE_CHECKED.values() for arg in args} - set(_WARREN_RETRY)
+REFUSED_BY_TYPE: dict[str, frozenset[str]] = {
+    "classic": frozenset(_KNOWN - set(EQUIVALENCE_CHECKED["classic"])),
+    "quorum": frozenset(_KNOWN - set(EQUIVALENCE_CHECKED["quorum"])),
+}
 QUEUE_TYPES = ("classic", "quorum")
 
 
@@ -161,15 +213,16 @@ def validate_queue_arguments(
             raise _invalid(arg, queue, vhost, f"{{unacceptable_type,{kind}}}")
     if "x-dead-letter-routing-key" in args and "x-dead-letter-exchange" not in args:
         raise _invalid("x-dead-letter-routing-key", queue, vhost, "routing_key_but_no_dlx_defined")
-    if args.get("x-queue-type") == "quorum":
-        # RabbitMQ 4.3 (rabbit_amqqueue:check_arguments_key/4): classic queues' own arguments
-        for arg in args:
-            if arg in CLASSIC_ONLY:
-                raise ChannelError(
-                    PRECONDITION_FAILED,
-                    f"invalid arg '{arg}' for queue '{queue}' in vhost '{vhost}' of queue type "
-                    "rabbit_quorum_queue",
-                )
+    queue_type = args.get("x-queue-type", "classic")
+    refused = REFUSED_BY_TYPE.get(queue_type, frozenset())
+    for arg in args:  # in the order sent, as check_arguments_key/4
+        if arg in refused:
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"invalid arg '{arg}' for queue '{queue}' in vhost '{vhost}' of queue type "
+                f"rabbit_{queue_type}_queue",
+            )
+    if queue_type == "quorum":
         # a quorum queue is durable, not exclusive and not auto-delete, checked in the order of
         # rabbit_quorum_queue:declare/2 (4.3): an exclusive queue, made transient by the
         # declare, is named for its exclusivity
@@ -232,10 +285,15 @@ def _kind(wire: str) -> str:
 
 
 def check_equivalent_arguments(
-    current: dict[str, Any], received: dict[str, Any], queue: str, vhost: str
+    current: dict[str, Any],
+    received: dict[str, Any],
+    queue: str,
+    vhost: str,
+    checked: tuple[str, ...] = EQUIVALENCE_CHECKED["classic"],
 ) -> None:
-    """RabbitMQ compares type and value of the arguments it knows."""
-    for arg in EQUIVALENCE_CHECKED:
+    """RabbitMQ compares type and value of the arguments its queue type knows
+    (rabbit_misc:assert_args_equivalence/4)."""
+    for arg in checked:
         if arg not in current and arg not in received:
             continue
         have_type, got_type = wire_type(current, arg), wire_type(received, arg)
@@ -244,8 +302,16 @@ def check_equivalent_arguments(
                 continue
             detail = f"received '{_show(received[arg])}' but current is '{_show(current[arg])}'"
         else:
+            if arg == "x-queue-type" and _is_classic(current if arg in current else received):
+                # rabbit_misc:assert_field_equivalence/4: a queue without x-queue-type (one
+                # from before 4.x) is classic, and a classic one matches a declare without it
+                continue
             detail = f"received {_describe(received, arg)} but current is {_describe(current, arg)}"
         raise ChannelError(
             PRECONDITION_FAILED,
             f"inequivalent arg '{arg}' for queue '{queue}' in vhost '{vhost}': {detail}",
         )
+
+
+def _is_classic(table: dict[str, Any]) -> bool:
+    return table.get("x-queue-type") == "classic" and wire_type(table, "x-queue-type") == "longstr"

@@ -74,13 +74,14 @@ class Broker:
             vhost.stats = self.stats
             vhost.deprecated = self.deprecated
             vhost.default_queue_type = self.settings.default_queue_type
+            vhost.relaxed_quorum_redeclare = self.settings.quorum_relaxed_checks_on_redeclaration
             if not self.settings.local_random_exchange_enabled:
                 vhost.disabled_exchange_types = frozenset({"x-local-random"})
             self.tracing.attach(vhost)
             if self.recording is not None:
                 self.recording.attach(vhost)
             if persist and self.persistence is not None:
-                self.persistence.vhost_added(name)
+                self.persistence.vhost_added(name, vhost.default_queue_type)
         return vhost
 
     def record(self, on: bool) -> Recording | None:

@@ -593,6 +593,7 @@ class Channel:
             self.prefetch_global = method.prefetch_count
         else:
             self.prefetch_count = method.prefetch_count
+            self.prefetch_global = 0  # rabbit_limiter:unlimit_prefetch/1, as 3.10 does too
         self.reply(commands.Basic.QosOk())
         self.dispatch_all()
 

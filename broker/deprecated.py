@@ -215,11 +215,16 @@ class DeprecatedFeatures:
         # 541 at queue.declare; the 255-octet reply text cuts the warning (the log has it all)
         return ConnectionError_(INTERNAL_ERROR, self.text(name), 50, 10)
 
-    def check_new_queue(self, durable: bool, exclusive: bool, arguments: dict[str, Any]) -> None:
-        """A queue about to be created (rabbit_amqqueue:declare/7 order: the transient check,
-        then the classic queue's x-queue-master-locator in rabbit_classic_queue:declare/2)."""
+    def check_transient_queue(self, durable: bool, exclusive: bool) -> None:
+        """A queue about to be created (rabbit_amqqueue:declare/7,
+        is_queue_args_combination_permitted/1: after the argument checks, before the vhost's
+        queue limit)."""
         if not durable and not exclusive and not self.is_permitted("transient_nonexcl_queues"):
             raise self.refusal("transient_nonexcl_queues")
+
+    def check_master_locator(self, arguments: dict[str, Any]) -> None:
+        """A classic queue about to be created (rabbit_classic_queue:declare/2, after
+        rabbit_queue_type:declare/2's queue limits)."""
         locator = "x-queue-master-locator" in arguments
         if locator and arguments.get("x-queue-type") in (None, "classic"):  # noqa: SIM102
             if not self.is_permitted("queue_master_locator"):  # logs only when used

@@ -41,8 +41,11 @@ class Persistence:
 
     # ---- hooks from the engine ----
 
-    def vhost_added(self, name: str) -> None:
-        self.definitions.save_vhost(name)
+    def vhost_added(self, name: str, default_queue_type: str) -> None:
+        self.definitions.save_vhost(name, default_queue_type)
+
+    def vhost_queue_type_set(self, name: str, default_queue_type: str) -> None:
+        self.definitions.save_vhost_queue_type(name, default_queue_type)
 
     def vhost_deleted(self, name: str) -> None:
         self.definitions.delete_vhost(name)
@@ -152,7 +155,11 @@ class Persistence:
             access.permissions.clear()
             broker.vhosts.clear()
         for name in defs.vhosts:
-            broker.add_vhost(name, persist=False)
+            restored = broker.add_vhost(name, persist=False)
+            # a vhost keeps the type it was created with; one stored without (an older
+            # Warren) gets the node's, kept from now on (rabbit_vhost:recover/1)
+            dqt = defs.vhost_queue_types.get(name)
+            restored.set_default_queue_type(dqt or restored.default_queue_type, persist=not dqt)
         for name, password_hash, tags in defs.users:
             access.add_user(name, password_hash=password_hash, tags=tags, persist=False)
         for user_name, on_vhost, configure, write, read in defs.permissions:
@@ -231,8 +238,8 @@ class Persistence:
 
     def _save_boot_state(self, broker: Broker) -> None:
         """First start on this data directory: what the settings created becomes durable."""
-        for name in broker.vhosts:
-            self.vhost_added(name)
+        for name, vhost in broker.vhosts.items():
+            self.vhost_added(name, vhost.default_queue_type)
         for user in broker.access.users.values():
             self.user_saved(user)
         for (user_name, vhost_name), perm in broker.access.permissions.items():

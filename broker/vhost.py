@@ -9,7 +9,12 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 import warren.broker.exchange_plugins  # noqa: F401  (registers the plugins' exchange types)
-from warren.broker.arguments import check_equivalent_arguments, validate_queue_arguments
+from warren.broker.arguments import (
+    EQUIVALENCE_CHECKED,
+    RELAXED_CHECKED,
+    check_equivalent_arguments,
+    validate_queue_arguments,
+)
 from warren.broker.dead_letter import dead_letter_copy
 from warren.broker.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exchange
 from warren.broker.firehose import TRACE_EXCHANGE
@@ -71,6 +76,8 @@ class VirtualHost:
         # x-queue-type of queues declared without one: the vhost's default_queue_type
         # metadata, else the config key (RabbitMQ 4.x, rabbit_amqqueue:augment_declare_args/5)
         self.default_queue_type = "classic"
+        # quorum_queue.property_equivalence.relaxed_checks_on_redeclaration (RabbitMQ 4.x)
+        self.relaxed_quorum_redeclare = False
         self.log: Any = structlog.get_logger("warren")
         self.tracer: Tracer | None = None  # set while this vhost traces (broker/tracing.py)
         self.disabled_exchange_types: frozenset[str] = frozenset()  # by configuration
@@ -272,43 +279,30 @@ class VirtualHost:
         arguments: dict[str, Any],
     ) -> Queue:
         existing = self.queues.get(name)
-        if not passive and "x-queue-type" not in arguments:
-            arguments = self._with_default_type(arguments, durable, exclusive, auto_delete)
         if passive:
             if existing is None:
                 raise ChannelError(NOT_FOUND, f"no queue '{name}' {self._where()}")
             self.check_exclusive(existing, connection)
             existing.touch()
             return existing
+        arguments = self.augment_arguments(arguments, durable, exclusive, auto_delete)
+        if server_named and arguments.get("x-queue-type") in ("quorum", "stream"):
+            # rabbit_channel queue.declare: is_server_named_allowed/1 (capabilities server_named)
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                "Cannot declare a server-named queue for type "
+                f"rabbit_{arguments['x-queue-type']}_queue",
+            )
         if name.startswith("amq.") and not server_named:
             raise ChannelError(
                 ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'"
             )
         if existing is not None:
-            self.check_exclusive(existing, connection)
-            if exclusive != (existing.exclusive_owner is not None):
-                raise self._locked(existing)  # RabbitMQ: an exclusive mismatch is 405 too
-            where = f"for queue '{name}' {self._where()}"
-            for arg, got, have in (
-                ("durable", durable, existing.durable),
-                ("auto_delete", auto_delete, existing.auto_delete),
-            ):
-                if got != have:
-                    raise ChannelError(
-                        PRECONDITION_FAILED,
-                        f"inequivalent arg '{arg}' {where}: received '{_bool(got)}' "
-                        f"but current is '{_bool(have)}'",
-                    )
-            check_equivalent_arguments(existing.arguments, arguments, name, self.name)
+            self._check_equivalent(existing, durable, exclusive, auto_delete, arguments, connection)
             existing.touch()
             return existing
-        max_queues = self.limits.get("max-queues")
-        if max_queues is not None and 0 <= max_queues <= len(self.queues):
-            raise ChannelError(
-                PRECONDITION_FAILED,
-                f"cannot declare queue '{name}': queue limit in vhost '{self.name}' "
-                f"({max_queues}) is reached",
-            )
+        # in the order of rabbit_amqqueue:declare/7: arguments, transient_nonexcl_queues,
+        # the vhost's queue limit (rabbit_queue_type:declare/2), queue_master_locator
         stream = arguments.get("x-queue-type") == "stream"  # broker/stream.py
         validate = validate_stream_arguments if stream else validate_queue_arguments
         validate(
@@ -320,7 +314,16 @@ class VirtualHost:
             auto_delete=auto_delete,
         )
         if self.deprecated is not None:
-            self.deprecated.check_new_queue(durable, exclusive, arguments)
+            self.deprecated.check_transient_queue(durable, exclusive)
+        max_queues = self.limits.get("max-queues")
+        if max_queues is not None and 0 <= max_queues <= len(self.queues):
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"cannot declare queue '{name}': queue limit in vhost '{self.name}' "
+                f"({max_queues}) is reached",
+            )
+        if self.deprecated is not None:
+            self.deprecated.check_master_locator(arguments)
         queue = (StreamQueue if stream else Queue)(
             self,
             name,
@@ -340,19 +343,68 @@ class VirtualHost:
             queue.open_log(store, stream_directory(store, queue.store_id) if store else None)
         return queue
 
-    def _with_default_type(
+    def augment_arguments(
         self, arguments: dict[str, Any], durable: bool, exclusive: bool, auto_delete: bool
     ) -> dict[str, Any]:
-        """RabbitMQ 4.x's augment_declare_args/5: a non-classic default applies to queues that
-        type accepts (quorum: durable, not exclusive, not auto-delete); others stay classic.
-        Unlike 4.x, a classic default is not written into the arguments."""
-        queue_type = self.default_queue_type
-        if queue_type == "classic" or not durable or exclusive or auto_delete:
+        """RabbitMQ 4.3's rabbit_amqqueue:augment_declare_args/5, on every queue.declare that
+        is not passive (AMQP, management API, definitions): without ``x-queue-type`` a queue
+        gets the vhost's default type where that type fits it (quorum and stream: durable,
+        not exclusive, not auto-delete; a transient non-exclusive queue also needs
+        ``transient_nonexcl_queues`` permitted), else ``classic``. ``classic`` is written too,
+        so the stored arguments, the API and the definitions show it."""
+        if "x-queue-type" in arguments:
             return arguments
+        queue_type = self.default_queue_type
+        permitted = durable or exclusive
+        if not permitted and self.deprecated is not None:
+            permitted = self.deprecated.is_permitted("transient_nonexcl_queues")
+        fits = queue_type == "classic" or (durable and not exclusive and not auto_delete)
         typed = TypedTable(arguments)
         typed.types = {**getattr(arguments, "types", {}), "x-queue-type": "longstr"}
-        typed["x-queue-type"] = queue_type
+        typed["x-queue-type"] = queue_type if permitted and fits else "classic"
         return typed
+
+    def _check_equivalent(
+        self,
+        existing: Queue,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        arguments: dict[str, Any],
+        connection: object,
+    ) -> None:
+        """rabbit_amqqueue:assert_equivalence/5 with the augmented arguments."""
+        if (
+            self.relaxed_quorum_redeclare
+            and existing.arguments.get("x-queue-type") == "quorum"
+            and arguments.get("x-queue-type") == "classic"
+        ):
+            # equivalence_check_level/2: relaxed_checks, a few arguments and nothing else
+            check_equivalent_arguments(
+                existing.arguments, arguments, existing.name, self.name, RELAXED_CHECKED
+            )
+            return
+        self.check_exclusive(existing, connection)
+        if exclusive != (existing.exclusive_owner is not None):
+            raise self._locked(existing)  # RabbitMQ: an exclusive mismatch is 405 too
+        where = f"for queue '{existing.name}' {self._where()}"
+        for arg, got, have in (
+            ("durable", durable, existing.durable),
+            ("auto_delete", auto_delete, existing.auto_delete),
+        ):
+            if got != have:
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"inequivalent arg '{arg}' {where}: received '{_bool(got)}' "
+                    f"but current is '{_bool(have)}'",
+                )
+        checked = EQUIVALENCE_CHECKED.get(existing.queue_type, EQUIVALENCE_CHECKED["classic"])
+        check_equivalent_arguments(existing.arguments, arguments, existing.name, self.name, checked)
+
+    def set_default_queue_type(self, queue_type: str, persist: bool = True) -> None:
+        self.default_queue_type = queue_type
+        if persist and self.persistence is not None:
+            self.persistence.vhost_queue_type_set(self.name, queue_type)
 
     def delete_queue(self, queue: Queue) -> int:
         """Delete a queue with its bindings and messages; cancel its consumers."""

@@ -319,7 +319,10 @@ _KEYS: Mapping[str, _Key] = {
     "default_user": _Key(_text, "default_user"),
     "default_pass": _Key(_text, "default_pass"),
     "default_vhost": _Key(_text, "default_vhost"),
-    "default_queue_type": _Key(_choice("classic", "quorum"), "default_queue_type"),
+    "default_queue_type": _Key(_choice("classic", "quorum", "stream"), "default_queue_type"),
+    "quorum_queue.property_equivalence.relaxed_checks_on_redeclaration": _Key(
+        _boolean, "quorum_relaxed_checks_on_redeclaration"
+    ),
     "default_permissions.configure": _Key(_regex),
     "default_permissions.write": _Key(_regex),
     "default_permissions.read": _Key(_regex),

@@ -81,6 +81,10 @@ class Settings:
     # default_queue_type: the type of a queue declared without x-queue-type (RabbitMQ 4.x);
     # a vhost's own default_queue_type (management API, definitions) wins over it
     default_queue_type: str = "classic"
+    # quorum_queue.property_equivalence.relaxed_checks_on_redeclaration (RabbitMQ 4.x): a
+    # quorum queue redeclared as classic (x-queue-type: classic, or none under a classic
+    # default) is checked on a few arguments only instead of refused
+    quorum_relaxed_checks_on_redeclaration: bool = False
     # the test kit (docs/test-kit.md): broker time "real" or "manual" (warren.clock), and
     # the /api/warren/* test endpoints, which also record what happens (warren.test_api)
     clock: str = "real"

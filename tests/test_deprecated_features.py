@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,6 +104,35 @@ def test_transient_non_exclusive_queue_is_refused_with_541(
     assert name not in default.queues()
 
 
+def test_checks_of_a_new_queue_in_4_3_order(name: str) -> None:
+    """rabbit_amqqueue:declare/7: the arguments (406), then transient_nonexcl_queues (541),
+    then the vhost's queue limit (rabbit_queue_type:check_queue_limits/1, 406), then
+    queue_master_locator (rabbit_classic_queue:declare/2, 541)."""
+    with run_broker() as broker:
+        vhost = broker.server.broker.vhosts["/"]
+        broker.call(lambda: vhost.limits.update({"max-queues": 0}))
+        addr = (broker.host, broker.port)
+
+        def declare(arguments: dict[str, object], durable: bool) -> tuple[int, str, int, int]:
+            with RawClient.connect(addr) as client:
+                method = commands.Queue.Declare(queue=name, durable=durable, arguments=arguments)
+                client.send_method(1, method)
+                _, close = client.read_method()
+                assert isinstance(close, commands.Connection.Close | commands.Channel.Close)
+                return (close.reply_code, close.reply_text, close.class_id, close.method_id)
+
+        assert declare({"x-max-length": -1}, durable=False)[0] == 406  # invalid arg
+        assert declare({}, durable=False)[:2] == (541, reply_text(TRANSIENT_DENIED))
+        limit = "cannot declare queue '{}': queue limit in vhost '/' (0) is reached"
+        locator = {"x-queue-master-locator": "min-masters"}
+        assert declare(locator, durable=True)[:2] == (
+            406,
+            f"PRECONDITION_FAILED - {limit.format(name)}",
+        )
+        broker.call(lambda: vhost.limits.update({"max-queues": -1}))
+        assert declare(locator, durable=True)[:2] == (541, reply_text(LOCATOR_DENIED))
+
+
 def test_exclusive_durable_and_existing_queues_stay_allowed(
     default: RunningBroker, permitted: RunningBroker, name: str
 ) -> None:
@@ -167,6 +197,26 @@ def test_global_qos_is_applied_per_consumer_by_default(default: RunningBroker, n
 
 def test_global_qos_is_shared_once_permitted(permitted: RunningBroker, name: str) -> None:
     assert _deliveries_with_global_qos(permitted, name) == 1
+
+
+def test_a_consumer_qos_lifts_the_channel_limit(permitted: RunningBroker, name: str) -> None:
+    """basic.qos(global=false) unlimits the channel's prefetch (rabbit_channel:handle_method/3
+    calls rabbit_limiter:unlimit_prefetch/1, in 4.3 as in 3.10: the 3.10 on this machine
+    delivers all three messages here too)."""
+    ch = channel(permitted)
+    ch.queue_declare(name, durable=True)
+    for _ in range(3):
+        ch.basic_publish("", name, b"m")
+    ch.basic_qos(prefetch_count=1, global_qos=True)
+    ch.basic_qos(prefetch_count=10, global_qos=False)
+    got: list[bytes] = []
+    ch.basic_consume(name, lambda c, m, p, b: got.append(b))
+    deadline = time.monotonic() + 5
+    while len(got) < 3 and time.monotonic() < deadline:
+        ch.connection.process_data_events(time_limit=0.05)
+    assert len(got) == 3
+    ch.queue_delete(name)
+    ch.connection.close()
 
 
 def test_denied_global_qos_is_logged_as_an_error(

@@ -183,6 +183,7 @@ def test_vhost_scoped_export_and_import(api: HttpApi) -> None:
     exported = api.ok("GET", "/api/definitions/shop")
     assert set(exported) == {
         "rabbit_version",
+        "metadata",  # rabbit_mgmt_wm_definitions:small_parts/1 (4.3), {vhost, _}
         "parameters",
         "policies",
         "queues",
@@ -281,8 +282,11 @@ def test_load_definitions_at_boot(tmp_path: Path) -> None:
         assert port
         api = HttpApi(port)
         assert {v["name"] for v in api.ok("GET", "/api/vhosts")} == {"/", "orders"}
+        # a 3.10 export has no x-queue-type; the import augments it as 4.3 does
+        # (rabbit_definitions:add_queue_int/3 calls rabbit_amqqueue:augment_declare_args/5)
         assert api.ok("GET", "/api/queues/orders/orders.dead")["arguments"] == {
-            "x-message-ttl": 86400000
+            "x-message-ttl": 86400000,
+            "x-queue-type": "classic",
         }
         amqp(running, "orders-app", "s3cret", "orders").close()
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from warren.broker.auth import HASHING_ALGORITHM, hash_password
+from warren.broker.deprecated import erlang_term
 from warren.broker.management import auth
 from warren.broker.management.app import Ctx, Router, created, no_content, reply, reply_list
 from warren.broker.management.errors import bad_request, not_found
@@ -218,8 +219,14 @@ def vhost_json(mgmt: Management, name: str) -> dict[str, Any]:
         "name": name,
         "description": meta.description,
         "tags": list(meta.tags),
-        "default_queue_type": meta.default_queue_type or "undefined",
-        "metadata": {"description": meta.description, "tags": list(meta.tags)},
+        # every 4.3 vhost has one (rabbit_vhost:do_add/3 writes the node default when none
+        # is given; rabbit_queue_type:vhosts_with_dqt/1 puts it in the metadata too)
+        "default_queue_type": vhost.default_queue_type,
+        "metadata": {
+            "description": meta.description,
+            "tags": list(meta.tags),
+            "default_queue_type": vhost.default_queue_type,
+        },
         "tracing": meta.tracing,
         "cluster_state": {mgmt.node: "running"},
     }
@@ -235,21 +242,37 @@ def put_vhost(mgmt: Management, name: str, body: dict[str, Any]) -> bool:
     meta_in: dict[str, Any] = metadata if isinstance(metadata, dict) else {}
     description = body.get("description", meta_in.get("description", ""))
     tags = body.get("tags", meta_in.get("tags", []))
-    queue_type = body.get("default_queue_type", meta_in.get("default_queue_type"))
+    # "defaultqueuetype": 3.11's name, still read by rabbit_mgmt_wm_vhost:accept_content/2
+    queue_type = body.get(
+        "default_queue_type", body.get("defaultqueuetype", meta_in.get("default_queue_type"))
+    )
     if not isinstance(description, str):
         raise bad_request(["not_a_string", description])
+    error = default_queue_type_error(queue_type)
+    if error is not None:
+        raise bad_request(error)
     existed = name in mgmt.broker.vhosts
-    mgmt.broker.add_vhost(name)
+    vhost = mgmt.broker.add_vhost(name)
     meta = mgmt.meta(name)
     meta.description = description
     meta.tags = list(parse_tags(tags or []))
-    meta.default_queue_type = queue_type if isinstance(queue_type, str) else None
-    default = mgmt.broker.settings.default_queue_type  # unless the vhost names a known type
-    if meta.default_queue_type in ("classic", "quorum"):
-        default = meta.default_queue_type
-    mgmt.broker.vhosts[name].default_queue_type = default
+    if queue_type not in (None, "undefined"):  # else kept (rabbit_db_vhost:merge_metadata/2)
+        vhost.set_default_queue_type(queue_type)
     meta.tracing = parse_bool(body.get("tracing"))
     return not existed
+
+
+def default_queue_type_error(value: Any) -> str | None:
+    """rabbit_queue_type:validate_default_queue_type/1's refusal, or None."""
+    if value is None or value in ("undefined", "classic", "quorum", "stream"):
+        return None
+    if value == "":
+        return "default_queue_type must not be an empty string"
+    if isinstance(value, str):
+        return f"{value} is not a valid queue type"
+    if isinstance(value, bool):  # an atom: discover/1 fails on it
+        return f"{erlang_term(value)} is not a valid queue type"
+    return f"{erlang_term(value)} is not a valid default_queue_type value"
 
 
 def list_vhosts(ctx: Ctx) -> web.StreamResponse:

@@ -34,7 +34,6 @@ class VhostMeta:
 
     description: str = ""
     tags: list[str] = field(default_factory=list)
-    default_queue_type: str | None = None
     tracing: bool = False
 
 

@@ -58,6 +58,7 @@ def _exported_queues(vhost: VirtualHost) -> list[dict[str, Any]]:
         {
             "name": q.name,
             "vhost": vhost.name,
+            "type": q.queue_type,  # rabbit_definitions:queue_definition/1 (4.3)
             "durable": q.durable,
             "auto_delete": q.auto_delete,
             "arguments": json_value(q.arguments),
@@ -108,8 +109,15 @@ def export(mgmt: Management, only: str | None = None) -> dict[str, Any]:
     if only is not None:
         for item in (*queues, *exchanges, *bindings):
             del item["vhost"]
+        meta = mgmt.meta(only)
         return {
             "rabbit_version": API_VERSION,
+            # rabbit_mgmt_wm_definitions:small_parts/1 ({vhost, _}): the vhost's metadata
+            "metadata": {
+                "description": meta.description,
+                "tags": list(meta.tags),
+                "default_queue_type": broker.vhosts[only].default_queue_type,
+            },
             "parameters": [],
             "policies": policies,
             "queues": queues,
@@ -119,15 +127,18 @@ def export(mgmt: Management, only: str | None = None) -> dict[str, Any]:
     vhosts = []
     for name in names:
         meta = mgmt.meta(name)
+        # rabbit_definitions:vhost_definition/1 (4.3): the metadata carries the vhost's
+        # default_queue_type, which every 4.3 vhost has
         entry: dict[str, Any] = {
             "name": name,
             "description": meta.description,
             "tags": list(meta.tags),
-            "metadata": {"description": meta.description, "tags": list(meta.tags)},
+            "metadata": {
+                "description": meta.description,
+                "tags": list(meta.tags),
+                "default_queue_type": broker.vhosts[name].default_queue_type,
+            },
         }
-        if meta.default_queue_type:  # RabbitMQ 4.x exports it, also inside metadata
-            entry["default_queue_type"] = meta.default_queue_type
-            entry["metadata"]["default_queue_type"] = meta.default_queue_type
         vhosts.append(entry)
     return {
         "rabbit_version": API_VERSION,

@@ -17,6 +17,7 @@ from warren.protocol.tables import decode_table, encode_table
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS vhosts (name TEXT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS vhost_queue_types (name TEXT PRIMARY KEY, default_queue_type TEXT);
 CREATE TABLE IF NOT EXISTS users (name TEXT PRIMARY KEY, password_hash TEXT, tags TEXT);
 CREATE TABLE IF NOT EXISTS permissions (
     user TEXT, vhost TEXT, configure TEXT, write TEXT, read TEXT, PRIMARY KEY (user, vhost));
@@ -49,6 +50,8 @@ def _table(blob: bytes) -> dict[str, Any]:
 @dataclass
 class Definitions:
     vhosts: list[str] = field(default_factory=list)
+    # each vhost's default_queue_type; none for a vhost stored by an older Warren
+    vhost_queue_types: dict[str, str] = field(default_factory=dict)
     users: list[tuple[str, str, tuple[str, ...]]] = field(default_factory=list)
     permissions: list[tuple[str, str, str, str, str]] = field(default_factory=list)
     policies: list[tuple[str, str, str, str, int, dict[str, Any]]] = field(default_factory=list)
@@ -72,12 +75,18 @@ class DefinitionStore:
 
     # ---- writes: each call is one transaction ----
 
-    def save_vhost(self, name: str) -> None:
+    def save_vhost(self, name: str, queue_type: str) -> None:
+        self.db.execute("BEGIN")  # one transaction, one sync
         self._run("INSERT OR IGNORE INTO vhosts VALUES (?)", name)
+        self._run("INSERT OR REPLACE INTO vhost_queue_types VALUES (?, ?)", name, queue_type)
+        self.db.execute("COMMIT")
+
+    def save_vhost_queue_type(self, name: str, queue_type: str) -> None:
+        self._run("INSERT OR REPLACE INTO vhost_queue_types VALUES (?, ?)", name, queue_type)
 
     def delete_vhost(self, name: str) -> None:
         self.db.execute("BEGIN")
-        for table in ("vhosts",):
+        for table in ("vhosts", "vhost_queue_types"):
             self._run(f"DELETE FROM {table} WHERE name = ?", name)
         tables = ("permissions", "policies", "exchanges", "delayed_exchanges", "queues", "bindings")
         for table in tables:
@@ -242,6 +251,7 @@ class DefinitionStore:
     def load(self) -> Definitions:
         d = Definitions()
         d.vhosts = [row[0] for row in self._run("SELECT name FROM vhosts")]
+        d.vhost_queue_types = dict(self._run("SELECT * FROM vhost_queue_types").fetchall())
         d.users = [
             (name, password_hash, tuple(t for t in tags.split(",") if t))
             for name, password_hash, tags in self._run("SELECT * FROM users")

@@ -622,7 +622,7 @@ def _vhost_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("vhost_name", metavar="vhost")
     p.add_argument("--description", default=None)
     p.add_argument("--tags", default=None, help="comma-separated")
-    p.add_argument("--default-queue-type", default=None, choices=["classic", "quorum"])
+    p.add_argument("--default-queue-type", default=None, choices=["classic", "quorum", "stream"])
 
 
 @command("add_vhost", "add a virtual host", _vhost_args)
