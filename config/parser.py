@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from warren.config.settings import Listener, Settings
+from warren.protocol.constants import FRAME_MIN_SIZE
 
 __all__ = ["ConfigError", "load_settings", "parse_config"]
 
@@ -176,15 +177,16 @@ def _port_or_none(text: str) -> int | None:
 
 
 def _frame_max(text: str) -> int:
+    # below 8192 no client could tune: 4.1+ refuses a tune-ok under ?FRAME_MIN_SIZE
     expected = (
-        "expected 0 (no limit) or a frame size from 4096 to 2147483647 bytes "
+        "expected 0 (no limit) or a frame size from 8192 to 2147483647 bytes "
         "(KB, MB, GB suffixes are powers of 1024)"
     )
     match = _BYTESIZE.fullmatch(text)
     if not match:
         raise _Invalid(expected)
     size = int(match[1]) * _BYTESIZE_UNITS.get((match[2] or "").lower(), 1)
-    if size != 0 and not 4096 <= size <= 2**31 - 1:
+    if size != 0 and not FRAME_MIN_SIZE <= size <= 2**31 - 1:
         raise _Invalid(expected)
     return size
 

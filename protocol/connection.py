@@ -30,6 +30,7 @@ from pamqp import commands
 
 from warren.protocol.constants import (
     CHANNEL_ERROR,
+    CHANNEL_MIN,
     FRAME_BODY,
     FRAME_ERROR,
     FRAME_HEADER,
@@ -168,6 +169,24 @@ class ChannelRecord(Generic[OwnerT]):
         self.body_size = 0
         self.received = 0
         self.parts = []
+
+
+def _negotiated(field: str, least: int, offered: int, value: int) -> None:
+    """rabbit_reader:validate_negotiated_integer_value/3: at least ``least`` (0 is no
+    limit) and at most what the broker offered (unless it offered 0, no limit)."""
+    if value != 0 and value < least:
+        side, bound = "lower", "minimum"
+    elif offered != 0 and (value == 0 or value > offered):
+        side, bound, least = "higher", "maximum", offered
+    else:
+        return
+    detail = " (no limit)" if field == "channel_max" and value == 0 else ""
+    raise ConnectionError_(
+        NOT_ALLOWED,
+        f"negotiated {field} = {value}{detail} is {side} than the {bound} allowed value ({least})",
+        10,
+        30,  # rabbit_reader names connection.tune, not tune-ok
+    )
 
 
 class ProtocolConnection(Generic[OwnerT]):
@@ -401,21 +420,11 @@ class ProtocolConnection(Generic[OwnerT]):
     def _tune(self, method: commands.Connection.TuneOk) -> None:
         """Accept the client's tune-ok if it stays within the broker's connection.tune."""
         offered_channel_max, offered_frame_max = self._offer
-        # 0 means "no limit": more than the server proposed unless it proposed 0 too
+        _negotiated("frame_max", FRAME_MIN_SIZE, offered_frame_max, method.frame_max)
+        _negotiated("channel_max", CHANNEL_MIN, offered_channel_max, method.channel_max)
+        # 0 means "no limit", which the checks above allow only where the broker offered 0
         frame_max = method.frame_max or 2**32 - 1
-        server_frame_max = offered_frame_max or 2**32 - 1
-        if frame_max > server_frame_max or frame_max < FRAME_MIN_SIZE:
-            raise ConnectionError_(
-                NOT_ALLOWED,
-                f"frame_max={method.frame_max} outside {FRAME_MIN_SIZE}..{server_frame_max}",
-                10,
-                31,
-            )
         channel_max = method.channel_max or 65535
-        if channel_max > (offered_channel_max or 65535):
-            raise ConnectionError_(
-                NOT_ALLOWED, f"channel_max={method.channel_max} > {offered_channel_max}", 10, 31
-            )
         self.frame_max = frame_max
         self.channel_max = channel_max
         self.heartbeat = method.heartbeat

@@ -10,7 +10,10 @@ FRAME_BODY = 3
 FRAME_HEARTBEAT = 8
 FRAME_END = 0xCE
 FRAME_END_BYTE = b"\xce"
-FRAME_MIN_SIZE = 4096  # the frame_max everyone must accept before tuning
+# The smallest frame_max a client may negotiate: 8192 since RabbitMQ 4.1
+# (?FRAME_MIN_SIZE in rabbit_common/include/rabbit_framing.hrl; 4096 before)
+FRAME_MIN_SIZE = 8192
+CHANNEL_MIN = 1  # ?CHANNEL_MIN in rabbit_reader.erl
 
 # reply codes
 REPLY_SUCCESS = 200

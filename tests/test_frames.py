@@ -42,7 +42,7 @@ def publish_method(routing_key: str = "x", exchange: str = "") -> bytes:
 
 
 @pytest.mark.parametrize(
-    ("frame_max", "payload_size"), [(4096, 4097), (4096, 10000), (131072, 131073)]
+    ("frame_max", "payload_size"), [(8192, 8193), (8192, 20000), (131072, 131073)]
 )
 def test_body_frame_larger_than_frame_max(
     amqp_addr: tuple[str, int], frame_max: int, payload_size: int
@@ -61,12 +61,12 @@ def test_body_frame_larger_than_frame_max(
 
 
 def test_method_frame_larger_than_frame_max(amqp_addr: tuple[str, int]) -> None:
-    with RawClient.connect(amqp_addr, frame_max=4096) as c:
-        payload = method_payload(commands.Queue.Declare(queue="", arguments={"x-pad": "p" * 5000}))
+    with RawClient.connect(amqp_addr, frame_max=8192) as c:
+        payload = method_payload(commands.Queue.Declare(queue="", arguments={"x-pad": "p" * 9000}))
         c.send_frame(FRAME_METHOD, 1, payload)
         assert c.expect_close() == (
             501,
-            f"FRAME_ERROR - type 1, all octets = <<>>: {{frame_too_large,{len(payload)},4088}}",
+            f"FRAME_ERROR - type 1, all octets = <<>>: {{frame_too_large,{len(payload)},8184}}",
             0,
             0,
         )
@@ -78,14 +78,14 @@ def test_frame_max_limit_tolerates_the_frame_overhead(
     """RabbitMQ announces frame_max - 8 as the payload limit but only rejects
     payloads larger than frame_max itself."""
     q = janitor.queue(name)
-    with RawClient.connect(amqp_addr, frame_max=4096) as c:
+    with RawClient.connect(amqp_addr, frame_max=8192) as c:
         c.declare_queue(1, q, durable=True)
-        body = os.urandom(4096)
-        c.publish(1, body, routing_key=q, frame_size=4096)
+        body = os.urandom(8192)
+        c.publish(1, body, routing_key=q, frame_size=8192)
         c.consume(1, q, no_ack=True)
         d = c.read_delivery(1)
         assert d.body == body
-        assert d.body_frame_sizes == [4088, 8]
+        assert d.body_frame_sizes == [8184, 8]
 
 
 def test_large_body_in_many_small_frames(
@@ -93,7 +93,7 @@ def test_large_body_in_many_small_frames(
 ) -> None:
     q = janitor.queue(name)
     body = os.urandom(100_000)
-    with RawClient.connect(amqp_addr, frame_max=4096) as c:
+    with RawClient.connect(amqp_addr, frame_max=8192) as c:
         c.declare_queue(1, q, durable=True)
         c.publish(1, body, routing_key=q, frame_size=1000)  # 100 body frames
         c.publish(1, body, routing_key=q, frame_size=1)  # 100 000 body frames
@@ -103,8 +103,8 @@ def test_large_body_in_many_small_frames(
             assert d.body == body
             assert d.body_size == len(body)
             # the broker re-frames to the negotiated frame_max
-            assert max(d.body_frame_sizes) == 4088
-            assert all(size == 4088 for size in d.body_frame_sizes[:-1])
+            assert max(d.body_frame_sizes) == 8184
+            assert all(size == 8184 for size in d.body_frame_sizes[:-1])
 
 
 def test_empty_body_has_no_body_frames(client: RawClient, janitor: Janitor, name: str) -> None:

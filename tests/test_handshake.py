@@ -110,6 +110,9 @@ SILENTLY_REFUSED: dict[str, dict[str, Any]] = {
     "channel_max=2048": {"tune": {"channel_max": 2048}},
     "frame_max=0": {"tune": {"frame_max": 0}},
     "frame_max=4095": {"tune": {"frame_max": 4095}},  # below the protocol minimum
+    # below 4.1+'s ?FRAME_MIN_SIZE of 8192 (rabbit_reader:validate_negotiated_integer_value/3);
+    # RabbitMQ 3.10 accepts it
+    "frame_max=8191": {"tune": {"frame_max": 8191}},
     "frame_max=131073": {"tune": {"frame_max": 131073}},
     # a client without authentication_failure_close is not told why
     "bad-password-no-capability": {"start_ok": {"password": "x", "capabilities": {}}},
@@ -140,7 +143,7 @@ def test_handshake_errors_before_open_drop_the_connection_silently(
 
 
 def test_tune_ok_smaller_values_accepted(amqp_addr: tuple[str, int]) -> None:
-    with RawClient.connect(amqp_addr, channel=None, channel_max=10, frame_max=4096) as c:
+    with RawClient.connect(amqp_addr, channel=None, channel_max=10, frame_max=8192) as c:
         c.channel_open(10)
         q = c.new_queue(10, exclusive=True)
         assert q.startswith("amq.gen-")

@@ -57,7 +57,7 @@ def method(channel: int, value: object) -> bytes:
 
 
 def handshaken(
-    frame_max: int = 4096, max_message_size: int = 1 << 20, channel_max: int = 0
+    frame_max: int = 8192, max_message_size: int = 1 << 20, channel_max: int = 0
 ) -> ProtocolConnection[None]:
     """A connection through the handshake, the broker's part played with ``send``."""
     conn: ProtocolConnection[None] = ProtocolConnection(frame_max, max_message_size)
@@ -83,7 +83,7 @@ def open_channel(conn: ProtocolConnection[None], channel: int) -> None:
     conn.send(channel, commands.Channel.OpenOk())
 
 
-def opened(frame_max: int = 4096, max_message_size: int = 1 << 20) -> ProtocolConnection[None]:
+def opened(frame_max: int = 8192, max_message_size: int = 1 << 20) -> ProtocolConnection[None]:
     conn = handshaken(frame_max, max_message_size)
     open_channel(conn, 1)
     return conn
@@ -121,12 +121,12 @@ def test_bad_protocol_header(header: bytes) -> None:
 
 def test_publish_assembled_from_split_frames() -> None:
     conn = opened()
-    body = bytes(range(256)) * 40  # 10240 octets: three body frames at frame_max 4096
+    body = bytes(range(256)) * 80  # 20480 octets: three body frames at frame_max 8192
     stream = frame(1, 1, publish_payload("ex", "rk", mandatory=True)) + frame(
         2, 1, header_payload(len(body), b"\x80\x00" + shortstr("text/plain"))
     )
-    for start in range(0, len(body), 4088):
-        stream += frame(3, 1, body[start : start + 4088])
+    for start in range(0, len(body), 8184):
+        stream += frame(3, 1, body[start : start + 8184])
     # feed in awkward pieces: the parser must wait for whole frames
     got: list[object] = []
     for i in range(0, len(stream), 777):
@@ -148,24 +148,24 @@ def test_empty_body_needs_no_body_frame() -> None:
 
 
 def test_frame_larger_than_frame_max_is_frame_error() -> None:
-    conn = opened(frame_max=4096)
-    conn.receive_data(frame(3, 1, b"x" * 4097))
+    conn = opened(frame_max=8192)
+    conn.receive_data(frame(3, 1, b"x" * 8193))
     with pytest.raises(ConnectionError_) as info:
         conn.next_event()
     assert info.value.code == 501
-    assert info.value.text == "FRAME_ERROR - type 3, all octets = <<>>: {frame_too_large,4097,4088}"
+    assert info.value.text == "FRAME_ERROR - type 3, all octets = <<>>: {frame_too_large,8193,8184}"
     assert conn.next_event() is NEED_DATA  # nothing more is parsed after a connection error
 
 
 def test_frame_of_exactly_frame_max_is_accepted() -> None:
-    conn = opened(frame_max=4096)
+    conn = opened(frame_max=8192)
     conn.receive_data(
         frame(1, 1, publish_payload("", "q"))
-        + frame(2, 1, header_payload(4096))
-        + frame(3, 1, b"y" * 4096)
+        + frame(2, 1, header_payload(8192))
+        + frame(3, 1, b"y" * 8192)
     )
     ((_, content),) = events(conn)  # type: ignore[misc]
-    assert isinstance(content, Content) and len(content.body) == 4096
+    assert isinstance(content, Content) and len(content.body) == 8192
 
 
 def test_bad_frame_end_is_frame_error() -> None:

@@ -88,13 +88,48 @@ def _tuning(channel_max: int = 2047, frame_max: int = 131072) -> Conn:
     return conn
 
 
+# rabbit_reader:validate_negotiated_integer_value/3 and fail_negotiation/4 (v4.3.5): the
+# minimum is ?FRAME_MIN_SIZE (8192 since 4.1) and ?CHANNEL_MIN (1); 0 asks for no limit,
+# refused where the broker offered one; the error names connection.tune (10, 30)
 @pytest.mark.parametrize(
     ("channel_max", "frame_max", "text"),
     [
-        (10, 131073, "NOT_ALLOWED - frame_max=131073 outside 4096..131072"),
-        (10, 4095, "NOT_ALLOWED - frame_max=4095 outside 4096..131072"),
-        (0, 4096, "NOT_ALLOWED - channel_max=0 > 2047"),  # 0 asks for no limit
-        (2048, 4096, "NOT_ALLOWED - channel_max=2048 > 2047"),
+        (
+            10,
+            131073,
+            "NOT_ALLOWED - negotiated frame_max = 131073 is higher than the maximum "
+            "allowed value (131072)",
+        ),
+        (
+            10,
+            0,
+            "NOT_ALLOWED - negotiated frame_max = 0 is higher than the maximum allowed "
+            "value (131072)",
+        ),
+        (
+            10,
+            8191,
+            "NOT_ALLOWED - negotiated frame_max = 8191 is lower than the minimum "
+            "allowed value (8192)",
+        ),
+        (
+            10,
+            4096,
+            "NOT_ALLOWED - negotiated frame_max = 4096 is lower than the minimum "
+            "allowed value (8192)",
+        ),
+        (
+            0,
+            8192,
+            "NOT_ALLOWED - negotiated channel_max = 0 (no limit) is higher than the "
+            "maximum allowed value (2047)",
+        ),
+        (
+            2048,
+            8192,
+            "NOT_ALLOWED - negotiated channel_max = 2048 is higher than the maximum "
+            "allowed value (2047)",
+        ),
     ],
 )
 def test_tune_ok_beyond_the_brokers_offer_is_refused(
@@ -103,7 +138,7 @@ def test_tune_ok_beyond_the_brokers_offer_is_refused(
     conn = _tuning()
     conn.receive_data(method(0, commands.Connection.TuneOk(channel_max, frame_max, 0)))
     error = raises(conn)
-    assert (error.code, error.text, error.class_id, error.method_id) == (530, text, 10, 31)
+    assert (error.code, error.text, error.class_id, error.method_id) == (530, text, 10, 30)
     assert conn.state is ConnectionState.TUNING  # not tuned: the broker just closes the socket
 
 
