@@ -93,7 +93,7 @@ class Connection:
         settings = broker.settings
         # the lifecycle, the channel table and the negotiated limits (protocol/connection.py)
         self.protocol: ProtocolConnection[Channel] = ProtocolConnection(
-            settings.frame_max or 2**31, settings.max_message_size
+            settings.frame_max or 2**31, settings.max_message_size, settings.frame_min_size
         )
         # the protocol's own table, read here on every event (only the protocol changes it)
         self._channels = self.protocol.channels

@@ -191,6 +191,12 @@ def _frame_max(text: str) -> int:
     return size
 
 
+def _frame_min_size(text: str) -> int:
+    if text not in ("4096", "8192"):
+        raise _Invalid("expected 8192 (RabbitMQ 4.1+) or 4096 (3.x)")
+    return int(text)
+
+
 def _information_unit(text: str) -> int:
     match = _INFORMATION.fullmatch(text)
     multiplier = _INFORMATION_UNITS.get(match[2].lower()) if match else None
@@ -398,6 +404,7 @@ _KEYS: Mapping[str, _Key] = {
     ),
     "warren.clock": _Key(_choice("real", "manual"), "clock"),
     "warren.test_api": _Key(_boolean, "test_api"),
+    "warren.frame_min_size": _Key(_frame_min_size, "frame_min_size"),
 }
 
 # keys of the form "<family>.<name>", one entry per name

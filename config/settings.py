@@ -38,6 +38,9 @@ class Settings:
     loopback_users: tuple[str, ...] = ("guest",)
     heartbeat: int = 60  # seconds, 0 disables
     frame_max: int = 131072
+    # the smallest frame_max a client may ask for: 4.1+'s 8192, or 3.x's 4096
+    # (warren.frame_min_size; RabbitMQ has it as a constant, so no key of its own)
+    frame_min_size: int = 8192
     channel_max: int = 2047
     handshake_timeout: int = 10000  # ms
     consumer_timeout: int | None = 1800000  # ms; None = disabled (Warren: `infinity`)

@@ -190,7 +190,10 @@ def _negotiated(field: str, least: int, offered: int, value: int) -> None:
 
 
 class ProtocolConnection(Generic[OwnerT]):
-    def __init__(self, frame_max: int, max_message_size: int) -> None:
+    def __init__(
+        self, frame_max: int, max_message_size: int, frame_min: int = FRAME_MIN_SIZE
+    ) -> None:
+        self._frame_min = frame_min  # the least frame_max a tune-ok may ask for
         self._buf = b""
         self._off = 0
         # Reads that arrive while a frame is incomplete wait here and are joined onto
@@ -420,7 +423,7 @@ class ProtocolConnection(Generic[OwnerT]):
     def _tune(self, method: commands.Connection.TuneOk) -> None:
         """Accept the client's tune-ok if it stays within the broker's connection.tune."""
         offered_channel_max, offered_frame_max = self._offer
-        _negotiated("frame_max", FRAME_MIN_SIZE, offered_frame_max, method.frame_max)
+        _negotiated("frame_max", self._frame_min, offered_frame_max, method.frame_max)
         _negotiated("channel_max", CHANNEL_MIN, offered_channel_max, method.channel_max)
         # 0 means "no limit", which the checks above allow only where the broker offered 0
         frame_max = method.frame_max or 2**32 - 1

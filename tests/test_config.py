@@ -344,6 +344,7 @@ BAD_VALUES = [
     ("heartbeat", "65536", "an integer from 0 to 65535"),
     ("heartbeat", "ten", "an integer from 0 to 65535"),
     ("frame_max", "8191", "0 (no limit) or a frame size from 8192 to 2147483647"),
+    ("warren.frame_min_size", "1024", "8192 (RabbitMQ 4.1+) or 4096 (3.x)"),
     ("frame_max", "2147483648", "0 (no limit) or a frame size from 8192 to 2147483647"),
     ("frame_max", "-1", "0 (no limit) or a frame size from 8192 to 2147483647"),
     ("frame_max", "1KiB", "0 (no limit) or a frame size from 8192 to 2147483647"),

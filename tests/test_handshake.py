@@ -280,3 +280,21 @@ def test_server_sends_heartbeats_at_negotiated_interval(amqp_addr: tuple[str, in
         assert max(gaps) <= 1.5, gaps
         # the connection is still healthy
         c.channel_open(1)
+
+
+def test_frame_min_size_4096_lets_a_client_tune_to_4096_as_on_3_x() -> None:
+    """warren.frame_min_size = 4096 (tests/rabbitmq-3.x.conf) gives back 3.x's minimum."""
+    from warren.broker.testkit import run_broker
+    from warren.config import parse_config
+
+    with run_broker(parse_config("warren.frame_min_size = 4096\n")) as running:
+        addr = (running.host, running.port)
+        with RawClient.connect(addr, channel=None, frame_max=4096) as c:
+            c.channel_open(1)
+            assert c.new_queue(1, exclusive=True).startswith("amq.gen-")
+        with RawClient(addr) as c:
+            c.begin()
+            c.send_start_ok()
+            c.tune_ok(frame_max=4095)
+            c.send_method(0, commands.Connection.Open(virtual_host="/"))
+            assert c.read_until_eof() == b""
