@@ -253,6 +253,7 @@ class Queue:
         queue_ttl = self.message_ttl
         if queue_ttl is not None and (ttl is None or queue_ttl < ttl):
             ttl = queue_ttl
+        packed = False  # in a paged run (broker/paged.py), not in ready or tail
         if self.store_id and is_persistent(msg.properties):
             store = self.message_store
             assert store is not None
@@ -263,13 +264,11 @@ class Queue:
                 # (deadlines and priorities need the object) its body only
                 if ttl is None and not self.max_priority:
                     self._page_later(msg, store)
+                    packed = True
                 else:
                     store.page_later(msg)
-                    self._append_ready(msg)
-            else:
-                self._append_ready(msg)
-        else:
-            self._append_ready(msg)
+        if not packed:
+            (self.tail or self.ready).append(msg)
         self.ready_count += 1
         self.ready_bytes += len(msg.body)
         if self.consumers:
