@@ -17,7 +17,7 @@ from array import array
 from collections import deque
 from typing import TYPE_CHECKING
 
-from warren.broker.message import READY, Message
+from warren.broker.message import Message
 
 if TYPE_CHECKING:
     from warren.broker.queue import Queue
@@ -94,9 +94,6 @@ class PagedRun:
         if segment > self.max_segment:
             self.max_segment = segment
 
-    def seq_of(self, index: int) -> int:
-        return self.first_seq + index
-
     def drop_packed(self) -> None:
         """Free the columns once every packed entry is materialised."""
         if self.head and self.head == len(self.ids):
@@ -106,13 +103,3 @@ class PagedRun:
             del self.flags[:]
             self.head = 0
             self.min_segment, self.max_segment = 1 << 32, 0
-
-    def take_pending(self) -> Message | None:
-        """The oldest pending message (its record not yet written), READY ones only."""
-        pending = self.pending
-        while pending:
-            msg = pending.popleft()
-            self.first_seq = msg.seq + 1
-            if msg.state == READY:
-                return msg
-        return None
