@@ -23,6 +23,7 @@ from warren.broker.message import (
     page_out,
     unpage,
 )
+from warren.broker.paged import MESSAGE_MEMORY, PagedRun
 from warren.broker.ready import PriorityReady, merge_in_order
 from warren.broker.retry import RetryPolicy, parse_schedule
 from warren.broker.timers import Deadline
@@ -125,7 +126,11 @@ class Queue:
         self.ready: Any = PriorityReady(self.max_priority) if self.max_priority else deque()
         self.ready_count = 0
         self.ready_bytes = 0
-        # ready bodies on disk only (persistent messages of a long durable queue: PagedMessage)
+        # Past its memory limit a durable queue's newer ready messages wait in ``tail``, after
+        # ``ready`` and all later than it: Messages, and runs of paged-out persistent ones
+        # (broker/paged.py) that come back a batch at a time when ``ready`` runs dry.
+        self.tail: deque[Message | PagedRun] = deque()
+        # ready messages (and bytes) on disk only: packed in runs, or PagedMessage (TTL, priority)
         self.paged_count = 0
         self.paged_bytes = 0
         self.unacked_count = 0
@@ -248,14 +253,22 @@ class Queue:
         queue_ttl = self.message_ttl
         if queue_ttl is not None and (ttl is None or queue_ttl < ttl):
             ttl = queue_ttl
+        packed = False  # in a paged run (broker/paged.py), not in ready or tail
         if self.store_id and is_persistent(msg.properties):
             store = self.message_store
             assert store is not None
             store.publish(self.store_id, msg, self._wall() + ttl / 1000 if ttl is not None else 0.0)
             limit = store.page_limit
-            if limit is not None and self.ready_bytes - self.paged_bytes + len(msg.body) > limit:
-                store.page_later(msg)  # over the memory limit: its body leaves once on disk
-        self.ready.append(msg)
+            if limit is not None and self._over_limit(len(msg.body), limit):
+                # over the memory limit: it leaves memory once on disk, packed in a run, or
+                # (deadlines and priorities need the object) its body only
+                if ttl is None and not self.max_priority:
+                    self._page_later(msg, store)
+                    packed = True
+                else:
+                    store.page_later(msg)
+        if not packed:
+            (self.tail or self.ready).append(msg)
         self.ready_count += 1
         self.ready_bytes += len(msg.body)
         if self.consumers:
@@ -271,6 +284,61 @@ class Queue:
                 else:
                     self._track_expiry(msg)
         return True
+
+    def _append_ready(self, msg: Message) -> None:
+        if self.tail:
+            self.tail.append(msg)
+        else:
+            self.ready.append(msg)
+
+    def _over_limit(self, size: int, limit: int) -> bool:
+        in_memory = self.ready_count - self.paged_count
+        return in_memory * MESSAGE_MEMORY + self.ready_bytes - self.paged_bytes + size > limit
+
+    def _page_later(self, msg: Message, store: MessageStore) -> None:
+        tail = self.tail
+        run = tail[-1] if tail else None
+        if run is None or run.__class__ is not PagedRun or not run.open:
+            run = PagedRun(self, msg.seq)
+            tail.append(run)
+        assert isinstance(run, PagedRun)
+        run.pending.append(msg)
+        store.page_run_later(run)
+
+    def _refill(self) -> bool:
+        """``ready`` ran dry: the next messages of ``tail`` come into it (a batch of a run)."""
+        tail, ready = self.tail, self.ready
+        while tail and not ready:
+            item = tail[0]
+            if item.__class__ is PagedRun:
+                assert isinstance(item, PagedRun)
+                if item.packed:
+                    assert self.message_store is not None
+                    self.message_store.materialise(item, ready)
+                else:
+                    for msg in item.pending:
+                        if msg.state == READY:
+                            ready.append(msg)
+                    item.pending.clear()
+                if not len(item):
+                    tail.popleft()
+                    assert self.message_store is not None
+                    self.message_store.run_done(item)
+            else:
+                assert isinstance(item, Message)
+                tail.popleft()
+                ready.append(item)
+        return bool(ready)
+
+    def ready_messages(self) -> list[Message]:
+        """The ready messages held as objects (not those packed on disk), in order."""
+        found = list(self.ready)
+        for item in self.tail:
+            if isinstance(item, PagedRun):
+                found.extend(item.pending)
+            else:
+                found.append(item)
+        return found
 
     def _full_for(self, size: int) -> bool:
         # delayed messages count towards the limits: they are still in the queue
@@ -330,7 +398,7 @@ class Queue:
 
     def _pop_ready(self, check_expiry: bool = True) -> Message | None:
         ready = self.ready
-        while ready:
+        while ready or (self.tail and self._refill()):
             msg: Message = ready.popleft()
             if msg.state != READY:
                 continue  # expired or otherwise gone while waiting
@@ -510,7 +578,7 @@ class Queue:
             self._next_seq += 1
             msg.seq = self._next_seq  # the tail, not its old place
             msg.state = READY
-            self.ready.append(msg)
+            self._append_ready(msg)
             self.ready_count += 1
             self.ready_bytes += len(msg.body)
             if msg.expires_at is not None:
@@ -546,6 +614,18 @@ class Queue:
             self._gone(msg)
             if msg.__class__ is PagedMessage:
                 unpage(msg, b"")
+        for item in self.tail:
+            if isinstance(item, PagedRun):
+                for msg in item.pending:
+                    self._gone(msg)
+                item.pending.clear()
+                assert self.message_store is not None
+                self.message_store.drop_run(item, self.deleted)
+            else:
+                self._gone(item)
+                if item.__class__ is PagedMessage:
+                    unpage(item, b"")
+        self.tail.clear()
         for _, _, msg in self._delayed:
             self._gone(msg)
         self._delayed.clear()
@@ -713,9 +793,33 @@ class Queue:
         restored = []
         expired = []
         store = self.message_store
-        ready = self.ready
+        tail = self.tail
+        ready_count = 0
         for record in records:
             body = record.body
+            if (
+                body is None and store is not None and not self.max_priority
+                and not record.expires_wall and not record.retry_at_wall
+                and not record.delivery_count and not record.retries
+            ):  # fmt: skip
+                # past the memory limit, and nothing but its place to remember: packed
+                self._next_seq += 1
+                run = tail[-1] if tail else None
+                if run is None or run.__class__ is not PagedRun or not run.open:
+                    run = PagedRun(self, self._next_seq)
+                    tail.append(run)
+                    store.runs.add(run)
+                assert isinstance(run, PagedRun)
+                size = record.body_size
+                run.add(
+                    record.msg_id, record.segment, record.record_start,
+                    record.body_offset + size - record.record_start, size, record.delivered,
+                )  # fmt: skip
+                self.paged_count += 1
+                self.paged_bytes += size
+                self.ready_bytes += size
+                ready_count += 1
+                continue
             msg = Message(record.exchange, record.routing_key, record.properties, body or b"")
             msg.store_id = record.msg_id
             msg.store_segment, msg.store_offset = record.segment, record.body_offset
@@ -744,14 +848,15 @@ class Queue:
                 ready_at = now_mono + (record.retry_at_wall - now_wall)
                 heapq.heappush(self._delayed, (ready_at, msg.seq, msg))
                 continue
-            ready.append(msg)
+            self._append_ready(msg)
+            ready_count += 1
             self.ready_bytes += record.body_size
             if msg.expires_at is not None:
                 if msg.expires_at <= now_mono:
                     expired.append(msg)
                 else:
                     self._track_expiry(msg)
-        self.ready_count = len(self.ready)
+        self.ready_count = ready_count
         if self._delayed:
             self._delay_timer.arm(self._delayed[0][0])
         self._expired_at_start = expired

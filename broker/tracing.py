@@ -335,7 +335,7 @@ class Tracer:
         from warren.broker.message import DELAYED, READY
 
         reason = "queue_deleted" if queue.deleted else "purged"
-        for msg in queue.ready:
+        for msg in queue.ready_messages():
             if msg.state == READY:
                 self.dropped(queue, msg, reason)
         for _, _, msg in queue._delayed:

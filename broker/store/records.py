@@ -92,6 +92,19 @@ class PublishRecord:
     body_offset: int  # where the body starts: in the payload, then (the store) in the file
     trace_id: int
     segment: int = 0  # the segment file holding it (set by the store)
+    record_start: int = 0  # where the whole record starts in that file (set by the store)
+
+
+def publish_header_size(exchange: int, routing_key: int, properties: int) -> int:
+    """Bytes of a PUBLISH record before its body, for names and properties of these sizes."""
+    return HEADER_SIZE + 1 + _publish.size + 1 + exchange + 1 + routing_key + 4 + properties
+
+
+def decode_record(data: bytes, at: int, length: int, names: dict[bytes, str]) -> PublishRecord:
+    """The PUBLISH record of ``length`` bytes at ``data[at:]``, written and checked before."""
+    return decode_publish(
+        data, at + HEADER_SIZE + 1, at + length, data[at + HEADER_SIZE], True, names
+    )
 
 
 def decode_publish(

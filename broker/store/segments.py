@@ -24,11 +24,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from warren.broker.message import READY, Message, PagedMessage, page_out, unpage
+from warren.broker.paged import REDELIVERED, PagedRun
 from warren.broker.store import records
 
 SEGMENT_SIZE = 16 * 1024 * 1024
 COMPACT_BELOW = 0.5  # live share under which the oldest segment is rewritten
-PAGE_LIMIT = 64 * 1024 * 1024  # queue_body_memory_limit: body bytes a queue keeps in memory
+PAGE_LIMIT = 64 * 1024 * 1024  # queue_body_memory_limit: memory a queue keeps its ready messages in
 READ_AHEAD = 512 * 1024  # body bytes read back at once when the head of a queue is paged out
 READ_AHEAD_MIN = 64 * 1024
 READ_AHEAD_COUNT = 1024
@@ -175,6 +176,14 @@ class MessageStore:
         # paging bodies out: messages waiting for their record to be written, in log order
         self.page_limit: int | None = PAGE_LIMIT  # None: bodies always stay in memory
         self._to_page: deque[Message] = deque()
+        # packed paged-out messages (broker/paged.py): every live run, and those with messages
+        # waiting for their record to be written
+        self.runs: set[PagedRun] = set()
+        self._pending_runs: dict[PagedRun, None] = {}
+        # packed messages whose record compaction copied: where to read them until the copy
+        # is written (by msg id), and which ids each compacted segment moved
+        self._moved: dict[int, tuple[int, int]] = {}
+        self._moved_from: dict[int, list[int]] = {}
         self._batch_ends: deque[tuple[int, int, int]] = deque()  # (batch, segment, end offset)
         self._written = (0, 0)  # (segment, offset) up to which the log is on disk
         self._readers: dict[int, int] = {}  # segment -> file descriptor to read bodies back
@@ -222,6 +231,7 @@ class MessageStore:
                     last_properties = record.properties
                     record.segment = segment
                     record.body_offset = end - record.body_size
+                    record.record_start = start - records.HEADER_SIZE - 1
                     if record.body is not None:
                         kept[queue_id] = in_ram + record.body_size
                     old = found.get(record.msg_id)  # a compacted copy replaces the original
@@ -314,7 +324,7 @@ class MessageStore:
         data = b"".join(self._buffer)
         self._buffer.clear()
         writer.jobs.put(("write", self._segment, data, self.open_batch))
-        if self._to_page:
+        if self._to_page or self._pending_runs:
             self._batch_ends.append((self.open_batch, self._segment, self._segment_bytes))
         self.open_batch += 1
         if self._segment_bytes >= self.segment_size:
@@ -434,6 +444,8 @@ class MessageStore:
             for segment, copied in list(self._compacting.items()):
                 if copied <= batch:  # the copies are on disk: the old segment can go
                     del self._compacting[segment]
+                    for msg_id in self._moved_from.pop(segment, ()):
+                        self._moved.pop(msg_id, None)
                     self._drop_segment(segment)
             if not self._compacting:
                 self._collect_garbage()  # the dead segments it held up go at once
@@ -468,6 +480,9 @@ class MessageStore:
         """Page out the waiting messages whose publish record is now written (and synced)."""
         todo = self._to_page
         written_segment, written_end = self._written
+        if self._pending_runs:
+            for run in list(self._pending_runs):
+                self._pack_written(run, written_segment, written_end)
         limit = self.page_limit
         if limit is None:
             todo.clear()
@@ -488,6 +503,126 @@ class MessageStore:
             ):  # fmt: skip
                 queue.paged_bytes += page_out(msg)
                 queue.paged_count += 1
+
+    def page_run_later(self, run: PagedRun) -> None:
+        """``run`` has pending messages: pack them as their records are written."""
+        self.runs.add(run)
+        self._pending_runs[run] = None
+
+    def _pack_written(self, run: PagedRun, written_segment: int, written_end: int) -> None:
+        pending = run.pending
+        queue = run.queue
+        messages = self.messages
+        while pending:
+            msg = pending[0]
+            segment, offset = msg.store_segment, msg.store_offset
+            if segment > written_segment or (segment == written_segment and offset >= written_end):
+                return
+            pending.popleft()
+            body = msg.body
+            header = records.publish_header_size(
+                len(msg.exchange.encode("utf-8", "surrogateescape")),
+                len(msg.routing_key.encode("utf-8", "surrogateescape")),
+                len(msg.properties),
+            )
+            run.add(
+                msg.store_id, segment, offset - header, header + len(body), len(body),
+                msg.redelivered,
+            )  # fmt: skip
+            del messages[msg.store_id]
+            queue.paged_count += 1
+            queue.paged_bytes += len(body)
+        del self._pending_runs[run]
+
+    def materialise(self, run: PagedRun, ready: deque[Message]) -> None:
+        """Read the next packed messages of ``run`` back into Message objects at the end of
+        ``ready``: a batch of records next to each other in one segment is one read."""
+        budget = min(READ_AHEAD, max((self.page_limit or 0) // 4, READ_AHEAD_MIN))
+        ids, segments, starts, lengths, sizes = (
+            run.ids, run.segments, run.starts, run.lengths, run.sizes
+        )  # fmt: skip
+        first = run.head
+        stop = first
+        end_all = len(ids)
+        while stop < end_all and budget > 0 and stop - first < READ_AHEAD_COUNT:
+            budget -= lengths[stop]
+            stop += 1
+        moved = self._moved
+        names: dict[bytes, str] = {}
+        queue = run.queue
+        messages = self.messages
+        flags = run.flags
+        last_properties = b""
+        taken = 0
+        i = first
+        while i < stop:
+            # one read spans the records after this one in the same segment, small gaps included
+            segment, begin = moved.get(ids[i]) or (segments[i], starts[i])
+            end = begin + lengths[i]
+            j = i + 1
+            while j < stop and ids[j] not in moved and segments[j] == segment:
+                at = starts[j]
+                if at < begin or at > end + READ_GAP:
+                    break
+                end = max(end, at + lengths[j])
+                j += 1
+            data = self.read_body(segment, begin, end - begin)
+            for k in range(i, j):
+                at = starts[k] - begin if k > i else 0
+                record = records.decode_record(data, at, lengths[k], names)
+                properties = record.properties
+                if properties == last_properties:
+                    properties = last_properties
+                last_properties = properties
+                body = record.body
+                assert body is not None
+                msg = Message(record.exchange, record.routing_key, properties, body)
+                msg.store_id = record.msg_id
+                msg.store_segment = segments[k]
+                msg.store_offset = starts[k] + lengths[k] - sizes[k]
+                msg.trace_id = record.trace_id
+                msg.seq = run.first_seq + k
+                msg.queue = queue
+                msg.redelivered = bool(flags[k] & REDELIVERED)
+                msg.delivery_count = record.delivery_count
+                msg.retries = record.retries
+                messages[msg.store_id] = msg
+                ready.append(msg)
+                taken += sizes[k]
+            if _FADVISE:
+                os.posix_fadvise(self._reader(segment), end, 2 * READ_AHEAD, os.POSIX_FADV_WILLNEED)
+            i = j
+        run.head = stop
+        run.bytes -= taken
+        queue.paged_count -= stop - first
+        queue.paged_bytes -= taken
+        run.drop_packed()
+
+    def drop_run(self, run: PagedRun, deleted: bool) -> None:
+        """The packed messages of ``run`` leave the store (purge; ``deleted``: with their
+        queue, no record needed). Pending ones are the queue's to drop, as Messages."""
+        run.dead = True
+        self.runs.discard(run)
+        self._pending_runs.pop(run, None)
+        live = self._live
+        ids, segments = run.ids, run.segments
+        for i in range(run.head, len(ids)):
+            if not deleted:
+                self._append(records.encode_remove(ids[i]))
+            live[segments[i]] -= 1
+        queue = run.queue
+        queue.paged_count -= run.packed
+        queue.paged_bytes -= run.bytes
+        run.head, run.bytes = len(ids), 0
+        run.drop_packed()
+        if live:
+            self._collect_garbage()
+
+    def run_done(self, run: PagedRun) -> None:
+        """Every message of ``run`` is back in its queue as a Message."""
+        run.dead = True
+        self.runs.discard(run)
+        self._pending_runs.pop(run, None)
 
     def _reader(self, segment: int) -> int:
         fd = self._readers.get(segment)
@@ -606,8 +741,46 @@ class MessageStore:
             self._append_publish(queue_id, msg, expires_wall)
             if paged:
                 self.page_later(msg)
+        packed = 0
+        for run in self.runs:
+            if run.min_segment <= segment <= run.max_segment:
+                packed += self._compact_run(run, segment)
         self._compacting[segment] = self.open_batch
-        self.log.info("message store: compacting segment", segment=segment, moved=len(moved))
+        self.log.info(
+            "message store: compacting segment", segment=segment, moved=len(moved) + packed
+        )
+
+    def _compact_run(self, run: PagedRun, segment: int) -> int:
+        """Copy the records of ``run``'s packed messages in ``segment`` to the head of the log;
+        they are read from the old place until the copies are written."""
+        ids, segments, starts, lengths = run.ids, run.segments, run.starts, run.lengths
+        queue_id = run.queue.store_id
+        names: dict[bytes, str] = {}
+        moved = self._moved_from.setdefault(segment, [])
+        count = 0
+        for i in range(run.head, len(ids)):
+            if segments[i] != segment:
+                continue
+            data = self.read_body(segment, starts[i], lengths[i])
+            rec = records.decode_record(data, 0, lengths[i], names)
+            assert rec.body is not None
+            record = records.encode_publish(
+                rec.msg_id, queue_id, rec.expires_wall, rec.delivery_count, rec.retries, 0.0,
+                bool(run.flags[i] & REDELIVERED), rec.exchange.encode("utf-8", "surrogateescape"),
+                rec.routing_key.encode("utf-8", "surrogateescape"), rec.properties, rec.body,
+                rec.trace_id,
+            )  # fmt: skip
+            new = self._segment
+            self._live[new] = self._live.get(new, 0) + 1
+            self._total[new] = self._total.get(new, 0) + 1
+            self._append(record)
+            self._moved[rec.msg_id] = (segment, starts[i])
+            moved.append(rec.msg_id)
+            segments[i], starts[i] = new, self._segment_bytes - len(record)
+            if new > run.max_segment:
+                run.max_segment = new
+            count += 1
+        return count
 
     def close(self) -> None:
         """Flush what is buffered and stop the writer (clean shutdown)."""
