@@ -563,19 +563,14 @@ class Channel:
 
     def dispatch_all(self) -> None:
         """Capacity came back for every consumer (qos, flow, a drained socket): offer messages."""
-        queues: list[Queue] = []
-        for consumer in self.consumers.values():
-            if consumer.queue not in queues:
-                queues.append(consumer.queue)
-        for queue in queues:
+        # each queue once, in consumer order (a dict: a list's `in` made this O(consumers^2))
+        for queue in dict.fromkeys(consumer.queue for consumer in self.consumers.values()):
             if queue.consumers and not queue.deleted:
                 queue.dispatch()
 
     def _redispatch(self, queues: list[Queue]) -> None:
         if self.prefetch_global:
-            for consumer in list(self.consumers.values()):
-                if consumer.queue not in queues:
-                    queues.append(consumer.queue)
+            queues = list(dict.fromkeys([*queues, *(c.queue for c in self.consumers.values())]))
         for queue in queues:
             if queue.consumers and not queue.deleted:
                 queue.dispatch()
