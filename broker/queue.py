@@ -284,7 +284,7 @@ class Queue:
             (max_len is not None and self.ready_count + self.delayed_count > max_len)
             or (max_bytes is not None and self.ready_bytes > max_bytes)
         ):
-            msg = self._pop_ready(check_expiry=False)
+            msg = self._pop_ready(deliver=False)
             if msg is None:
                 break
             self._gone(msg)
@@ -328,19 +328,33 @@ class Queue:
 
     # ---- out ----
 
-    def _pop_ready(self, check_expiry: bool = True) -> Message | None:
+    def _pop_ready(self, deliver: bool = True) -> Message | None:
+        """The head of the ready messages, taken out of them.
+
+        ``deliver``: for a consumer or basic.get, the one place a message is handed over
+        (an expired head expires on the way; the message becomes unacked, counted, and
+        its first delivery recorded in the store). The hand-over is here, not in a helper
+        of its own, so that a delivery costs no extra call (hot path). Without it (a
+        drop-head), the head as it is.
+        """
         ready = self.ready
         while ready:
             msg: Message = ready.popleft()
             if msg.state != READY:
                 continue  # expired or otherwise gone while waiting
-            if check_expiry and msg.expires_at is not None and msg.expires_at < self._now():
+            if deliver and msg.expires_at is not None and msg.expires_at < self._now():
                 self._expire(msg)
                 continue
             if self.paged_count and msg.__class__ is PagedMessage:
                 self._read_ahead(msg)
             self.ready_count -= 1
             self.ready_bytes -= len(msg.body)
+            if deliver:
+                msg.state = UNACKED
+                self.unacked_count += 1
+                self.stats.delivered += 1
+                if msg.store_id and not msg.redelivered:
+                    self.message_store.delivered(msg)  # type: ignore[union-attr]
             return msg
         return None
 
@@ -367,11 +381,6 @@ class Queue:
             msg = self._pop_ready()
             if msg is None:
                 return
-            msg.state = UNACKED
-            self.unacked_count += 1
-            self.stats.delivered += 1
-            if msg.store_id and not msg.redelivered:
-                self.message_store.delivered(msg)  # type: ignore[union-attr]
             consumer.channel.deliver(consumer, msg)
 
     def _dispatch_ordered(self) -> None:
@@ -404,24 +413,12 @@ class Queue:
             msg = self._pop_ready()
             if msg is None:
                 return
-            msg.state = UNACKED
-            self.unacked_count += 1
-            self.stats.delivered += 1
-            if msg.store_id and not msg.redelivered:
-                self.message_store.delivered(msg)  # type: ignore[union-attr]
             chosen.channel.deliver(chosen, msg)
 
     def get(self) -> Message | None:
         """basic.get: the head message, now unacked (the channel settles it for no-ack)."""
         self.touch()
-        msg = self._pop_ready()
-        if msg is not None:
-            msg.state = UNACKED
-            self.unacked_count += 1
-            self.stats.delivered += 1
-            if msg.store_id and not msg.redelivered:
-                self.message_store.delivered(msg)  # type: ignore[union-attr]
-        return msg
+        return self._pop_ready()
 
     # ---- settling ----
 
