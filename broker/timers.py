@@ -115,12 +115,12 @@ class ManualTimers(Timers):
         if seconds < 0:
             raise ValueError("time does not go back: seconds must be >= 0")
         # to the nanosecond: advance(0.199) then advance(0.001) reaches a deadline set 0.2 s
-        # ahead, which the float sum alone can miss by an ulp
+        # ahead, which float sums (of the steps, and of now + delay) can miss by an ulp
         target = round(self._now + seconds, 9)
         self.advanced += seconds
         heap = self._heap
         fired = 0
-        while heap and heap[0][0] <= target:
+        while heap and heap[0][0] <= target + 1e-9:
             when, _, handle = heapq.heappop(heap)
             if handle.cancelled:
                 continue
