@@ -302,10 +302,7 @@ class Queue:
             msg.tag = 0
             msg.redelivered = True
             if msg.expires_at is not None and msg.expires_at <= now:
-                self._gone(msg)
-                self.stats.expired += 1
-                self._count_node("expired")
-                self._dead_letter(msg, "expired")
+                self._expired(msg)
                 continue
             msg.state = READY
             back.append(msg)
@@ -499,10 +496,7 @@ class Queue:
                 continue
             self.delayed_count -= 1
             if msg.expires_at is not None and msg.expires_at <= now:
-                self._gone(msg)
-                self.stats.expired += 1
-                self._count_node("expired")
-                self._dead_letter(msg, "expired")
+                self._expired(msg)
                 continue
             self._next_seq += 1
             msg.seq = self._next_seq  # the tail, not its old place
@@ -646,11 +640,8 @@ class Queue:
             if msg.state == READY:
                 self._expire(msg)
             elif msg.state == DELAYED:  # its entry in the delay heap is skipped when due
-                self._gone(msg)
                 self.delayed_count -= 1
-                self.stats.expired += 1
-                self._count_node("expired")
-                self._dead_letter(msg, "expired")
+                self._expired(msg)
         # messages that were delivered meanwhile stay in the heap until their time; drop them
         while heap and heap[0][2].state not in (READY, DELAYED):
             heapq.heappop(heap)
@@ -670,16 +661,21 @@ class Queue:
 
     def _expire(self, msg: Message) -> None:
         """Remove a ready message wherever it is in the queue."""
-        self._gone(msg)
         self.ready_count -= 1
         self.ready_bytes -= msg.body_size()
-        self.stats.expired += 1
-        self._count_node("expired")
         if self.ready and self.ready[0] is msg:
             self.ready.popleft()
-        self._dead_letter(msg, "expired")
+        self._expired(msg)
         if not self.ready_count:
             self.ready.clear()
+
+    def _expired(self, msg: Message) -> None:
+        """Its TTL ran out (ready, waiting for a retry, or coming back unacked): it leaves
+        the queue, counted, for the dead-letter exchange if there is one."""
+        self._gone(msg)
+        self.stats.expired += 1
+        self._count_node("expired")
+        self._dead_letter(msg, "expired")
 
     def _count_node(self, counter: str) -> None:
         stats = self.vhost.stats
