@@ -17,8 +17,8 @@ import asyncio
 import heapq
 import itertools
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, Protocol, TypeVar
 
 
 class TimerHandle(Protocol):
@@ -169,3 +169,75 @@ class Deadline:
     def _fire(self) -> None:
         self._handle = None
         self._callback()
+
+
+E = TypeVar("E", bound=tuple[Any, ...])
+
+
+class DeadlineHeap(Deadline, Generic[E]):
+    """Entries ``(when, order, ...)`` earliest first, with one timer at the earliest.
+
+    An entry that stops mattering (its message acked, expired or delivered) is not
+    searched for: ``live(entry)`` says False, and it is dropped when it reaches the top
+    or in one sweep once dead entries outnumber live ones (``push``, ``compact``), so
+    each costs O(1) amortised. The owner pops what is due from ``entries`` itself,
+    since what "due" does differs (expire, time out, release), then calls ``rearm``.
+    """
+
+    __slots__ = ("_live", "entries")
+
+    def __init__(
+        self, timers: Timers, callback: Callable[[], None], live: Callable[[E], bool]
+    ) -> None:
+        super().__init__(timers, callback)
+        self.entries: list[E] = []
+        self._live = live
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __iter__(self) -> Iterator[E]:
+        return iter(self.entries)
+
+    def push(self, entry: E, live_count: int) -> None:
+        """Add ``entry``; ``live_count`` bounds how many entries may still matter."""
+        heap = self.entries
+        heapq.heappush(heap, entry)
+        if len(heap) > 2 * live_count + 64:
+            self._sweep()
+            if not heap:
+                return
+        # Deadline.arm inlined: a push is once a message on the TTL and consumer-timeout
+        # paths, and a call of its own there would cost every such message
+        when = heap[0][0]
+        handle = self._handle
+        if handle is not None:
+            if when >= self._at:
+                return
+            handle.cancel()
+        self._at = when
+        self._handle = self._timers.call_at(when, self._fire)
+
+    def compact(self, live_count: int) -> None:
+        """Sweep the dead entries out once they are most of the heap."""
+        if len(self.entries) > 2 * live_count + 64:
+            self._sweep()
+
+    def _sweep(self) -> None:
+        heap = self.entries
+        live = self._live
+        heap[:] = [e for e in heap if live(e)]  # in place: a caller may hold the list
+        heapq.heapify(heap)
+
+    def rearm(self) -> None:
+        """After the owner popped what was due: drop dead entries on top, arm for the next."""
+        heap = self.entries
+        live = self._live
+        while heap and not live(heap[0]):
+            heapq.heappop(heap)
+        if heap:
+            self.arm(heap[0][0])
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.cancel()
