@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from pamqp import commands
 
+from warren.broker.connection import PUBLISH_EVENTS_PER_TURN
 from warren.broker.flow import FlowControl
-from warren.broker.testkit.memory import Delivery, MemoryBroker, MemoryClient
+from warren.broker.testkit.memory import Delivery, MemoryBroker, MemoryClient, publish_bytes
 from warren.protocol.methods import make
 
 QUORUM = {"x-queue-type": "quorum"}
@@ -174,6 +175,25 @@ def test_a_writer_that_pauses_stops_deliveries_and_reading_until_it_resumes(
     assert flow(client).describe() == []
     assert client.transport.reading
     assert bodies(client.received()) == [b"waits in the socket"]
+
+
+def test_a_publisher_gets_its_share_of_a_turn_then_waits_for_the_next(
+    engine: MemoryBroker,
+) -> None:
+    client = engine.connect()
+    client.channel_open(1)
+    declare(client, "q")
+    client.publish(1, "", "q", b"0")  # a publisher from now on: the smaller share
+    queue = engine.vhost.queues["q"]
+    # one socket read with 100 publishes, handed over as the server would
+    client.connection.data_received(publish_bytes(1, "", "q", b"m") * 100)
+    assert queue.ready_count == 1 + PUBLISH_EVENTS_PER_TURN
+    assert flow(client).describe() == ["turn"]
+    assert not client.transport.reading
+    engine.run()  # the next turns handle the rest, then the socket is read again
+    assert queue.ready_count == 101
+    assert flow(client).describe() == []
+    assert client.transport.reading
 
 
 def test_reading_resumes_only_when_the_alarm_and_the_writer_are_both_gone(

@@ -49,7 +49,14 @@ from warren.protocol.frames import content_frames
 from warren.protocol.methods import decode_method, make, method_frame
 from warren.protocol.properties import decode_field, split_properties
 
-__all__ = ["Delivery", "ManualLoop", "MemoryBroker", "MemoryClient", "MemoryTransport"]
+__all__ = [
+    "Delivery",
+    "ManualLoop",
+    "MemoryBroker",
+    "MemoryClient",
+    "MemoryTransport",
+    "publish_bytes",
+]
 
 SYNC_TIMEOUT = 10.0  # seconds the store's writer may take for a batch before it is a failure
 _frame_head = Struct(">BHI")
@@ -285,16 +292,7 @@ class MemoryClient:
         properties: commands.Basic.Properties | None = None,
         mandatory: bool = False,
     ) -> None:
-        props = properties.marshal() if properties is not None else b"\x00\x00"
-        parts = [
-            method_frame(
-                channel,
-                make(commands.Basic.Publish, exchange=exchange, routing_key=routing_key,
-                     mandatory=mandatory),
-            ),
-            *content_frames(channel, props, body, self.frame_max),
-        ]  # fmt: skip
-        self.send_bytes(b"".join(parts))
+        self.send_bytes(publish_bytes(channel, exchange, routing_key, body, properties, mandatory))
 
     def channel_open(self, channel: int) -> None:
         ok = self.call(channel, commands.Channel.Open())
@@ -366,6 +364,29 @@ class MemoryClient:
     def _complete(self, channel: int) -> None:
         method, _, props, parts = self._content.pop(channel)
         self._received.append(Delivery(channel, method, props, b"".join(parts)))
+
+
+def publish_bytes(
+    channel: int,
+    exchange: str,
+    routing_key: str,
+    body: bytes,
+    properties: commands.Basic.Properties | None = None,
+    mandatory: bool = False,
+    frame_max: int = 131072,
+) -> bytes:
+    """basic.publish with its content, as frames: for a test that hands the broker many
+    at once (``connection.data_received``) to see what one read does."""
+    props = properties.marshal() if properties is not None else b"\x00\x00"
+    parts = [
+        method_frame(
+            channel,
+            make(commands.Basic.Publish, exchange=exchange, routing_key=routing_key,
+                 mandatory=mandatory),
+        ),
+        *content_frames(channel, props, body, frame_max),
+    ]  # fmt: skip
+    return b"".join(parts)
 
 
 class MemoryBroker:
