@@ -270,6 +270,31 @@ def test_a_nack_overtakes_acks_that_wait_for_the_disk(tmp_path: Path) -> None:
         engine.close()
 
 
+# ---- connections that go away ----
+
+
+def test_a_lost_connections_unacked_messages_go_to_the_next_consumer_in_order(
+    engine: MemoryBroker,
+) -> None:
+    first, second = engine.connect(), engine.connect()
+    for client in (first, second):
+        client.channel_open(1)
+    declare(first, "q")
+    consume(first, 1, "q", "a")
+    for body in (b"1", b"2", b"3"):
+        first.publish(1, "", "q", body)
+    assert bodies(first.received()) == [b"1", b"2", b"3"]
+    consume(second, 1, "q", "b")
+    assert second.received() == []  # nothing is ready
+    first.drop()
+    got = [g for g in second.received() if isinstance(g, Delivery)]
+    assert [(g.body, g.method.redelivered) for g in got] == [
+        (b"1", True),
+        (b"2", True),
+        (b"3", True),
+    ]
+
+
 # ---- no heartbeats ----
 
 
