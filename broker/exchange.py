@@ -13,15 +13,22 @@ from __future__ import annotations
 import datetime
 import decimal
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    from warren.broker.queue import Queue
 
 HeadersFn = Callable[[], dict[str, Any]]
+# where a binding leads: a queue, or another exchange (exchange-to-exchange bindings)
+Destination: TypeAlias = "Queue | Exchange"
 
 
 class Binding:
     __slots__ = ("arguments", "destination", "routing_key")
 
-    def __init__(self, destination: Any, routing_key: str, arguments: dict[str, Any]) -> None:
+    def __init__(
+        self, destination: Destination, routing_key: str, arguments: dict[str, Any]
+    ) -> None:
         self.destination = destination
         self.routing_key = routing_key
         self.arguments = arguments
@@ -53,11 +60,11 @@ class Destinations:
     __slots__ = ("_list", "counts", "dests")
 
     def __init__(self) -> None:
-        self.dests: dict[int, Any] = {}  # id(destination) -> destination
+        self.dests: dict[int, Destination] = {}  # id(destination) -> destination
         self.counts: dict[int, int] = {}
-        self._list: list[Any] | None = None
+        self._list: list[Destination] | None = None
 
-    def add(self, destination: Any) -> None:
+    def add(self, destination: Destination) -> None:
         key = id(destination)
         count = self.counts.get(key, 0)
         self.counts[key] = count + 1
@@ -65,7 +72,7 @@ class Destinations:
             self.dests[key] = destination
             self._list = None
 
-    def remove(self, destination: Any) -> None:
+    def remove(self, destination: Destination) -> None:
         key = id(destination)
         count = self.counts.get(key, 0)
         if count > 1:
@@ -74,7 +81,7 @@ class Destinations:
             del self.counts[key], self.dests[key]
             self._list = None
 
-    def as_list(self) -> list[Any]:
+    def as_list(self) -> list[Destination]:
         found = self._list
         if found is None:
             found = self._list = list(self.dests.values())
@@ -113,7 +120,7 @@ class Exchange:
         """Reject a declaration's arguments (raise an AMQP error)."""
 
     def validate_binding(
-        self, destination: Any, routing_key: str, arguments: dict[str, Any]
+        self, destination: Destination, routing_key: str, arguments: dict[str, Any]
     ) -> None:
         """Reject a binding this type cannot take (raise an AMQP error)."""
 
@@ -151,20 +158,22 @@ class Exchange:
         self._added(binding)
         return True
 
-    def has_binding(self, destination: Any, routing_key: str, arguments: dict[str, Any]) -> bool:
+    def has_binding(
+        self, destination: Destination, routing_key: str, arguments: dict[str, Any]
+    ) -> bool:
         return (id(destination), routing_key, _freeze(arguments)) in self.bindings
 
-    def binds_to(self, destination: Any) -> bool:
+    def binds_to(self, destination: Destination) -> bool:
         """Whether any binding from here leads to ``destination``."""
         return id(destination) in self._by_destination
 
-    def unbind(self, destination: Any, routing_key: str, arguments: dict[str, Any]) -> bool:
+    def unbind(self, destination: Destination, routing_key: str, arguments: dict[str, Any]) -> bool:
         removed = self.bindings.pop((id(destination), routing_key, _freeze(arguments)), None)
         if removed is not None:
             self._forget(removed)
         return removed is not None
 
-    def unbind_destination(self, destination: Any) -> None:
+    def unbind_destination(self, destination: Destination) -> None:
         """Forget every binding to a deleted queue or exchange."""
         for key in list(self._by_destination.get(id(destination), ())):
             self._forget(self.bindings.pop(key))
@@ -202,7 +211,7 @@ class Exchange:
         """Update the routing index for one removed binding."""
         self._changed()
 
-    def route(self, routing_key: str, headers: HeadersFn) -> list[Any]:
+    def route(self, routing_key: str, headers: HeadersFn) -> list[Destination]:
         raise NotImplementedError
 
 
@@ -212,7 +221,7 @@ class DirectExchange(Exchange):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._by_key: dict[str, Destinations] = {}
-        self._lists: dict[str, list[Any]] = {}  # route's answers, per key, until it changes
+        self._lists: dict[str, list[Destination]] = {}  # route's answers, per key, until it changes
 
     def _changed(self) -> None:
         self._by_key = {}
@@ -236,7 +245,7 @@ class DirectExchange(Exchange):
             del self._by_key[key]
         self._lists.pop(key, None)
 
-    def route(self, routing_key: str, headers: HeadersFn) -> list[Any]:
+    def route(self, routing_key: str, headers: HeadersFn) -> list[Destination]:
         found = self._lists.get(routing_key)
         if found is not None:
             return found
@@ -265,7 +274,7 @@ class FanoutExchange(Exchange):
     def _removed(self, binding: Binding) -> None:
         self._dests.remove(binding.destination)
 
-    def route(self, routing_key: str, headers: HeadersFn) -> list[Any]:
+    def route(self, routing_key: str, headers: HeadersFn) -> list[Destination]:
         return self._dests.as_list()
 
 
@@ -331,7 +340,7 @@ class TopicTrie:
     def __init__(self) -> None:
         self.root = _Node(False)
 
-    def add(self, pattern: str, destination: Any) -> None:
+    def add(self, pattern: str, destination: Destination) -> None:
         node = self.root
         for word in _words(pattern):
             child = node.child(word)
@@ -350,7 +359,7 @@ class TopicTrie:
             node.dests = Destinations()
         node.dests.add(destination)
 
-    def remove(self, pattern: str, destination: Any) -> None:
+    def remove(self, pattern: str, destination: Destination) -> None:
         words = _words(pattern)
         path = [self.root]
         for word in words:
@@ -381,7 +390,7 @@ class TopicTrie:
         root = self.root
         return not (root.children or root.star or root.hash or root.dests)
 
-    def match(self, routing_key: str) -> list[Any]:
+    def match(self, routing_key: str) -> list[Destination]:
         reached: dict[_Node, None] = {}
         node: _Node | None = self.root
         while node is not None:  # the root and the '#' nodes under it take no word
@@ -409,7 +418,7 @@ class TopicTrie:
             return found[0].as_list()
         if not found:
             return []
-        merged: dict[int, Any] = {}  # by identity, in order: each destination once
+        merged: dict[int, Destination] = {}  # by identity, in order: each destination once
         for dests in found:
             merged.update(dests.dests)
         return list(merged.values())
@@ -433,7 +442,7 @@ class TopicExchange(Exchange):
     def _removed(self, binding: Binding) -> None:
         self._trie.remove(binding.routing_key, binding.destination)
 
-    def route(self, routing_key: str, headers: HeadersFn) -> list[Any]:
+    def route(self, routing_key: str, headers: HeadersFn) -> list[Destination]:
         return self._trie.match(routing_key)
 
 
@@ -476,11 +485,11 @@ class HeadersExchange(Exchange):
 
     kind = "headers"
 
-    def route(self, routing_key: str, headers: HeadersFn) -> list[Any]:
+    def route(self, routing_key: str, headers: HeadersFn) -> list[Destination]:
         if not self.bindings:
             return []
         message_headers = headers()
-        found: dict[int, Any] = {}  # by identity, in binding order: each destination once
+        found: dict[int, Destination] = {}  # by identity, in binding order: each destination once
         for binding in self.bindings.values():
             dest = binding.destination
             if id(dest) not in found and headers_match(binding.arguments, message_headers):

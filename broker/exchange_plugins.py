@@ -25,7 +25,7 @@ import sys
 from typing import TYPE_CHECKING, Any, cast
 
 from warren.broker.erlang_hash import jump_consistent_hash, phash2
-from warren.broker.exchange import EXCHANGE_TYPES, Exchange, HeadersFn
+from warren.broker.exchange import EXCHANGE_TYPES, Destination, Exchange, HeadersFn
 from warren.broker.message import Message
 from warren.broker.timers import Deadline
 from warren.protocol.constants import COMMAND_INVALID, PRECONDITION_FAILED
@@ -88,8 +88,8 @@ class ConsistentHashExchange(Exchange):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._ring: list[Any] = []
-        self._cache: dict[int | bytes | str | None, list[Any]] = {}
+        self._ring: list[Destination] = []
+        self._cache: dict[int | bytes | str | None, list[Destination]] = {}
         self._header, self._property = _hash_args(self.arguments)
 
     @classmethod
@@ -101,7 +101,7 @@ class ConsistentHashExchange(Exchange):
             raise _precondition(f"Unsupported property: {prop}")
 
     def validate_binding(
-        self, destination: Any, routing_key: str, arguments: dict[str, Any]
+        self, destination: Destination, routing_key: str, arguments: dict[str, Any]
     ) -> None:
         if not _INTEGER.fullmatch(routing_key):
             raw = routing_key.encode("utf-8", "surrogateescape")
@@ -114,7 +114,7 @@ class ConsistentHashExchange(Exchange):
 
     def _changed(self) -> None:
         # buckets in binding order; a destination bound again adds none (RabbitMQ: already_exists)
-        ring: list[Any] = []
+        ring: list[Destination] = []
         seen: set[int] = set()
         for binding in self.bindings.values():
             if id(binding.destination) not in seen:
@@ -145,7 +145,7 @@ class ConsistentHashExchange(Exchange):
             return str(value).encode()
         return value.encode("utf-8", "surrogateescape") if isinstance(value, str) else None
 
-    def route(self, routing_key: str, headers: HeadersFn) -> list[Any]:
+    def route(self, routing_key: str, headers: HeadersFn) -> list[Destination]:
         ring = self._ring
         if not ring:
             return []
@@ -163,7 +163,7 @@ class ConsistentHashExchange(Exchange):
 # ---- x-modulus-hash ----
 
 
-def _sort_key(destination: Any) -> tuple[int, bytes]:
+def _sort_key(destination: Destination) -> tuple[int, bytes]:
     # RabbitMQ sorts #resource{} records: kind 'exchange' before 'queue', then name bytes
     return (0 if isinstance(destination, Exchange) else 1, destination.name.encode())
 
@@ -173,14 +173,14 @@ class ModulusHashExchange(Exchange):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._sorted: list[Any] = []
-        self._cache: dict[str, list[Any]] = {}
+        self._sorted: list[Destination] = []
+        self._cache: dict[str, list[Destination]] = {}
 
     def _changed(self) -> None:
         self._sorted = sorted((b.destination for b in self.bindings.values()), key=_sort_key)
         self._cache = {}
 
-    def route(self, routing_key: str, headers: HeadersFn) -> list[Any]:
+    def route(self, routing_key: str, headers: HeadersFn) -> list[Destination]:
         dests = self._sorted
         if not dests:
             return []
@@ -203,10 +203,10 @@ class LocalRandomExchange(Exchange):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._queues: list[Any] = []
+        self._queues: list[Destination] = []
 
     def validate_binding(
-        self, destination: Any, routing_key: str, arguments: dict[str, Any]
+        self, destination: Destination, routing_key: str, arguments: dict[str, Any]
     ) -> None:
         if routing_key:
             raise _precondition(f"Non empty binding '{routing_key}' key not permitted")
@@ -218,13 +218,13 @@ class LocalRandomExchange(Exchange):
             raise _precondition(f"Queue type {module} not valid for this exchange type")
 
     def _changed(self) -> None:
-        queues: list[Any] = []
+        queues: list[Destination] = []
         for binding in self.bindings.values():
             if binding.destination not in queues:
                 queues.append(binding.destination)
         self._queues = queues
 
-    def route(self, routing_key: str, headers: HeadersFn) -> list[Any]:
+    def route(self, routing_key: str, headers: HeadersFn) -> list[Destination]:
         queues = self._queues
         if len(queues) <= 1:
             return queues
@@ -315,14 +315,14 @@ class DelayedMessageExchange(Exchange):
             self.message_store = persistence.messages
 
     def validate_binding(
-        self, destination: Any, routing_key: str, arguments: dict[str, Any]
+        self, destination: Destination, routing_key: str, arguments: dict[str, Any]
     ) -> None:
         self._inner.validate_binding(destination, routing_key, arguments)
 
     def _changed(self) -> None:
         self._inner._changed()
 
-    def route(self, routing_key: str, headers: HeadersFn) -> list[Any]:
+    def route(self, routing_key: str, headers: HeadersFn) -> list[Destination]:
         return self._inner.route(routing_key, headers)
 
     # ---- holding ----

@@ -26,7 +26,7 @@ from warren.broker.message import (
 from warren.broker.paged import MESSAGE_MEMORY, PagedRun
 from warren.broker.ready import PriorityReady, merge_in_order
 from warren.broker.retry import RetryPolicy, parse_schedule
-from warren.broker.timers import Deadline
+from warren.broker.timers import Deadline, DeadlineHeap
 from warren.protocol.properties import (
     FLAG_PRIORITY,
     decode_field,
@@ -145,8 +145,9 @@ class Queue:
         self._now = timers.now
         self._wall = timers.wall  # the store's deadlines: broker time, as the wall clock
         # per-message deadlines: (expires_at, seq, message), earliest first
-        self._expiry: list[tuple[float, int, Message]] = []
-        self._expiry_timer = Deadline(timers, self._expire_due)
+        self._expiry: DeadlineHeap[tuple[float, int, Message]] = DeadlineHeap(
+            timers, self._expire_due, _may_expire
+        )
         self._unused_timer = Deadline(timers, self._check_unused)
         self._last_used = self._now()
         queue_type = self.arguments.get("x-queue-type", "classic")
@@ -155,14 +156,17 @@ class Queue:
         self.trace_ref = 0  # its id in the trace stream (broker/tracing.py), 0: none yet
         self.message_store: MessageStore | None = None
         self.policy: Policy | None = None
-        # consumer timeouts (quorum queues): (deadline, n, message, channel, tag), earliest first
-        self._lock_heap: list[tuple[float, int, Message, Channel, int, int]] = []
+        # consumer timeouts (quorum queues): (deadline, n, message, channel, tag, timeout),
+        # earliest first
+        self._lock_heap: DeadlineHeap[tuple[float, int, Message, Channel, int, int]] = DeadlineHeap(
+            timers, self._locks_due, _locked
+        )
         self._lock_count = 0
-        self._lock_timer = Deadline(timers, self._locks_due)
         # delayed retries: (ready_at, seq, message), earliest first
-        self._delayed: list[tuple[float, int, Message]] = []
+        self._delayed: DeadlineHeap[tuple[float, int, Message]] = DeadlineHeap(
+            timers, self._release_delayed, _still_delayed
+        )
         self.delayed_count = 0
-        self._delay_timer = Deadline(timers, self._release_delayed)
         sac = self.arguments.get("x-single-active-consumer")
         self.single_active_consumer = sac is True
         self._plain_dispatch = not self.single_active_consumer  # no SAC, equal priorities
@@ -352,7 +356,7 @@ class Queue:
             (max_len is not None and self.ready_count + self.delayed_count > max_len)
             or (max_bytes is not None and self.ready_bytes > max_bytes)
         ):
-            msg = self._pop_ready(check_expiry=False)
+            msg = self._pop_ready(deliver=False)
             if msg is None:
                 break
             self._gone(msg)
@@ -370,10 +374,7 @@ class Queue:
             msg.tag = 0
             msg.redelivered = True
             if msg.expires_at is not None and msg.expires_at <= now:
-                self._gone(msg)
-                self.stats.expired += 1
-                self._count_node("expired")
-                self._dead_letter(msg, "expired")
+                self._expired(msg)
                 continue
             msg.state = READY
             back.append(msg)
@@ -396,19 +397,33 @@ class Queue:
 
     # ---- out ----
 
-    def _pop_ready(self, check_expiry: bool = True) -> Message | None:
+    def _pop_ready(self, deliver: bool = True) -> Message | None:
+        """The head of the ready messages, taken out of them.
+
+        ``deliver``: for a consumer or basic.get, the one place a message is handed over
+        (an expired head expires on the way; the message becomes unacked, counted, and
+        its first delivery recorded in the store). The hand-over is here, not in a helper
+        of its own, so that a delivery costs no extra call (hot path). Without it (a
+        drop-head), the head as it is.
+        """
         ready = self.ready
         while ready or (self.tail and self._refill()):
             msg: Message = ready.popleft()
             if msg.state != READY:
                 continue  # expired or otherwise gone while waiting
-            if check_expiry and msg.expires_at is not None and msg.expires_at < self._now():
+            if deliver and msg.expires_at is not None and msg.expires_at < self._now():
                 self._expire(msg)
                 continue
             if self.paged_count and msg.__class__ is PagedMessage:
                 self._read_ahead(msg)
             self.ready_count -= 1
             self.ready_bytes -= len(msg.body)
+            if deliver:
+                msg.state = UNACKED
+                self.unacked_count += 1
+                self.stats.delivered += 1
+                if msg.store_id and not msg.redelivered:
+                    self.message_store.delivered(msg)  # type: ignore[union-attr]
             return msg
         return None
 
@@ -435,11 +450,6 @@ class Queue:
             msg = self._pop_ready()
             if msg is None:
                 return
-            msg.state = UNACKED
-            self.unacked_count += 1
-            self.stats.delivered += 1
-            if msg.store_id and not msg.redelivered:
-                self.message_store.delivered(msg)  # type: ignore[union-attr]
             consumer.channel.deliver(consumer, msg)
 
     def _dispatch_ordered(self) -> None:
@@ -472,24 +482,12 @@ class Queue:
             msg = self._pop_ready()
             if msg is None:
                 return
-            msg.state = UNACKED
-            self.unacked_count += 1
-            self.stats.delivered += 1
-            if msg.store_id and not msg.redelivered:
-                self.message_store.delivered(msg)  # type: ignore[union-attr]
             chosen.channel.deliver(chosen, msg)
 
     def get(self) -> Message | None:
         """basic.get: the head message, now unacked (the channel settles it for no-ack)."""
         self.touch()
-        msg = self._pop_ready()
-        if msg is not None:
-            msg.state = UNACKED
-            self.unacked_count += 1
-            self.stats.delivered += 1
-            if msg.store_id and not msg.redelivered:
-                self.message_store.delivered(msg)  # type: ignore[union-attr]
-        return msg
+        return self._pop_ready()
 
     # ---- settling ----
 
@@ -500,7 +498,7 @@ class Queue:
             self.unacked_count -= 1
             self.stats.acked += 1
             if msg.expires_at is not None:
-                self._compact_expiry()
+                self._expiry.compact(self.ready_count + self.delayed_count)
 
     def rejected(self, msg: Message) -> None:
         """basic.reject or basic.nack without requeue: dead-letter it (or drop it)."""
@@ -550,19 +548,16 @@ class Queue:
             delay = self.retry.delay_ms(msg.retries) / 1000
             if (tracer := self.vhost.tracer) is not None:
                 tracer.retry_scheduled(self, msg, round(delay * 1000), why)
-            ready_at = now + delay
-            heapq.heappush(self._delayed, (ready_at, msg.seq, msg))
+            self._delayed.push((now + delay, msg.seq, msg), self.delayed_count)
             if msg.expires_at is not None:
                 self._track_expiry(msg)  # it may expire while it waits
             if msg.store_id:
                 self.message_store.state(msg, self._wall() + delay)  # type: ignore[union-attr]
-        if self._delayed:
-            self._delay_timer.arm(self._delayed[0][0])
 
     def _release_delayed(self) -> None:
         """Delays are over: the messages join the tail of the queue, redelivered."""
         now = self._now()
-        heap = self._delayed
+        heap = self._delayed.entries
         released = False
         while heap and heap[0][0] <= now:
             _, _, msg = heapq.heappop(heap)
@@ -570,10 +565,7 @@ class Queue:
                 continue
             self.delayed_count -= 1
             if msg.expires_at is not None and msg.expires_at <= now:
-                self._gone(msg)
-                self.stats.expired += 1
-                self._count_node("expired")
-                self._dead_letter(msg, "expired")
+                self._expired(msg)
                 continue
             self._next_seq += 1
             msg.seq = self._next_seq  # the tail, not its old place
@@ -584,8 +576,7 @@ class Queue:
             if msg.expires_at is not None:
                 self._track_expiry(msg)
             released = True
-        if heap:
-            self._delay_timer.arm(heap[0][0])
+        self._delayed.rearm()
         if released:
             self.dispatch()
 
@@ -630,10 +621,8 @@ class Queue:
             self._gone(msg)
         self._delayed.clear()
         self.delayed_count = 0
-        self._delay_timer.cancel()
         self.ready.clear()
         self._expiry.clear()
-        self._expiry_timer.cancel()
         self.ready_count = 0
         self.ready_bytes = 0
         return count
@@ -678,17 +667,12 @@ class Queue:
         """Start the clock on an unacked delivery: past its deadline it goes back to the queue."""
         self._lock_count += 1
         deadline = self._now() + timeout_ms / 1000
-        heap = self._lock_heap
-        heapq.heappush(heap, (deadline, self._lock_count, msg, channel, tag, timeout_ms))
-        if len(heap) > 2 * self.unacked_count + 64:
-            # settled deliveries linger in the heap until their deadline: drop them now and then
-            self._lock_heap = heap = [e for e in heap if _locked(e)]
-            heapq.heapify(heap)
-        self._lock_timer.arm(heap[0][0])
+        entry = (deadline, self._lock_count, msg, channel, tag, timeout_ms)
+        self._lock_heap.push(entry, self.unacked_count)  # settled ones are swept out there
 
     def _locks_due(self) -> None:
         now = self._now()
-        heap = self._lock_heap
+        heap = self._lock_heap.entries
         due: dict[tuple[Channel, Consumer | None], tuple[list[Message], int]] = {}
         while heap and heap[0][0] <= now:
             entry = heapq.heappop(heap)
@@ -696,10 +680,7 @@ class Queue:
                 msg = entry[2]
                 group = due.setdefault((entry[3], msg.consumer), ([], entry[5]))
                 group[0].append(msg)
-        while heap and not _locked(heap[0]):
-            heapq.heappop(heap)
-        if heap:
-            self._lock_timer.arm(heap[0][0])
+        self._lock_heap.rearm()
         for (channel, consumer), (msgs, timeout) in due.items():
             channel.deliveries_timed_out(consumer, msgs, timeout)
 
@@ -707,21 +688,12 @@ class Queue:
 
     def _track_expiry(self, msg: Message) -> None:
         assert msg.expires_at is not None
-        self._compact_expiry()
-        heapq.heappush(self._expiry, (msg.expires_at, msg.seq, msg))
-        self._expiry_timer.arm(self._expiry[0][0])
-
-    def _compact_expiry(self) -> None:
-        """Delivered messages linger in the expiry heap until their deadline: drop them
-        once they are most of it (amortised O(1) a message)."""
-        heap = self._expiry
-        if len(heap) > 2 * (self.ready_count + self.delayed_count) + 64:
-            self._expiry = [e for e in heap if e[2].state in (READY, DELAYED)]
-            heapq.heapify(self._expiry)
+        # delivered messages linger in the heap until their deadline; push sweeps them out
+        self._expiry.push((msg.expires_at, msg.seq, msg), self.ready_count + self.delayed_count)
 
     def _expire_due(self) -> None:
         now = self._now()
-        heap = self._expiry
+        heap = self._expiry.entries
         while heap and heap[0][0] <= now:
             _, _, msg = heapq.heappop(heap)
             if msg.expires_at is None or msg.expires_at > now:
@@ -729,16 +701,9 @@ class Queue:
             if msg.state == READY:
                 self._expire(msg)
             elif msg.state == DELAYED:  # its entry in the delay heap is skipped when due
-                self._gone(msg)
                 self.delayed_count -= 1
-                self.stats.expired += 1
-                self._count_node("expired")
-                self._dead_letter(msg, "expired")
-        # messages that were delivered meanwhile stay in the heap until their time; drop them
-        while heap and heap[0][2].state not in (READY, DELAYED):
-            heapq.heappop(heap)
-        if heap:
-            self._expiry_timer.arm(heap[0][0])
+                self._expired(msg)
+        self._expiry.rearm()  # drops the delivered ones that reached the top meanwhile
 
     def _gone(self, msg: Message) -> None:
         """The message leaves the queue for good (acked, expired, dropped, dead-lettered)."""
@@ -753,16 +718,21 @@ class Queue:
 
     def _expire(self, msg: Message) -> None:
         """Remove a ready message wherever it is in the queue."""
-        self._gone(msg)
         self.ready_count -= 1
         self.ready_bytes -= msg.body_size()
-        self.stats.expired += 1
-        self._count_node("expired")
         if self.ready and self.ready[0] is msg:
             self.ready.popleft()
-        self._dead_letter(msg, "expired")
+        self._expired(msg)
         if not self.ready_count:
             self.ready.clear()
+
+    def _expired(self, msg: Message) -> None:
+        """Its TTL ran out (ready, waiting for a retry, or coming back unacked): it leaves
+        the queue, counted, for the dead-letter exchange if there is one."""
+        self._gone(msg)
+        self.stats.expired += 1
+        self._count_node("expired")
+        self._dead_letter(msg, "expired")
 
     def _count_node(self, counter: str) -> None:
         stats = self.vhost.stats
@@ -846,7 +816,7 @@ class Queue:
                 msg.state = DELAYED
                 self.delayed_count += 1
                 ready_at = now_mono + (record.retry_at_wall - now_wall)
-                heapq.heappush(self._delayed, (ready_at, msg.seq, msg))
+                self._delayed.push((ready_at, msg.seq, msg), self.delayed_count)
                 continue
             self._append_ready(msg)
             ready_count += 1
@@ -857,8 +827,6 @@ class Queue:
                 else:
                     self._track_expiry(msg)
         self.ready_count = ready_count
-        if self._delayed:
-            self._delay_timer.arm(self._delayed[0][0])
         self._expired_at_start = expired
         return restored
 
@@ -897,10 +865,9 @@ class Queue:
     def close(self) -> None:
         """Deleted: stop the timers and drop the messages."""
         self.deleted = True
-        self._lock_timer.cancel()
         self._lock_heap.clear()
-        self._delay_timer.cancel()
-        self._expiry_timer.cancel()
+        self._delayed.cancel()  # purge below empties it and the expiry heap
+        self._expiry.cancel()
         self._unused_timer.cancel()
         self.purge()
 
@@ -927,6 +894,15 @@ def _locked(entry: tuple[float, int, Message, Channel, int, int]) -> bool:
     """Is the delivery this heap entry timed still out with its consumer?"""
     msg = entry[2]
     return msg.state == UNACKED and msg.channel is entry[3] and msg.tag == entry[4]
+
+
+def _may_expire(entry: tuple[float, int, Message]) -> bool:
+    """Is the message this expiry entry times still in the queue, waiting?"""
+    return entry[2].state in (READY, DELAYED)
+
+
+def _still_delayed(entry: tuple[float, int, Message]) -> bool:
+    return entry[2].state == DELAYED
 
 
 def _seq(msg: Message) -> int:

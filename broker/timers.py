@@ -17,8 +17,8 @@ import asyncio
 import heapq
 import itertools
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, Protocol, TypeVar
 
 
 class TimerHandle(Protocol):
@@ -114,11 +114,13 @@ class ManualTimers(Timers):
         fired too if they fall due within the step."""
         if seconds < 0:
             raise ValueError("time does not go back: seconds must be >= 0")
-        target = self._now + seconds
+        # to the nanosecond: advance(0.199) then advance(0.001) reaches a deadline set 0.2 s
+        # ahead, which float sums (of the steps, and of now + delay) can miss by an ulp
+        target = round(self._now + seconds, 9)
         self.advanced += seconds
         heap = self._heap
         fired = 0
-        while heap and heap[0][0] <= target:
+        while heap and heap[0][0] <= target + 1e-9:
             when, _, handle = heapq.heappop(heap)
             if handle.cancelled:
                 continue
@@ -131,8 +133,13 @@ class ManualTimers(Timers):
                 self.loop.call_exception_handler(
                     {"message": "exception in a manual-clock timer", "exception": exc}
                 )
-        self._now = target
+            if not heap or heap[0][0] > self._now:
+                self._turn_ended()
+        self._now = max(self._now, target)
         return fired
+
+    def _turn_ended(self) -> None:
+        """The timers due at one instant have fired (the in-memory harness runs its loop)."""
 
 
 class Deadline:
@@ -162,3 +169,75 @@ class Deadline:
     def _fire(self) -> None:
         self._handle = None
         self._callback()
+
+
+E = TypeVar("E", bound=tuple[Any, ...])
+
+
+class DeadlineHeap(Deadline, Generic[E]):
+    """Entries ``(when, order, ...)`` earliest first, with one timer at the earliest.
+
+    An entry that stops mattering (its message acked, expired or delivered) is not
+    searched for: ``live(entry)`` says False, and it is dropped when it reaches the top
+    or in one sweep once dead entries outnumber live ones (``push``, ``compact``), so
+    each costs O(1) amortised. The owner pops what is due from ``entries`` itself,
+    since what "due" does differs (expire, time out, release), then calls ``rearm``.
+    """
+
+    __slots__ = ("_live", "entries")
+
+    def __init__(
+        self, timers: Timers, callback: Callable[[], None], live: Callable[[E], bool]
+    ) -> None:
+        super().__init__(timers, callback)
+        self.entries: list[E] = []
+        self._live = live
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __iter__(self) -> Iterator[E]:
+        return iter(self.entries)
+
+    def push(self, entry: E, live_count: int) -> None:
+        """Add ``entry``; ``live_count`` bounds how many entries may still matter."""
+        heap = self.entries
+        heapq.heappush(heap, entry)
+        if len(heap) > 2 * live_count + 64:
+            self._sweep()
+            if not heap:
+                return
+        # Deadline.arm inlined: a push is once a message on the TTL and consumer-timeout
+        # paths, and a call of its own there would cost every such message
+        when = heap[0][0]
+        handle = self._handle
+        if handle is not None:
+            if when >= self._at:
+                return
+            handle.cancel()
+        self._at = when
+        self._handle = self._timers.call_at(when, self._fire)
+
+    def compact(self, live_count: int) -> None:
+        """Sweep the dead entries out once they are most of the heap."""
+        if len(self.entries) > 2 * live_count + 64:
+            self._sweep()
+
+    def _sweep(self) -> None:
+        heap = self.entries
+        live = self._live
+        heap[:] = [e for e in heap if live(e)]  # in place: a caller may hold the list
+        heapq.heapify(heap)
+
+    def rearm(self) -> None:
+        """After the owner popped what was due: drop dead entries on top, arm for the next."""
+        heap = self.entries
+        live = self._live
+        while heap and not live(heap[0]):
+            heapq.heappop(heap)
+        if heap:
+            self.arm(heap[0][0])
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.cancel()

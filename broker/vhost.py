@@ -16,7 +16,13 @@ from warren.broker.arguments import (
     validate_queue_arguments,
 )
 from warren.broker.dead_letter import dead_letter_copy
-from warren.broker.exchange import EXCHANGE_TYPES, Binding, DirectExchange, Exchange
+from warren.broker.exchange import (
+    EXCHANGE_TYPES,
+    Binding,
+    Destination,
+    DirectExchange,
+    Exchange,
+)
 from warren.broker.firehose import TRACE_EXCHANGE
 from warren.broker.message import Message
 from warren.broker.policy import Policy, pick
@@ -52,7 +58,7 @@ class DefaultExchange(DirectExchange):
         super().__init__("", durable=True)
         self._queues = vhost.queues
 
-    def route(self, routing_key: str, headers: Any) -> list[Any]:
+    def route(self, routing_key: str, headers: Any) -> list[Destination]:
         queue = self._queues.get(routing_key)
         return [queue] if queue is not None else []
 
@@ -466,7 +472,7 @@ class VirtualHost:
     def bind(
         self,
         source: str,
-        destination: Any,
+        destination: Destination,
         routing_key: str,
         arguments: dict[str, Any],
         persist: bool = True,
@@ -490,7 +496,7 @@ class VirtualHost:
             )
 
     def unbind(
-        self, source: str, destination: Any, routing_key: str, arguments: dict[str, Any]
+        self, source: str, destination: Destination, routing_key: str, arguments: dict[str, Any]
     ) -> None:
         self.not_default(source)
         exchange = self.exchange(source)
@@ -509,7 +515,7 @@ class VirtualHost:
             if not exchange.has_exchange_destinations and (
                 dests or not exchange.alternate_exchange
             ):
-                return dests
+                return dests  # type: ignore[return-value]  # no exchange among them: all queues
         queues: dict[int, Queue] = {}  # by identity, in order: each queue once
         self._route_into(exchange, msg, queues, {id(exchange)})
         return list(queues.values())
@@ -527,7 +533,7 @@ class VirtualHost:
         keys = msg.routing_keys() if msg.sender_keys is not None else None
         headers = msg.get_headers
 
-        def route(exchange: Exchange) -> list[Any]:
+        def route(exchange: Exchange) -> list[Destination]:
             if keys is None:
                 return exchange.route(rk, headers)
             return _route_keys(exchange, keys, headers)
@@ -595,9 +601,9 @@ class VirtualHost:
             fan_out(targets, copy, None)
 
 
-def _route_keys(exchange: Exchange, keys: list[str], headers: Any) -> list[Any]:
+def _route_keys(exchange: Exchange, keys: list[str], headers: Any) -> list[Destination]:
     """Destinations for any of ``keys`` (CC and BCC add keys), each once, in first-seen order."""
-    dests: list[Any] = []
+    dests: list[Destination] = []
     seen: set[int] = set()
     for key in keys:
         for dest in exchange.route(key, headers):

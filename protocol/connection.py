@@ -236,7 +236,7 @@ class ProtocolConnection(Generic[OwnerT]):
         if kind is commands.Connection.Start:
             _require(state is HEADER and self.header_done, state, method)
             self.state = STARTING
-        elif kind is commands.Connection.Tune:
+        elif isinstance(method, commands.Connection.Tune):
             _require(state is STARTING, state, method)
             self._offer = (method.channel_max, method.frame_max)
             self.state = TUNING
@@ -414,7 +414,7 @@ class ProtocolConnection(Generic[OwnerT]):
                 method.index >> 16,
                 method.index & 0xFFFF,
             )
-        if kind is _TuneOk:
+        if isinstance(method, _TuneOk):
             self._tune(method)
         elif kind is _ConnClose:
             self.state = CLOSING  # close-ok is owed; nothing but close and close-ok is read
@@ -455,7 +455,8 @@ class ProtocolConnection(Generic[OwnerT]):
             raise _content_error(record)
         kind = type(method)
         if kind is BasicPublish:
-            record.pending = method
+            # the type test above, not isinstance: one comparison on every publish
+            record.pending = method  # type: ignore[assignment]
             return None
         if kind is _ChOpen:
             raise ConnectionError_(CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)

@@ -13,7 +13,7 @@ from struct import Struct
 from struct import error as StructError
 from typing import Any
 
-from pamqp import commands, encode
+from pamqp import base, commands, encode
 
 from warren.protocol.constants import FRAME_ERROR, FRAME_METHOD, NOT_IMPLEMENTED
 from warren.protocol.errors import SURROGATES, ConnectionError_, erlang_binary
@@ -84,7 +84,8 @@ def access_request_ok_frame(channel: int) -> bytes:
     return _frame_head.pack(FRAME_METHOD, channel, 6) + b"\x00\x1e\x00\x0b\x00\x01\xce"
 
 
-Method = Any  # a pamqp command or one of the hand-decoded classes above
+# what decode_method returns: a pamqp command, or one of the hand-decoded classes above
+Method = base.Frame | BasicPublish | BasicAck | BasicNack | BasicReject | AccessRequest
 
 
 def _shortstr(buf: bytes, off: int) -> tuple[str, int]:
@@ -132,7 +133,7 @@ def decode_method(payload: bytes) -> Method:
             class_id,
             method_id,
         )
-    method: Any = object.__new__(cls)
+    method: base.Frame = object.__new__(cls)
     try:
         if _unmarshal(method, payload[4:]) != size - 4:
             raise IndexError  # trailing octets: RabbitMQ cannot decode this either

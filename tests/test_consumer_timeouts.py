@@ -1,7 +1,10 @@
 """Consumer timeouts on quorum queues, as RabbitMQ 4.3 does them.
 
-Each test owns its queue on a module broker; precedence tests that need the
-global setting start their own broker.
+What a client sees (basic.cancel, or channel.close 406 without
+consumer_cancel_notify; pika's cancel callback) is tested over a socket, each
+test owning its queue on a module broker. The rest runs on the in-memory engine
+(broker/testkit/memory.py) with a manual clock: deadlines to the millisecond,
+and "nothing happens" asserted without waiting.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from pamqp import commands
 from tests.amqp_raw import DEFAULT_CAPABILITIES, RawClient, build
 from warren.broker.policy import Policy
 from warren.broker.testkit import RunningBroker, run_broker
+from warren.broker.testkit.memory import Delivery, MemoryBroker, MemoryClient
+from warren.protocol.methods import make
 
 NO_CANCEL_NOTIFY = {k: v for k, v in DEFAULT_CAPABILITIES.items() if k != "consumer_cancel_notify"}
 QUORUM = {"x-queue-type": "quorum"}
@@ -98,144 +103,6 @@ def test_client_without_cancel_notify_gets_channel_closed_406(
         assert delivery is not None and delivery.method.redelivered
 
 
-def test_only_expired_deliveries_return_and_consumer_recovers_after_settling(
-    warren: RunningBroker, qname: str
-) -> None:
-    with connect(warren) as client:
-        declare_and_publish(client, qname, [b"first"])
-        client.channel_open(2)
-        tag = client.consume(2, qname, "partial", arguments={"x-consumer-timeout": 300})
-        first = client.read_delivery(2)
-        time.sleep(0.15)  # a second delivery with a later deadline
-        client.publish(1, b"second", routing_key=qname)
-        client.wait_for_confirms(1)
-        second = client.read_delivery(2)
-        expect_cancel(client, 2, tag)
-        # 'second' is still ours; 'first' went back and waits for another consumer
-        assert client.get(1, qname, no_ack=False) is not None  # that is 'first', redelivered
-        client.send_method(1, commands.Basic.Recover(requeue=True))
-        client.expect_method(commands.Basic.RecoverOk, 1)
-        client.ack(2, second.method.delivery_tag)
-        # in the timeout state: nothing new comes to this consumer ...
-        client.publish(1, b"third", routing_key=qname)
-        client.wait_for_confirms(1)
-        assert client.frames_within(0.2) == []
-        # ... until the timed-out delivery is settled (RabbitMQ 4.3 lets it resume)
-        client.ack(2, first.method.delivery_tag)
-        resumed = client.read_delivery(2)
-        assert resumed.method.consumer_tag == tag
-        assert resumed.body in (b"first", b"third")
-
-
-def test_other_consumers_on_the_channel_keep_receiving(warren: RunningBroker, qname: str) -> None:
-    with connect(warren) as client:
-        slow_q, fast_q = f"{qname}.slow", f"{qname}.fast"
-        declare_and_publish(client, slow_q, [b"never-acked"])
-        client.declare_queue(1, fast_q, durable=True, arguments=QUORUM)
-        client.channel_open(2)
-        slow = client.consume(2, slow_q, "slow", arguments={"x-consumer-timeout": 150})
-        client.consume(2, fast_q, "fast")
-        client.read_delivery(2)
-        expect_cancel(client, 2, slow)
-        client.publish(1, b"still-flowing", routing_key=fast_q)
-        client.wait_for_confirms(1)
-        d = client.read_delivery(2)
-        assert (d.method.consumer_tag, d.body) == ("fast", b"still-flowing")
-
-
-@pytest.mark.parametrize(
-    ("queue_arg", "policy_ms", "consumer_arg", "expected"),
-    [
-        (None, None, 150, 150),  # consumer argument alone
-        (60000, None, 150, 150),  # consumer argument beats a longer queue argument
-        (150, None, None, 150),  # queue argument alone
-        (150, 60000, None, 150),  # min(queue argument, policy): the argument
-        (60000, 150, None, 150),  # min(queue argument, policy): the policy
-        (None, 150, None, 150),  # policy alone
-    ],
-)
-def test_effective_timeout_precedence(
-    warren: RunningBroker,
-    qname: str,
-    queue_arg: int | None,
-    policy_ms: int | None,
-    consumer_arg: int | None,
-    expected: int,
-) -> None:
-    vhost = warren.server.broker.vhosts["/"]
-    if policy_ms is not None:
-        policy = Policy("/", qname, f"^{qname}$", {"consumer-timeout": policy_ms}, "queues", 5)
-        warren.call(vhost.set_policy, policy)
-    try:
-        with connect(warren, capabilities=NO_CANCEL_NOTIFY) as client:
-            args = {} if queue_arg is None else {"x-consumer-timeout": queue_arg}
-            declare_and_publish(client, qname, [b"p"], args)
-            client.channel_open(2)
-            consume_args = {} if consumer_arg is None else {"x-consumer-timeout": consumer_arg}
-            client.consume(2, qname, "c", arguments=consume_args)
-            client.read_delivery(2)
-            assert client.expect_channel_close(2)[1] == close_text(2, expected)
-    finally:
-        warren.call(vhost.clear_policy, qname)
-
-
-def test_consumer_argument_longer_than_queue_argument_wins(
-    warren: RunningBroker, qname: str
-) -> None:
-    with connect(warren) as client:
-        declare_and_publish(client, qname, [b"p"], {"x-consumer-timeout": 100})
-        client.channel_open(2)
-        client.consume(2, qname, "c", arguments={"x-consumer-timeout": 60000})
-        d = client.read_delivery(2)
-        assert client.frames_within(0.4) == []
-        client.ack(2, d.method.delivery_tag)
-
-
-def test_policy_change_applies_to_running_consumers(warren: RunningBroker, qname: str) -> None:
-    vhost = warren.server.broker.vhosts["/"]
-    with connect(warren) as client:
-        declare_and_publish(client, qname, [])
-        client.channel_open(2)
-        tag = client.consume(2, qname, "c")
-        policy = Policy("/", qname, f"^{qname}$", {"consumer-timeout": 150}, "quorum_queues", 1)
-        warren.call(vhost.set_policy, policy)
-        try:
-            client.publish(1, b"after-policy", routing_key=qname)
-            client.wait_for_confirms(1)
-            client.read_delivery(2)
-            expect_cancel(client, 2, tag)
-        finally:
-            warren.call(vhost.clear_policy, qname)
-
-
-def test_global_consumer_timeout_from_config_and_infinity() -> None:
-    with run_broker(consumer_timeout=150) as running, connect(running) as client:
-        declare_and_publish(client, "g", [b"x"])
-        client.channel_open(2)
-        tag = client.consume(2, "g", "c")
-        client.read_delivery(2)
-        expect_cancel(client, 2, tag)
-    with run_broker(consumer_timeout=None) as running, connect(running) as client:
-        declare_and_publish(client, "g", [b"x"])
-        client.channel_open(2)
-        client.consume(2, "g", "c")
-        client.read_delivery(2)
-        assert client.frames_within(0.4) == []
-
-
-def test_classic_queues_do_not_time_out(warren: RunningBroker, qname: str) -> None:
-    with connect(warren) as client:
-        client.declare_queue(1, qname, arguments={"x-consumer-timeout": 100}, durable=True)
-        client.publish(1, b"classic", routing_key=qname)
-        client.channel_open(2)
-        client.consume(2, qname, "c", arguments={"x-consumer-timeout": 100})
-        d = client.read_delivery(2)
-        assert client.frames_within(0.35) == []
-        client.ack(2, d.method.delivery_tag)
-        # the argument is kept, so an identical redeclare is equivalent
-        assert client.declare_queue(1, qname, arguments={"x-consumer-timeout": 100}, durable=True)
-
-
 @pytest.mark.parametrize(("value", "reason"), [(0, "{value_zero,0}"), ("abc", "expected integer")])
 def test_invalid_timeout_values_refused(
     warren: RunningBroker, qname: str, value: Any, reason: str
@@ -260,31 +127,6 @@ def test_invalid_timeout_values_refused(
         )
         code, text, _, _ = client.expect_channel_close(1)
         assert code == 406 and "x-consumer-timeout" in text and reason in text
-
-
-def test_unacked_basic_get_times_out_with_channel_close(warren: RunningBroker, qname: str) -> None:
-    """RabbitMQ 4.3: a basic.get delivery has the queue's timeout and closes the channel."""
-    with connect(warren) as client:
-        declare_and_publish(client, qname, [b"got"], {"x-consumer-timeout": 150})
-        client.channel_open(2)
-        assert client.get(2, qname) is not None
-        assert client.expect_channel_close(2) == (406, close_text(2, 150), 0, 0)
-        again = client.get(1, qname, no_ack=True)
-        assert again is not None and again.method.redelivered
-
-
-def test_cancel_ok_from_client_removes_the_timed_out_consumer(
-    warren: RunningBroker, qname: str
-) -> None:
-    with connect(warren) as client:
-        declare_and_publish(client, qname, [b"x"])
-        client.channel_open(2)
-        tag = client.consume(2, qname, "c", arguments={"x-consumer-timeout": 100})
-        client.read_delivery(2)
-        expect_cancel(client, 2, tag)
-        client.send_method(2, commands.Basic.CancelOk(consumer_tag=tag))
-        ok = client.declare_queue(1, qname, durable=True, arguments=QUORUM)
-        assert ok.consumer_count == 0
 
 
 def test_pika_consumer_is_told_through_its_cancel_callback(warren: RunningBroker) -> None:
@@ -312,3 +154,204 @@ def test_pika_consumer_is_told_through_its_cancel_callback(warren: RunningBroker
         assert body == b"work" and method.redelivered
     finally:
         conn.close()
+
+
+# ---- on the in-memory engine: broker time moves only with advance() ----
+
+
+@pytest.fixture
+def engine() -> Iterator[MemoryBroker]:
+    e = MemoryBroker()
+    yield e
+    e.close()
+
+
+def mem_client(engine: MemoryBroker, cancel_notify: bool = True) -> MemoryClient:
+    caps = DEFAULT_CAPABILITIES if cancel_notify else NO_CANCEL_NOTIFY
+    client = engine.connect(capabilities=caps)
+    client.channel_open(1)
+    client.confirm_select(1)
+    return client
+
+
+def mem_declare(
+    client: MemoryClient, queue: str, bodies: list[bytes], arguments: dict[str, Any] | None = None
+) -> None:
+    args = {**QUORUM, **(arguments or {})}
+    ok = client.call(1, make(commands.Queue.Declare, queue=queue, durable=True, arguments=args))
+    assert isinstance(ok, commands.Queue.DeclareOk), ok
+    for body in bodies:
+        client.publish(1, "", queue, body)
+    assert all(name.startswith("1 Basic.Ack") for name in client.names())  # confirmed
+
+
+def mem_consume(
+    client: MemoryClient, channel: int, queue: str, tag: str, timeout: int | None = None
+) -> None:
+    args = {} if timeout is None else {"x-consumer-timeout": timeout}
+    method = make(commands.Basic.Consume, queue=queue, consumer_tag=tag, arguments=args)
+    assert isinstance(client.call(channel, method), commands.Basic.ConsumeOk)
+
+
+def deliveries(client: MemoryClient, channel: int) -> list[Delivery]:
+    """What arrived on ``channel``, checking that it was all deliveries (acks aside)."""
+    got = [g for g in client.received() if not (isinstance(g, tuple) and g[0] == 1)]
+    assert all(isinstance(g, Delivery) and g.channel == channel for g in got), got
+    return [g for g in got if isinstance(g, Delivery)]
+
+
+def channel_closed(client: MemoryClient, channel: int) -> tuple[int, str]:
+    (close,) = [g for g in client.received() if isinstance(g, tuple) and g[0] == channel]
+    assert isinstance(close[1], commands.Channel.Close), close
+    client.send(channel, commands.Channel.CloseOk())
+    return close[1].reply_code, close[1].reply_text
+
+
+def test_only_expired_deliveries_return_and_consumer_recovers_after_settling(
+    engine: MemoryBroker,
+) -> None:
+    client = mem_client(engine)
+    mem_declare(client, "q", [b"first"])
+    client.channel_open(2)
+    mem_consume(client, 2, "q", "partial", 300)
+    (first,) = deliveries(client, 2)
+    engine.advance(0.15)  # a second delivery with a later deadline
+    client.publish(1, "", "q", b"second")
+    (second,) = deliveries(client, 2)
+    engine.advance(0.15)
+    assert client.names() == ["2 Basic.Cancel partial"]
+    queue = engine.vhost.queues["q"]
+    # 'second' is still ours; 'first' went back and waits for another consumer
+    assert (queue.ready_count, queue.unacked_count) == (1, 1)
+    client.send(2, make(commands.Basic.Ack, delivery_tag=second.method.delivery_tag))
+    # in the timeout state: nothing new comes to this consumer, however long ...
+    client.publish(1, "", "q", b"third")
+    engine.advance(3600)
+    assert deliveries(client, 2) == []
+    # ... until the timed-out delivery is settled (RabbitMQ 4.3 lets it resume)
+    client.send(2, make(commands.Basic.Ack, delivery_tag=first.method.delivery_tag))
+    resumed = deliveries(client, 2)
+    assert [(d.method.consumer_tag, d.body) for d in resumed] == [
+        ("partial", b"first"),
+        ("partial", b"third"),
+    ]
+
+
+def test_other_consumers_on_the_channel_keep_receiving(engine: MemoryBroker) -> None:
+    client = mem_client(engine)
+    mem_declare(client, "slow", [b"never-acked"])
+    mem_declare(client, "fast", [])
+    client.channel_open(2)
+    mem_consume(client, 2, "slow", "slow", 150)
+    mem_consume(client, 2, "fast", "fast")
+    assert len(deliveries(client, 2)) == 1
+    engine.advance(0.15)
+    assert client.names() == ["2 Basic.Cancel slow"]
+    client.publish(1, "", "fast", b"still-flowing")
+    (d,) = deliveries(client, 2)
+    assert (d.method.consumer_tag, d.body) == ("fast", b"still-flowing")
+
+
+@pytest.mark.parametrize(
+    ("queue_arg", "policy_ms", "consumer_arg", "expected"),
+    [
+        (None, None, 150, 150),  # consumer argument alone
+        (60000, None, 150, 150),  # consumer argument beats a longer queue argument
+        (150, None, None, 150),  # queue argument alone
+        (150, 60000, None, 150),  # min(queue argument, policy): the argument
+        (60000, 150, None, 150),  # min(queue argument, policy): the policy
+        (None, 150, None, 150),  # policy alone
+        (100, None, 60000, 60000),  # a consumer argument longer than the queue's wins
+    ],
+)
+def test_effective_timeout_precedence(
+    engine: MemoryBroker,
+    queue_arg: int | None,
+    policy_ms: int | None,
+    consumer_arg: int | None,
+    expected: int,
+) -> None:
+    if policy_ms is not None:
+        engine.vhost.set_policy(
+            Policy("/", "p", "^q$", {"consumer-timeout": policy_ms}, "queues", 5)
+        )
+    client = mem_client(engine, cancel_notify=False)
+    mem_declare(client, "q", [b"p"], {} if queue_arg is None else {"x-consumer-timeout": queue_arg})
+    client.channel_open(2)
+    mem_consume(client, 2, "q", "c", consumer_arg)
+    assert len(deliveries(client, 2)) == 1
+    engine.advance(expected / 1000 - 0.001)
+    assert client.received() == []
+    engine.advance(0.001)
+    assert channel_closed(client, 2) == (406, close_text(2, expected))
+
+
+def test_policy_change_applies_to_running_consumers(engine: MemoryBroker) -> None:
+    client = mem_client(engine)
+    mem_declare(client, "q", [])
+    client.channel_open(2)
+    mem_consume(client, 2, "q", "c")
+    engine.vhost.set_policy(Policy("/", "p", "^q$", {"consumer-timeout": 150}, "quorum_queues", 1))
+    client.publish(1, "", "q", b"after-policy")
+    assert len(deliveries(client, 2)) == 1
+    engine.advance(0.15)
+    assert client.names() == ["2 Basic.Cancel c"]
+
+
+@pytest.mark.parametrize(("setting", "fires"), [(150, True), (None, False)])
+def test_global_consumer_timeout_from_config_and_infinity(setting: int | None, fires: bool) -> None:
+    engine = MemoryBroker(consumer_timeout=setting)
+    try:
+        client = mem_client(engine)
+        mem_declare(client, "g", [b"x"])
+        client.channel_open(2)
+        mem_consume(client, 2, "g", "c")
+        assert len(deliveries(client, 2)) == 1
+        engine.advance(0.15 if fires else 10 * 365 * 86400)
+        assert client.names() == (["2 Basic.Cancel c"] if fires else [])
+    finally:
+        engine.close()
+
+
+def test_classic_queues_do_not_time_out(engine: MemoryBroker) -> None:
+    client = mem_client(engine)
+    args = {"x-consumer-timeout": 100}
+    declare = make(commands.Queue.Declare, queue="q", durable=True, arguments=args)
+    assert isinstance(client.call(1, declare), commands.Queue.DeclareOk)
+    client.publish(1, "", "q", b"classic")
+    client.channel_open(2)
+    mem_consume(client, 2, "q", "c", 100)
+    (d,) = deliveries(client, 2)
+    engine.advance(3600)
+    assert client.received() == []
+    client.send(2, make(commands.Basic.Ack, delivery_tag=d.method.delivery_tag))
+    # the argument is kept, so an identical redeclare is equivalent
+    assert isinstance(client.call(1, declare), commands.Queue.DeclareOk)
+
+
+def test_unacked_basic_get_times_out_with_channel_close(engine: MemoryBroker) -> None:
+    """RabbitMQ 4.3: a basic.get delivery has the queue's timeout and closes the channel."""
+    client = mem_client(engine)
+    mem_declare(client, "q", [b"got"], {"x-consumer-timeout": 150})
+    client.channel_open(2)
+    client.send(2, make(commands.Basic.Get, queue="q"))
+    assert client.names() == ["2 Basic.GetOk 1"]
+    engine.advance(0.149)
+    assert client.received() == []
+    engine.advance(0.001)
+    assert channel_closed(client, 2) == (406, close_text(2, 150))
+    client.send(1, make(commands.Basic.Get, queue="q", no_ack=True))
+    (again,) = [g for g in client.received() if isinstance(g, Delivery)]
+    assert again.method.redelivered
+
+
+def test_cancel_ok_from_client_removes_the_timed_out_consumer(engine: MemoryBroker) -> None:
+    client = mem_client(engine)
+    mem_declare(client, "q", [b"x"])
+    client.channel_open(2)
+    mem_consume(client, 2, "q", "c", 100)
+    engine.advance(0.1)
+    assert client.names()[-1] == "2 Basic.Cancel c"
+    client.send(2, commands.Basic.CancelOk(consumer_tag="c"))
+    ok = client.call(1, make(commands.Queue.Declare, queue="q", durable=True, arguments=QUORUM))
+    assert ok.consumer_count == 0
