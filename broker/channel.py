@@ -20,7 +20,12 @@ from warren.broker.consumer import Consumer
 from warren.broker.exchange import Exchange
 from warren.broker.message import Message, routing_headers
 from warren.broker.queue import fan_out
-from warren.broker.stats import SIZE_BOUNDS, SIZE_BUCKET_BY_BITS, ChannelStats
+from warren.broker.stats import (
+    SIZE_BOUNDS,
+    SIZE_BUCKET_BY_BITS,
+    ChannelStats,
+    ConfirmedByExchange,
+)
 from warren.broker.stream import check_consume
 from warren.protocol.connection import Content
 from warren.protocol.constants import (
@@ -131,6 +136,7 @@ class Channel:
         # publisher confirms: the order of acks and nacks is Confirms' (broker/confirms.py)
         self.confirm = False
         self.confirms = Confirms()
+        self.confirmed_by_exchange = ConfirmedByExchange()
         # transactions
         self.tx = False
         self.tx_publishes: list[tuple[Exchange, Message, bool, int | None]] = []
@@ -187,7 +193,9 @@ class Channel:
             stats.redelivered += 1
         if consumer.no_ack:
             stats.delivered_consume_auto += 1
-            consumer.queue.settled(msg)
+            queue = consumer.queue
+            queue.stats.delivered_auto += 1
+            queue.settled(msg)
         else:
             stats.delivered_consume_manual += 1
             msg.tag = tag
@@ -373,6 +381,7 @@ class Channel:
     def _route(
         self, exchange: Exchange, msg: Message, mandatory: bool, ttl: int | None, seq: int
     ) -> None:
+        exchange.published += 1  # exchange_messages_published_total
         store = self._store
         stored_before = store.published if store is not None else 0
         # x-delayed-message keeps a delayed message back: no queue now, as the plugin
@@ -395,13 +404,17 @@ class Channel:
                 accepted = fan_out(queues, msg, ttl) == len(queues)
         elif mandatory:
             self.stats.unroutable_returned += 1
+            exchange.unroutable_returned += 1
             self.conn.write(return_frame(self.id, NO_ROUTE, "NO_ROUTE", msg.ex_rk))
             self.conn.write_many(
                 content_frames(self.id, msg.properties, msg.body, self.conn.frame_max)
             )
         else:
             self.stats.unroutable_dropped += 1
+            exchange.unroutable_dropped += 1
         if seq:
+            if exchange is not self.confirmed_by_exchange.last:
+                self.confirmed_by_exchange.switch(seq, exchange)
             if accepted and store is not None and store.error is not None:
                 accepted = store.published == stored_before  # never on disk now: a nack
             if not accepted:
@@ -454,6 +467,7 @@ class Channel:
                 tracer.confirmed(self, first, last, ack)
             if ack:
                 self.stats.confirmed += last - first + 1
+                self.confirmed_by_exchange.confirmed(first, last)
                 self.conn.write(ack_frame(self.id, last, last > first))
             else:
                 self.conn.write(nack_frame(self.id, last, last > first))
@@ -684,6 +698,7 @@ class Channel:
         msg = queue.get()
         if msg is None:
             self.stats.get_empty += 1
+            queue.stats.get_empty += 1
             self.reply(commands.Basic.GetEmpty())
             return
         self.next_tag = tag = self.next_tag + 1
@@ -693,9 +708,11 @@ class Channel:
                 firehose.delivered(tracer.firehose, self, queue.name, msg)
         if method.no_ack:
             self.stats.delivered_get_auto += 1
+            queue.stats.get_auto += 1
             queue.settled(msg)
         else:
             self.stats.delivered_get_manual += 1
+            queue.stats.get_manual += 1
             msg.tag = tag
             msg.channel = self
             msg.consumer = None
