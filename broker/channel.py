@@ -191,6 +191,7 @@ class Channel:
         stats = self.stats
         if msg.redelivered:
             stats.redelivered += 1
+            consumer.queue.stats.redeliveries += 1
         if consumer.no_ack:
             stats.delivered_consume_auto += 1
             queue = consumer.queue
@@ -325,7 +326,8 @@ class Channel:
         if sender_keys is not None:
             msg.sender_keys = sender_keys
         if not method.exchange and method.routing_key.startswith(REPLY_TO_PREFIX):
-            self._publish_reply(msg, method.mandatory)
+            exchange.published += 1
+            self._publish_reply(exchange, msg, method.mandatory)
             return
         if self.tx:
             self.tx_publishes.append((exchange, msg, method.mandatory, ttl))
@@ -360,10 +362,12 @@ class Channel:
             return None, props
         return parse_expiration(decode_field("expiration", expiration)), props
 
-    def _publish_reply(self, msg: Message, mandatory: bool) -> None:
+    def _publish_reply(self, exchange: Exchange, msg: Message, mandatory: bool) -> None:
         """A reply to a direct reply-to address goes straight to the waiting consumer."""
         target = self.conn.broker.reply_channels.get(msg.routing_key[len(REPLY_TO_PREFIX) :])
         seq = self.confirms.published() if self.confirm else 0
+        if seq and exchange is not self.confirmed_by_exchange.last:
+            self.confirmed_by_exchange.switch(seq, exchange)
         if target is not None and target.reply_tag is not None and not target.closed:
             target.next_tag = tag = target.next_tag + 1
             out = target.conn
@@ -706,6 +710,9 @@ class Channel:
             tracer.got(self, queue, msg, tag)
             if tracer.firehose.bindings:
                 firehose.delivered(tracer.firehose, self, queue.name, msg)
+        if msg.redelivered:  # rabbit_channel:record_sent/6 counts a get's as a delivery's
+            self.stats.redelivered += 1
+            queue.stats.redeliveries += 1
         if method.no_ack:
             self.stats.delivered_get_auto += 1
             queue.stats.get_auto += 1

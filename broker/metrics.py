@@ -309,7 +309,7 @@ QUEUE_GROUPS: dict[str, tuple[Family, ...]] = {
             "queue_messages_redelivered_total",
             "counter",
             "Total number of messages redelivered from a queue to consumers",
-            lambda q, _: q.stats.redelivered,
+            lambda q, _: q.stats.redeliveries,
         ),
         Family(
             "queue_messages_acked_total",
@@ -916,7 +916,8 @@ def _cluster_groups(out: Exposition, scope: Scope) -> None:
             "Whether a given vhost is running",
             [({"vhost": v.name}, 1) for v in vhosts],
         )
-    exchanges = [(v, x) for v in vhosts for x in v.exchanges.values()]
+    # neither internal exchanges nor the default one (rabbitmq_prometheus' get_data/4)
+    exchanges = [(v, x) for v in vhosts for x in v.exchanges.values() if x.name and not x.internal]
     if scope.wants("exchange_bindings"):
         out.family(
             "rabbitmq_cluster_exchange_bindings",

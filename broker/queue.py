@@ -63,6 +63,7 @@ class QueueStats:
         "persistent_bytes",
         "published",
         "redelivered",
+        "redeliveries",
         "retried",
     )
 
@@ -78,6 +79,7 @@ class QueueStats:
         # Prometheus' per-queue split (broker/metrics.py): consume no-ack deliveries (the
         # queue settles them as acks), basic.get by ack mode and empty, counted by the channel
         self.delivered_auto = self.get_auto = self.get_manual = self.get_empty = 0
+        self.redeliveries = 0  # deliveries and get-oks of a message marked redelivered
         # persistent messages in the store (gauge), publish records written, bodies read back
         self.persistent = self.persistent_bytes = self.disk_writes = self.disk_reads = 0
 

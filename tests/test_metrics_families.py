@@ -186,6 +186,12 @@ def test_per_queue_delivery_and_ack_split(warren: RunningBroker) -> None:
         ch = conn.channel()
         ch.confirm_delivery()
         ch.queue_declare("fam.split", exclusive=True)
+        ch.basic_publish("", "fam.split", b"r")
+        method, _, _ = ch.basic_get("fam.split", auto_ack=False)
+        assert method is not None
+        ch.basic_nack(method.delivery_tag, requeue=True)
+        method, _, _ = ch.basic_get("fam.split", auto_ack=True)
+        assert method is not None and method.redelivered
         for i in range(2):
             ch.basic_publish("", "fam.split", f"g{i}".encode())
         assert ch.basic_get("fam.split", auto_ack=True)[0] is not None
@@ -214,13 +220,14 @@ def test_per_queue_delivery_and_ack_split(warren: RunningBroker) -> None:
         q = queue_samples(scrape(warren), "fam.split")
     finally:
         conn.close()
-    assert q["rabbitmq_queue_get_total"] == 1
-    assert q["rabbitmq_queue_get_ack_total"] == 1
+    assert q["rabbitmq_queue_get_total"] == 2
+    assert q["rabbitmq_queue_get_ack_total"] == 2
     assert q["rabbitmq_queue_get_empty_total"] == 2
     assert q["rabbitmq_queue_messages_delivered_total"] == 3
     assert q["rabbitmq_queue_messages_delivered_ack_total"] == 2
-    assert q["rabbitmq_queue_messages_acked_total"] == 3  # the get's and the two consumed
-    assert q["rabbitmq_queue_messages_published_total"] == 7
+    assert q["rabbitmq_queue_messages_acked_total"] == 3  # a get's and the two consumed
+    assert q["rabbitmq_queue_messages_redelivered_total"] == 1  # the nacked one, got again
+    assert q["rabbitmq_queue_messages_published_total"] == 8
 
 
 def test_exchange_publishes_confirms_and_unroutables(warren: RunningBroker) -> None:
@@ -231,6 +238,8 @@ def test_exchange_publishes_confirms_and_unroutables(warren: RunningBroker) -> N
         ch = conn.channel()
         ch.exchange_declare("fam.x", "direct")
         ch.exchange_declare("fam.y", "fanout")
+        ch.exchange_declare("fam.internal", "topic", internal=True)
+        ch.exchange_bind(destination="fam.y", source="fam.x", routing_key="to-y")
         ch.queue_declare("fam.xq", exclusive=True)
         ch.queue_bind("fam.xq", "fam.x", "k")
         ch.confirm_delivery()
@@ -266,6 +275,13 @@ def test_exchange_publishes_confirms_and_unroutables(warren: RunningBroker) -> N
     }
     summed = scrape(warren, "/metrics")
     assert summed["rabbitmq_exchange_messages_published_total"] >= 8
+    # the cluster-wide listing leaves out the default and internal exchanges
+    names = scrape(warren, "/metrics/detailed?family=exchange_names&family=exchange_bindings")
+    fam_x = '{vhost="/",exchange="fam.x",type="direct"}'
+    assert names["rabbitmq_cluster_exchange_name" + fam_x] == 1
+    # the exclusive queue's binding went with the connection; the one to fam.y stays
+    assert names["rabbitmq_cluster_exchange_bindings" + fam_x] == 1
+    assert not any('exchange="fam.internal"' in k or 'exchange=""' in k for k in names)
 
 
 def test_auth_attempts_by_source(warren: RunningBroker) -> None:

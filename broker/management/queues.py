@@ -152,6 +152,7 @@ def get_messages(ctx: Ctx) -> web.StreamResponse:
             break
         if msg.redelivered:
             stats.redelivered += 1
+            queue.stats.redeliveries += 1
         out.append(_message_json(msg, queue.ready_count, encoding, truncate))
         if ackmode == "ack_requeue_false":
             stats.delivered_get_auto += 1
