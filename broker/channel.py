@@ -475,6 +475,8 @@ class Channel:
                 self.conn.write(ack_frame(self.id, last, last > first))
             else:
                 self.conn.write(nack_frame(self.id, last, last > first))
+        if self.confirmed_by_exchange.runs:
+            self.confirmed_by_exchange.settled(self.confirms.confirmed)
 
     # ---- acks ----
 

@@ -232,18 +232,22 @@ class ConfirmedByExchange:
         self.last = exchange
 
     def confirmed(self, first: int, last: int) -> None:
-        """Publishes ``first``..``last`` were acked (acks go out in order: none is earlier)."""
+        """Publishes ``first``..``last`` were acked (nacked ones are never in such a range)."""
         runs = self.runs
         for i, (start, exchange) in enumerate(runs):
+            if start > last:
+                break
             end = runs[i + 1][0] - 1 if i + 1 < len(runs) else last
             lo, hi = max(start, first), min(end, last)
             if lo <= hi:
                 exchange.confirmed += hi - lo + 1
-            if start > last:
-                break
-        # runs wholly acked go (the newest stays: the next publish may extend it)
+
+    def settled(self, upto: int) -> None:
+        """Every publish up to ``upto`` was acked or nacked: the runs wholly before it go
+        (the newest stays: the next publish may extend it)."""
+        runs = self.runs
         drop = 0
-        while drop + 1 < len(runs) and runs[drop + 1][0] - 1 <= last:
+        while drop + 1 < len(runs) and runs[drop + 1][0] - 1 <= upto:
             drop += 1
         if drop:
             del runs[:drop]

@@ -18,6 +18,7 @@ import pytest
 from pika.exceptions import ProbableAuthenticationError, UnroutableError
 
 from tests.test_metrics import SAMPLE
+from warren.broker.stats import ConfirmedByExchange
 from warren.broker.testkit import RunningBroker, run_broker
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
@@ -355,3 +356,24 @@ def test_consumer_capacity_of_a_blocked_consumer() -> None:
             assert summed["rabbitmq_queue_consumer_utilisation"] > 0.99
         finally:
             conn.close()
+
+
+class _Exchange:
+    confirmed = 0
+
+
+def test_confirms_are_attributed_to_the_exchange_of_each_publish() -> None:
+    """Confirms go out as ranges, a nack possibly ahead of earlier acks
+    (broker/confirms.py): each acked publish counts for the exchange it went to, once."""
+    x, y = _Exchange(), _Exchange()
+    runs = ConfirmedByExchange()
+    for seq, exchange in ((1, x), (2, x), (3, x), (4, y), (5, y), (6, x)):
+        if exchange is not runs.last:
+            runs.switch(seq, exchange)
+    runs.confirmed(1, 4)  # 5 was nacked ahead of these; 6 still waits
+    runs.settled(5)
+    assert (x.confirmed, y.confirmed) == (3, 1)
+    assert len(runs.runs) == 1  # only the run 6 belongs to is left
+    runs.confirmed(6, 6)
+    runs.settled(6)
+    assert (x.confirmed, y.confirmed) == (4, 1)
