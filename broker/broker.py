@@ -52,6 +52,7 @@ class Broker:
         self.alarms: set[str] = set()  # "memory", "disk": publishers are blocked while any is on
         self.monitor = ResourceMonitor(self)
         self.stats = BrokerStats()
+        self.stats.track_auth_attempt_source = settings.track_auth_attempt_source
         self.started_at = time.time()
         self.connections: set[Connection] = set()
         self.reply_channels: dict[str, Channel] = {}  # direct reply-to token -> channel

@@ -20,7 +20,12 @@ from warren.broker.consumer import Consumer
 from warren.broker.exchange import Exchange
 from warren.broker.message import Message, routing_headers
 from warren.broker.queue import fan_out
-from warren.broker.stats import SIZE_BOUNDS, SIZE_BUCKET_BY_BITS, ChannelStats
+from warren.broker.stats import (
+    SIZE_BOUNDS,
+    SIZE_BUCKET_BY_BITS,
+    ChannelStats,
+    ConfirmedByExchange,
+)
 from warren.broker.stream import check_consume
 from warren.protocol.connection import Content
 from warren.protocol.constants import (
@@ -131,6 +136,7 @@ class Channel:
         # publisher confirms: the order of acks and nacks is Confirms' (broker/confirms.py)
         self.confirm = False
         self.confirms = Confirms()
+        self.confirmed_by_exchange = ConfirmedByExchange()
         # transactions
         self.tx = False
         self.tx_publishes: list[tuple[Exchange, Message, bool, int | None]] = []
@@ -185,9 +191,12 @@ class Channel:
         stats = self.stats
         if msg.redelivered:
             stats.redelivered += 1
+            consumer.queue.stats.redeliveries += 1
         if consumer.no_ack:
             stats.delivered_consume_auto += 1
-            consumer.queue.settled(msg)
+            queue = consumer.queue
+            queue.stats.delivered_auto += 1
+            queue.settled(msg)
         else:
             stats.delivered_consume_manual += 1
             msg.tag = tag
@@ -319,7 +328,8 @@ class Channel:
         if sender_keys is not None:
             msg.sender_keys = sender_keys
         if not method.exchange and method.routing_key.startswith(REPLY_TO_PREFIX):
-            self._publish_reply(msg, method.mandatory)
+            exchange.published += 1
+            self._publish_reply(exchange, msg, method.mandatory)
             return
         if self.tx:
             self.tx_publishes.append((exchange, msg, method.mandatory, ttl))
@@ -354,10 +364,12 @@ class Channel:
             return None, props
         return parse_expiration(decode_field("expiration", expiration)), props
 
-    def _publish_reply(self, msg: Message, mandatory: bool) -> None:
+    def _publish_reply(self, exchange: Exchange, msg: Message, mandatory: bool) -> None:
         """A reply to a direct reply-to address goes straight to the waiting consumer."""
         target = self.conn.broker.reply_channels.get(msg.routing_key[len(REPLY_TO_PREFIX) :])
         seq = self.confirms.published() if self.confirm else 0
+        if seq and exchange is not self.confirmed_by_exchange.last:
+            self.confirmed_by_exchange.switch(seq, exchange)
         if target is not None and target.reply_tag is not None and not target.closed:
             target.next_tag = tag = target.next_tag + 1
             out = target.conn
@@ -377,6 +389,7 @@ class Channel:
     def _route(
         self, exchange: Exchange, msg: Message, mandatory: bool, ttl: int | None, seq: int
     ) -> None:
+        exchange.published += 1  # exchange_messages_published_total
         store = self._store
         stored_before = store.published if store is not None else 0
         # x-delayed-message keeps a delayed message back: no queue now, as the plugin
@@ -399,13 +412,17 @@ class Channel:
                 accepted = fan_out(queues, msg, ttl) == len(queues)
         elif mandatory:
             self.stats.unroutable_returned += 1
+            exchange.unroutable_returned += 1
             self.conn.write(return_frame(self.id, NO_ROUTE, "NO_ROUTE", msg.ex_rk))
             self.conn.write_many(
                 content_frames(self.id, msg.properties, msg.body, self.conn.protocol.frame_max)
             )
         else:
             self.stats.unroutable_dropped += 1
+            exchange.unroutable_dropped += 1
         if seq:
+            if exchange is not self.confirmed_by_exchange.last:
+                self.confirmed_by_exchange.switch(seq, exchange)
             if accepted and store is not None and store.error is not None:
                 accepted = store.published == stored_before  # never on disk now: a nack
             if not accepted:
@@ -458,9 +475,12 @@ class Channel:
                 tracer.confirmed(self, first, last, ack)
             if ack:
                 self.stats.confirmed += last - first + 1
+                self.confirmed_by_exchange.confirmed(first, last)
                 self.conn.write(ack_frame(self.id, last, last > first))
             else:
                 self.conn.write(nack_frame(self.id, last, last > first))
+        if self.confirmed_by_exchange.runs:
+            self.confirmed_by_exchange.settled(self.confirms.confirmed)
 
     # ---- acks ----
 
@@ -684,6 +704,7 @@ class Channel:
         msg = queue.get()
         if msg is None:
             self.stats.get_empty += 1
+            queue.stats.get_empty += 1
             self.reply(commands.Basic.GetEmpty())
             return
         self.next_tag = tag = self.next_tag + 1
@@ -691,11 +712,16 @@ class Channel:
             tracer.got(self, queue, msg, tag)
             if tracer.firehose.bindings:
                 firehose.delivered(tracer.firehose, self, queue.name, msg)
+        if msg.redelivered:  # rabbit_channel:record_sent/6 counts a get's as a delivery's
+            self.stats.redelivered += 1
+            queue.stats.redeliveries += 1
         if method.no_ack:
             self.stats.delivered_get_auto += 1
+            queue.stats.get_auto += 1
             queue.settled(msg)
         else:
             self.stats.delivered_get_manual += 1
+            queue.stats.get_manual += 1
             msg.tag = tag
             msg.channel = self
             msg.consumer = None

@@ -484,8 +484,9 @@ class Connection:
             )
         name = user.decode(errors="replace")
         stats = self.broker.stats
+        address = self.peer[0] if self.peer else ""
         if not self.broker.authenticate(name, password.decode(errors="replace")):
-            stats.auth_attempts_failed += 1
+            stats.auth_attempt(False, address, name)
             self._refuse_login(
                 f"Login was refused using authentication mechanism {mechanism}. "
                 "For details see the broker logfile.",
@@ -493,10 +494,10 @@ class Connection:
             )
             return
         if name in self.broker.settings.loopback_users and not self._from_loopback():
-            stats.auth_attempts_failed += 1
+            stats.auth_attempt(False, address, name)
             self._refuse_login(f"user '{name}' can only connect via localhost", name)
             return
-        stats.auth_attempts_succeeded += 1
+        stats.auth_attempt(True, address, name)
         self.user = name
         settings = self.broker.settings
         self.send_method(

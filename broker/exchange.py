@@ -111,6 +111,8 @@ class Exchange:
         # id(destination) -> keys of its bindings: a deleted queue's are found without a scan
         self._by_destination: dict[int, dict[tuple[int, str, str], None]] = {}
         self._exchange_bindings = 0
+        # Prometheus' exchange_metrics, counted by the publishing channel
+        self.published = self.confirmed = self.unroutable_returned = self.unroutable_dropped = 0
 
     # hooks for the types in broker/exchange_plugins.py
     delays = False  # x-delayed-message: a publish asks delay() first, then hold() or route

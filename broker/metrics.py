@@ -17,6 +17,7 @@ it already had (per channel now, summed here).
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import re
@@ -24,7 +25,7 @@ import resource
 import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -32,11 +33,14 @@ from aiohttp import web
 from warren.broker.alarms import resident_memory
 from warren.broker.management.formats import channel_name, connection_name
 from warren.broker.management.overview import API_VERSION
-from warren.broker.stats import SIZE_BOUNDS, ChannelStats
+from warren.broker.message import READY, Message
+from warren.broker.stats import SIZE_BOUNDS, ChannelStats, IOStats
+from warren.protocol.properties import has_flag, split_properties
 
 if TYPE_CHECKING:
     from warren.broker.channel import Channel
     from warren.broker.connection import Connection
+    from warren.broker.exchange import Exchange
     from warren.broker.management.core import Management
     from warren.broker.queue import Queue
 
@@ -56,6 +60,7 @@ DEAD_LETTER_HELP = {
 }
 PROTOCOL = {"protocol": "amqp091"}
 MAX_QUEUE_FILTER_LENGTH = 1000  # RabbitMQ's limit on the `queue` regex
+FLAG_TIMESTAMP = 1 << 6  # the basic properties' timestamp flag
 
 Labels = dict[str, str]
 Sample = tuple[Labels, float]
@@ -72,6 +77,8 @@ def _labels(labels: Labels) -> str:
 
 
 def _number(value: float) -> str:
+    if value != value:
+        return "NaN"  # RabbitMQ's undefined (prometheus_text_format)
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
@@ -102,11 +109,52 @@ class Family:
     name: str  # without the rabbitmq_ / rabbitmq_detailed_ prefix
     kind: str
     help: str
-    read: Callable[[Any], float]
+    read: Callable[[Any, Scope], float | None]  # None: no sample for this object
+    # False: RabbitMQ's sum over the node has no value for it (no sample on /metrics)
+    aggregated: bool = True
 
 
-def _acks_uncommitted(ch: Channel) -> int:
+def _acks_uncommitted(ch: Channel, scope: Scope) -> int:
     return sum(len(msgs) for kind, msgs, _ in ch.tx_settles if kind == "ack")
+
+
+def _classic(q: Queue, value: float) -> float | None:
+    """A classic queue's value; quorum queues report no such key (rabbit_quorum_queue)."""
+    return None if q.queue_type == "quorum" else value
+
+
+def _capacity(q: Queue, scope: Scope) -> float:
+    return q.use.capacity(q) if q.consumers else 0
+
+
+def _delivered_consume_manual(q: Queue) -> int:
+    stats = q.stats
+    return stats.delivered - stats.delivered_auto - stats.get_auto - stats.get_manual
+
+
+def _timestamp(msg: Message) -> int | None:
+    if not has_flag(msg.properties, FLAG_TIMESTAMP):
+        return None
+    raw = split_properties(msg.properties).get("timestamp")
+    return int.from_bytes(raw, "big") if raw is not None else None
+
+
+def _head_message_timestamp(q: Queue, scope: Scope) -> float | None:
+    """rabbit_variable_queue:head_message_timestamp/2: the older timestamp property of the
+    ready head and of the oldest unacknowledged message; NaN (RabbitMQ's '') if neither
+    has one. Quorum queues have no such key."""
+    if q.queue_type == "quorum":
+        return None
+    heads = []
+    for msg in q.ready:
+        if msg.state == READY:
+            heads.append(msg)
+            break
+    oldest_unacked = scope.unacked(q)[1]
+    if oldest_unacked is not None:
+        heads.append(oldest_unacked)
+    stamps = [t for m in heads if (t := _timestamp(m)) is not None]
+    return min(stamps) if stamps else math.nan
 
 
 QUEUE_GROUPS: dict[str, tuple[Family, ...]] = {
@@ -115,38 +163,166 @@ QUEUE_GROUPS: dict[str, tuple[Family, ...]] = {
             "queue_messages_ready",
             "gauge",
             "Messages ready to be delivered to consumers",
-            lambda q: q.ready_count,
+            lambda q, _: q.ready_count,
         ),
         Family(
             "queue_messages_unacked",
             "gauge",
             "Messages delivered to consumers but not yet acknowledged",
-            lambda q: q.unacked_count,
+            lambda q, _: q.unacked_count,
         ),
         Family(
             "queue_messages",
             "gauge",
             "Sum of ready and unacknowledged messages - total queue depth",
-            lambda q: q.ready_count + q.unacked_count,
+            lambda q, _: q.ready_count + q.unacked_count,
         ),
     ),
+    # a strict subset of queue_metrics: only when queue_metrics is not asked for as well
+    "queue_consumer_count": (
+        Family("queue_consumers", "gauge", "Consumers on a queue", lambda q, _: len(q.consumers)),
+    ),
+    # rabbit_amqqueue_process / rabbit_variable_queue info keys (classic queues) and
+    # rabbit_quorum_queue's (quorum: no RAM, head timestamp or disk counts, every message
+    # persistent); read from the queue's own counts at the scrape
     "queue_metrics": (
-        Family("queue_consumers", "gauge", "Consumers on a queue", lambda q: len(q.consumers)),
+        Family("queue_consumers", "gauge", "Consumers on a queue", lambda q, _: len(q.consumers)),
+        Family(
+            "queue_consumer_capacity", "gauge", "Consumer capacity", _capacity, aggregated=False
+        ),
+        Family("queue_consumer_utilisation", "gauge", "Same as consumer capacity", _capacity),
+        Family(
+            "queue_messages_ram",
+            "gauge",
+            "Ready and unacknowledged messages stored in memory",
+            lambda q, _: _classic(q, q.ready_count - q.paged_count + q.unacked_count),
+        ),
+        Family(
+            "queue_messages_ram_bytes",
+            "gauge",
+            "Size of ready and unacknowledged messages stored in memory",
+            lambda q, s: _classic(q, q.ready_bytes - q.paged_bytes + s.unacked(q)[0]),
+        ),
+        Family(
+            "queue_messages_ready_ram",
+            "gauge",
+            "Ready messages stored in memory",
+            lambda q, _: _classic(q, q.ready_count - q.paged_count),
+        ),
+        Family(
+            "queue_messages_unacked_ram",
+            "gauge",
+            "Unacknowledged messages stored in memory",
+            lambda q, _: _classic(q, q.unacked_count),  # a delivered body is always read back
+        ),
+        Family(
+            "queue_messages_persistent",
+            "gauge",
+            "Persistent messages",
+            lambda q, _: (
+                q.ready_count + q.unacked_count if q.queue_type == "quorum" else q.stats.persistent
+            ),
+        ),
+        # RabbitMQ's sum over the node reads this one under another key (messages_bytes_
+        # persistent) and so never has it: per object only, as there
+        Family(
+            "queue_messages_persistent_bytes",
+            "gauge",
+            "Size in bytes of persistent messages",
+            lambda q, s: (
+                q.ready_bytes + s.unacked(q)[0]
+                if q.queue_type == "quorum"
+                else q.stats.persistent_bytes
+            ),
+            aggregated=False,
+        ),
+        Family(
+            "queue_messages_bytes",
+            "gauge",
+            "Size in bytes of ready and unacknowledged messages",
+            lambda q, s: q.ready_bytes + s.unacked(q)[0],
+        ),
         Family(
             "queue_messages_ready_bytes",
             "gauge",
             "Size in bytes of ready messages",
-            lambda q: q.ready_bytes,
+            lambda q, _: q.ready_bytes,
+        ),
+        Family(
+            "queue_messages_unacked_bytes",
+            "gauge",
+            "Size in bytes of all unacknowledged messages",
+            lambda q, s: s.unacked(q)[0],
+        ),
+        Family(
+            "queue_head_message_timestamp",
+            "gauge",
+            "Timestamp of the first message in the queue, if any",
+            _head_message_timestamp,
+            aggregated=False,
+        ),
+        Family(
+            "queue_disk_reads_total",
+            "counter",
+            "Total number of times queue read messages from disk",
+            lambda q, _: _classic(q, q.stats.disk_reads),
+        ),
+        Family(
+            "queue_disk_writes_total",
+            "counter",
+            "Total number of times queue wrote messages to disk",
+            lambda q, _: _classic(q, q.stats.disk_writes),
         ),
     ),
-    # of RabbitMQ's per-queue delivery counters only this one: Warren's queue counts
-    # deliveries without their ack mode, and settles no-ack deliveries as acks
+    # rabbit_core_metrics:channel_stats(queue_stats, ...): a delivery counts in the
+    # branch of its ack mode; the queue's own counts give the manual-ack ones
     "queue_delivery_metrics": (
+        Family(
+            "queue_get_ack_total",
+            "counter",
+            "Total number of messages fetched from a queue with basic.get in manual "
+            "acknowledgement mode",
+            lambda q, _: q.stats.get_manual,
+        ),
+        Family(
+            "queue_get_total",
+            "counter",
+            "Total number of messages fetched from a queue with basic.get in automatic "
+            "acknowledgement mode",
+            lambda q, _: q.stats.get_auto,
+        ),
+        Family(
+            "queue_messages_delivered_ack_total",
+            "counter",
+            "Total number of messages delivered from a queue to consumers in manual "
+            "acknowledgement mode",
+            lambda q, _: _delivered_consume_manual(q),
+        ),
+        Family(
+            "queue_messages_delivered_total",
+            "counter",
+            "Total number of messages delivered from a queue to consumers in automatic "
+            "acknowledgement mode",
+            lambda q, _: q.stats.delivered_auto,
+        ),
         Family(
             "queue_messages_redelivered_total",
             "counter",
             "Total number of messages redelivered from a queue to consumers",
-            lambda q: q.stats.redelivered,
+            lambda q, _: q.stats.redeliveries,
+        ),
+        Family(
+            "queue_messages_acked_total",
+            "counter",
+            "Total number of messages acknowledged by consumers on a queue",
+            # the queue settles a no-ack delivery as it settles an ack: those are not acks
+            lambda q, _: q.stats.acked - q.stats.delivered_auto - q.stats.get_auto,
+        ),
+        Family(
+            "queue_get_empty_total",
+            "counter",
+            "Total number of times basic.get operations fetched no message on a queue",
+            lambda q, _: q.stats.get_empty,
         ),
     ),
     "channel_queue_exchange_metrics": (
@@ -154,33 +330,63 @@ QUEUE_GROUPS: dict[str, tuple[Family, ...]] = {
             "queue_messages_published_total",
             "counter",
             "Total number of messages published into a queue through an exchange on a channel",
-            lambda q: q.stats.published,
+            lambda q, _: q.stats.published,
         ),
     ),
 }
-# /metrics reads queue_consumer_count, a cheaper subset of queue_metrics, when it sums
-QUEUE_GROUP_ALIASES = {"queue_consumer_count": "queue_metrics"}
+EXCHANGE_GROUPS: dict[str, tuple[Family, ...]] = {
+    "exchange_metrics": (
+        Family(
+            "exchange_messages_published_total",
+            "counter",
+            "Total number of messages published into an exchange",
+            lambda e, _: e[1].published,
+        ),
+        Family(
+            "exchange_messages_confirmed_total",
+            "counter",
+            "Total number of messages published into an exchange and confirmed",
+            lambda e, _: e[1].confirmed,
+        ),
+        Family(
+            "exchange_messages_unroutable_returned_total",
+            "counter",
+            "Total number of messages published as mandatory into an exchange and returned to "
+            "the publisher as unroutable",
+            lambda e, _: e[1].unroutable_returned,
+        ),
+        Family(
+            "exchange_messages_unroutable_dropped_total",
+            "counter",
+            "Total number of messages published as non-mandatory into an exchange and dropped "
+            "as unroutable",
+            lambda e, _: e[1].unroutable_dropped,
+        ),
+    ),
+}
 
 CHANNEL_GROUPS: dict[str, tuple[Family, ...]] = {
     "channel_metrics": (
-        Family("channel_consumers", "gauge", "Consumers on a channel", lambda c: len(c.consumers)),
+        Family(
+            "channel_consumers", "gauge", "Consumers on a channel", lambda c, _: len(c.consumers)
+        ),
         Family(
             "channel_messages_unacked",
             "gauge",
             "Delivered but not yet acknowledged messages",
-            lambda c: len(c.unacked),
+            lambda c, _: len(c.unacked),
         ),
         Family(
             "channel_messages_unconfirmed",
             "gauge",
             "Published but not yet confirmed messages",
-            lambda c: c.confirms.unconfirmed if c.confirm else 0,
+            lambda c, _: c.confirms.unconfirmed if c.confirm else 0,
         ),
         Family(
             "channel_messages_uncommitted",
             "gauge",
             "Messages received in a transaction but not yet committed",
-            lambda c: len(c.tx_publishes),
+            lambda c, _: len(c.tx_publishes),
         ),
         Family(
             "channel_acks_uncommitted",
@@ -192,13 +398,13 @@ CHANNEL_GROUPS: dict[str, tuple[Family, ...]] = {
             "consumer_prefetch",
             "gauge",
             "Limit of unacknowledged messages for each consumer",
-            lambda c: c.prefetch_count,
+            lambda c, _: c.prefetch_count,
         ),
         Family(
             "channel_prefetch",
             "gauge",
             "Deprecated and will be removed in a future version",
-            lambda c: c.prefetch_global,
+            lambda c, _: c.prefetch_global,
         ),
     ),
     "channel_exchange_metrics": (
@@ -206,27 +412,27 @@ CHANNEL_GROUPS: dict[str, tuple[Family, ...]] = {
             "channel_messages_published_total",
             "counter",
             "Total number of messages published into an exchange on a channel",
-            lambda c: c.stats.received,
+            lambda c, _: c.stats.received,
         ),
         Family(
             "channel_messages_confirmed_total",
             "counter",
             "Total number of messages published into an exchange and confirmed on the channel",
-            lambda c: c.stats.confirmed,
+            lambda c, _: c.stats.confirmed,
         ),
         Family(
             "channel_messages_unroutable_returned_total",
             "counter",
             "Total number of messages published as mandatory into an exchange and returned to "
             "the publisher as unroutable",
-            lambda c: c.stats.unroutable_returned,
+            lambda c, _: c.stats.unroutable_returned,
         ),
         Family(
             "channel_messages_unroutable_dropped_total",
             "counter",
             "Total number of messages published as non-mandatory into an exchange and dropped "
             "as unroutable",
-            lambda c: c.stats.unroutable_dropped,
+            lambda c, _: c.stats.unroutable_dropped,
         ),
     ),
     "channel_queue_metrics": (
@@ -234,43 +440,43 @@ CHANNEL_GROUPS: dict[str, tuple[Family, ...]] = {
             "channel_get_ack_total",
             "counter",
             "Total number of messages fetched with basic.get in manual acknowledgement mode",
-            lambda c: c.stats.delivered_get_manual,
+            lambda c, _: c.stats.delivered_get_manual,
         ),
         Family(
             "channel_get_total",
             "counter",
             "Total number of messages fetched with basic.get in automatic acknowledgement mode",
-            lambda c: c.stats.delivered_get_auto,
+            lambda c, _: c.stats.delivered_get_auto,
         ),
         Family(
             "channel_messages_delivered_ack_total",
             "counter",
             "Total number of messages delivered to consumers in manual acknowledgement mode",
-            lambda c: c.stats.delivered_consume_manual,
+            lambda c, _: c.stats.delivered_consume_manual,
         ),
         Family(
             "channel_messages_delivered_total",
             "counter",
             "Total number of messages delivered to consumers in automatic acknowledgement mode",
-            lambda c: c.stats.delivered_consume_auto,
+            lambda c, _: c.stats.delivered_consume_auto,
         ),
         Family(
             "channel_messages_redelivered_total",
             "counter",
             "Total number of messages redelivered to consumers",
-            lambda c: c.stats.redelivered,
+            lambda c, _: c.stats.redelivered,
         ),
         Family(
             "channel_messages_acked_total",
             "counter",
             "Total number of messages acknowledged by consumers",
-            lambda c: c.stats.acked,
+            lambda c, _: c.stats.acked,
         ),
         Family(
             "channel_get_empty_total",
             "counter",
             "Total number of times basic.get operations fetched no message",
-            lambda c: c.stats.get_empty,
+            lambda c, _: c.stats.get_empty,
         ),
     ),
 }
@@ -281,13 +487,13 @@ CONNECTION_GROUPS: dict[str, tuple[Family, ...]] = {
             "connection_incoming_bytes_total",
             "counter",
             "Total number of bytes received on a connection",
-            lambda c: c.recv_oct,
+            lambda c, _: c.recv_oct,
         ),
         Family(
             "connection_outgoing_bytes_total",
             "counter",
             "Total number of bytes sent on a connection",
-            lambda c: c.send_oct,
+            lambda c, _: c.send_oct,
         ),
     ),
     "connection_metrics": (
@@ -295,19 +501,19 @@ CONNECTION_GROUPS: dict[str, tuple[Family, ...]] = {
             "connection_incoming_packets_total",
             "counter",
             "Total number of packets received on a connection",
-            lambda c: c.recv_cnt,
+            lambda c, _: c.recv_cnt,
         ),
         Family(
             "connection_outgoing_packets_total",
             "counter",
             "Total number of packets sent on a connection",
-            lambda c: c.send_cnt,
+            lambda c, _: c.send_cnt,
         ),
         Family(
             "connection_channels",
             "gauge",
             "Channels on a connection",
-            lambda c: sum(1 for ch in c.channels.values() if not ch.closed),
+            lambda c, _: sum(1 for ch in c.channels.values() if not ch.closed),
         ),
     ),
 }
@@ -326,6 +532,38 @@ class Scope:
 
     def wants(self, group: str) -> bool:
         return self.groups is None or group in self.groups
+
+    _unacked: dict[Queue, tuple[int, Message | None]] | None = field(
+        default=None, init=False, repr=False
+    )
+
+    def unacked(self, q: Queue) -> tuple[int, Message | None]:
+        """The body bytes of a queue's unacknowledged messages and the oldest of them, read
+        off the channels once a scrape (the message path keeps no byte count for them)."""
+        if self._unacked is None:
+            found: dict[Queue, tuple[int, Message | None]] = {}
+            for conn in self.mgmt.connections():
+                for ch in conn.channels.values():
+                    for msg in ch.unacked.values():
+                        queue = msg.queue
+                        if queue is None:
+                            continue
+                        size, oldest = found.get(queue, (0, None))
+                        if oldest is None or msg.seq < oldest.seq:
+                            oldest = msg
+                        found[queue] = (size + msg.body_size(), oldest)
+            self._unacked = found
+        return self._unacked.get(q, (0, None))
+
+    def exchanges(self) -> list[tuple[str, Exchange]]:
+        """Exchanges published into (RabbitMQ's exchange_metrics rows), vhost-filtered."""
+        return [
+            (vhost.name, x)
+            for vhost in self.mgmt.broker.vhosts.values()
+            if self.vhosts is None or vhost.name in self.vhosts
+            for x in vhost.exchanges.values()
+            if x.published
+        ]
 
     def queues(self) -> list[Queue]:
         out = []
@@ -346,16 +584,25 @@ def _objects(
     label: Callable[[Any], Labels],
 ) -> None:
     for group, families in groups.items():
-        if not scope.wants(group) and not (
-            group == "queue_metrics" and scope.wants("queue_consumer_count")
-        ):
+        if not scope.wants(group):
             continue
+        if group == "queue_consumer_count" and scope.wants("queue_metrics"):
+            continue  # rabbitmq_prometheus' mutually_exclusive_mf: the subset goes
         for family in families:
+            read = family.read
             if scope.per_object:
-                samples: list[Sample] = [(label(o), family.read(o)) for o in objects]
+                samples: list[Sample] = [
+                    (label(o), v) for o in objects if (v := read(o, scope)) is not None
+                ]
+            elif family.aggregated:
+                samples = [({}, sum(v for o in objects if (v := read(o, scope)) is not None))]
             else:
-                samples = [({}, sum(family.read(o) for o in objects))]
+                samples = []
             out.family(scope.prefix + family.name, family.kind, family.help, samples)
+
+
+def _exchange_label(e: tuple[str, Exchange]) -> Labels:
+    return {"vhost": e[0], "exchange": e[1].name}
 
 
 def _queue_label(q: Queue) -> Labels:
@@ -401,23 +648,23 @@ def _node_groups(out: Exposition, scope: Scope) -> None:
             ("queues_deleted_total", "Total number of queues deleted", stats.queues_deleted),
         ):
             out.one(p + name, "counter", help_text, value)
+    if scope.wants("node_persister_metrics"):
+        _persister(out, scope)
     if scope.wants("auth_attempt_metrics"):
-        labels = PROTOCOL if scope.per_object else {}
+        # one row per protocol once it had an attempt, labelled so on every endpoint
+        # (the table is read as it is: rabbitmq_prometheus' get_data/4 catch-all)
         ok, failed = stats.auth_attempts_succeeded, stats.auth_attempts_failed
-        for name, help_text, value in (
-            ("auth_attempts_total", "Total number of authentication attempts", ok + failed),
-            (
-                "auth_attempts_succeeded_total",
-                "Total number of successful authentication attempts",
-                ok,
-            ),
-            (
-                "auth_attempts_failed_total",
-                "Total number of failed authentication attempts",
-                failed,
-            ),
-        ):
-            out.family(p + name, "counter", help_text, [(labels, value)])
+        rows = [(PROTOCOL, (ok + failed, ok, failed))] if ok + failed else []
+        _auth_families(out, p + "auth_attempts", "", rows)
+    # per source only per object (the node's sum is auth_attempt_metrics), and only
+    # with track_auth_attempt_source on (warren.track_auth_attempt_source)
+    if scope.per_object and scope.wants("auth_attempt_detailed_metrics"):
+        source_rows: list[tuple[Labels, tuple[int, int, int]]] = []
+        for (address, user, protocol), (ok, failed) in stats.auth_attempts_by_source.items():
+            labels = {"remote_address": address, "username": user, "protocol": protocol}
+            labels = {k: v for k, v in labels.items() if v}
+            source_rows.append((labels, (ok + failed, ok, failed)))
+        _auth_families(out, p + "auth_attempts_detailed", " with source info", source_rows)
     if scope.wants("node_coarse_metrics"):
         out.one(p + "process_open_fds", "gauge", "Open file descriptors", _open_fds())
         out.one(
@@ -447,6 +694,66 @@ def _node_groups(out: Exposition, scope: Scope) -> None:
         )
         uptime = time.time() - broker.started_at
         out.one(p + "erlang_uptime_seconds", "gauge", "Node uptime", round(uptime, 3))
+
+
+def _auth_families(
+    out: Exposition, prefix: str, suffix: str, rows: list[tuple[Labels, tuple[int, int, int]]]
+) -> None:
+    for i, (name, help_text) in enumerate(
+        (
+            ("_total", "Total number of authentication attempts"),
+            ("_succeeded_total", "Total number of successful authentication attempts"),
+            ("_failed_total", "Total number of failed authentication attempts"),
+        )
+    ):
+        samples = [(labels, counts[i]) for labels, counts in rows]
+        out.family(prefix + name, "counter", help_text + suffix, samples)
+
+
+# node_persister_metrics that mean something here: the message store's log (one append-only
+# file set, broker/store/segments.py); (name, help, IOStats attribute or a reader)
+PERSISTER_FAMILIES: tuple[tuple[str, str, Callable[[Any], float]], ...] = (
+    ("io_read_ops_total", "Total number of I/O read operations", lambda s: s.io.read_ops),
+    ("io_read_bytes_total", "Total number of I/O bytes read", lambda s: s.io.read_bytes),
+    ("io_write_ops_total", "Total number of I/O write operations", lambda s: s.io.write_ops),
+    ("io_write_bytes_total", "Total number of I/O bytes written", lambda s: s.io.write_bytes),
+    ("io_sync_ops_total", "Total number of I/O sync operations", lambda s: s.io.sync_ops),
+    # the log is appended to and read with pread: no seek is ever made
+    ("io_seek_ops_total", "Total number of I/O seek operations", lambda s: 0),
+    (
+        "io_reopen_ops_total",
+        "Total number of times files have been reopened",
+        lambda s: s.io.reopen_ops,
+    ),
+    (
+        "msg_store_read_total",
+        "Total number of Message Store read operations",
+        lambda s: s.io.msg_store_reads,
+    ),
+    (
+        "msg_store_write_total",
+        "Total number of Message Store write operations",
+        lambda s: s.messages_written,
+    ),
+    ("io_read_time_seconds_total", "Total I/O read time", lambda s: round(s.io.read_time, 6)),
+    ("io_write_time_seconds_total", "Total I/O write time", lambda s: round(s.io.write_time, 6)),
+    ("io_sync_time_seconds_total", "Total I/O sync time", lambda s: round(s.io.sync_time, 6)),
+    ("io_seek_time_seconds_total", "Total I/O seek time", lambda s: 0),
+)
+
+
+class _NoStore:
+    """A broker without a data dir: nothing is ever read or written."""
+
+    io = IOStats()
+    messages_written = 0
+
+
+def _persister(out: Exposition, scope: Scope) -> None:
+    persistence = scope.mgmt.broker.persistence
+    store: Any = persistence.messages if persistence is not None else _NoStore()
+    for name, help_text, read in PERSISTER_FAMILIES:
+        out.one(scope.prefix + name, "counter", help_text, read(store))
 
 
 def _info(out: Exposition, scope: Scope, endpoint: str) -> None:
@@ -536,6 +843,7 @@ def render(mgmt: Management, per_object: bool) -> str:
     _objects(out, scope, QUEUE_GROUPS, queues, _queue_label)
     _objects(out, scope, CHANNEL_GROUPS, channels, _channel_label)
     _objects(out, scope, CONNECTION_GROUPS, connections, _connection_label)
+    _objects(out, scope, EXCHANGE_GROUPS, scope.exchanges(), _exchange_label)
     _node_groups(out, scope)
     _totals(out, queues, channels, len(connections))
     if per_object:
@@ -583,6 +891,7 @@ def render_detailed(mgmt: Management, query: Any) -> str:
     _objects(out, scope, QUEUE_GROUPS, queues, _queue_label)
     _objects(out, scope, CHANNEL_GROUPS, _live_channels(connections), _channel_label)
     _objects(out, scope, CONNECTION_GROUPS, connections, _connection_label)
+    _objects(out, scope, EXCHANGE_GROUPS, scope.exchanges(), _exchange_label)
     _node_groups(out, scope)
     _cluster_groups(out, scope)
     if any(
@@ -607,7 +916,8 @@ def _cluster_groups(out: Exposition, scope: Scope) -> None:
             "Whether a given vhost is running",
             [({"vhost": v.name}, 1) for v in vhosts],
         )
-    exchanges = [(v, x) for v in vhosts for x in v.exchanges.values()]
+    # neither internal exchanges nor the default one (rabbitmq_prometheus' get_data/4)
+    exchanges = [(v, x) for v in vhosts for x in v.exchanges.values() if x.name and not x.internal]
     if scope.wants("exchange_bindings"):
         out.family(
             "rabbitmq_cluster_exchange_bindings",

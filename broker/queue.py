@@ -26,6 +26,7 @@ from warren.broker.message import (
 from warren.broker.paged import MESSAGE_MEMORY, PagedRun
 from warren.broker.ready import PriorityReady, merge_in_order
 from warren.broker.retry import RetryPolicy, parse_schedule
+from warren.broker.stats import ConsumerUse
 from warren.broker.timers import Deadline, DeadlineHeap
 from warren.protocol.properties import (
     FLAG_PRIORITY,
@@ -52,9 +53,18 @@ class QueueStats:
         "consumer_timeouts",
         "dead_lettered",
         "delivered",
+        "delivered_auto",
+        "disk_reads",
+        "disk_writes",
         "expired",
+        "get_auto",
+        "get_empty",
+        "get_manual",
+        "persistent",
+        "persistent_bytes",
         "published",
         "redelivered",
+        "redeliveries",
         "retried",
     )
 
@@ -67,6 +77,12 @@ class QueueStats:
         self.dead_lettered: dict[str, int] = {}  # by reason
         self.consumer_timeouts = 0
         self.retried = 0  # returns that waited for a delayed retry
+        # Prometheus' per-queue split (broker/metrics.py): consume no-ack deliveries (the
+        # queue settles them as acks), basic.get by ack mode and empty, counted by the channel
+        self.delivered_auto = self.get_auto = self.get_manual = self.get_empty = 0
+        self.redeliveries = 0  # deliveries and get-oks of a message marked redelivered
+        # persistent messages in the store (gauge), publish records written, bodies read back
+        self.persistent = self.persistent_bytes = self.disk_writes = self.disk_reads = 0
 
 
 def message_priority(properties: bytes, default: int = 0) -> int:
@@ -141,9 +157,13 @@ class Queue:
         self.deleted = False
         self.stats = QueueStats()
         self._had_consumers = False
+        # consumer capacity (RabbitMQ's rabbit_queue_consumers use/avg): set while every
+        # consumer is blocked with messages ready; its moving average lives in broker/stats.py
+        self.idle = False
         timers = vhost.timers
         self._now = timers.now
         self._wall = timers.wall  # the store's deadlines: broker time, as the wall clock
+        self.use = ConsumerUse(self._now())
         # per-message deadlines: (expires_at, seq, message), earliest first
         self._expiry: DeadlineHeap[tuple[float, int, Message]] = DeadlineHeap(
             timers, self._expire_due, _may_expire
@@ -262,6 +282,10 @@ class Queue:
             store = self.message_store
             assert store is not None
             store.publish(self.store_id, msg, self._wall() + ttl / 1000 if ttl is not None else 0.0)
+            stats = self.stats
+            stats.persistent += 1
+            stats.persistent_bytes += len(msg.body)
+            stats.disk_writes += 1
             limit = store.page_limit
             if limit is not None and self._over_limit(len(msg.body), limit):
                 # over the memory limit: it leaves memory once on disk, packed in a run, or
@@ -446,7 +470,10 @@ class Queue:
                 if consumer.channel.can_deliver(consumer):
                     break
             else:
+                self.use.blocked(self)
                 return
+            if self.idle:
+                self.use.unblocked(self)
             msg = self._pop_ready()
             if msg is None:
                 return
@@ -478,7 +505,10 @@ class Queue:
                         break
                 start = end
             if chosen is None:
+                self.use.blocked(self)
                 return
+            if self.idle:
+                self.use.unblocked(self)
             msg = self._pop_ready()
             if msg is None:
                 return
@@ -709,6 +739,9 @@ class Queue:
         """The message leaves the queue for good (acked, expired, dropped, dead-lettered)."""
         msg.state = GONE
         if msg.store_id:
+            stats = self.stats
+            stats.persistent -= 1
+            stats.persistent_bytes -= msg.body_size()
             store = self.message_store
             assert store is not None
             if self.deleted:
@@ -788,6 +821,8 @@ class Queue:
                 self.paged_count += 1
                 self.paged_bytes += size
                 self.ready_bytes += size
+                self.stats.persistent += 1
+                self.stats.persistent_bytes += size
                 ready_count += 1
                 continue
             msg = Message(record.exchange, record.routing_key, record.properties, body or b"")
@@ -812,6 +847,8 @@ class Queue:
             if record.expires_wall:
                 msg.expires_at = now_mono + (record.expires_wall - now_wall)
             restored.append(msg)
+            self.stats.persistent += 1
+            self.stats.persistent_bytes += record.body_size
             if record.retry_at_wall > now_wall:
                 msg.state = DELAYED
                 self.delayed_count += 1

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from warren.broker.queue import Queue
 
 # counters a channel keeps, added up over the node when read (broker.message_totals())
 CHANNEL_COUNTERS = (
@@ -90,6 +94,7 @@ class BrokerStats(ChannelStats):
     node-wide counters no channel owns (expiries, dead-letters, object churn)."""
 
     __slots__ = (
+        "auth_attempts_by_source",
         "auth_attempts_failed",
         "auth_attempts_succeeded",
         "channels_closed",
@@ -102,6 +107,7 @@ class BrokerStats(ChannelStats):
         "queues_declared",
         "queues_deleted",
         "retried",
+        "track_auth_attempt_source",
     )
 
     def __init__(self) -> None:
@@ -113,7 +119,135 @@ class BrokerStats(ChannelStats):
         self.channels_opened = self.channels_closed = 0
         self.queues_declared = self.queues_created = self.queues_deleted = 0
         self.auth_attempts_succeeded = self.auth_attempts_failed = 0  # AMQP logins
+        # RabbitMQ's track_auth_attempt_source (off by default: the table only grows):
+        # (remote address, username, protocol) -> [succeeded, failed]
+        self.track_auth_attempt_source = False
+        self.auth_attempts_by_source: dict[tuple[str, str, str], list[int]] = {}
+
+    def auth_attempt(self, succeeded: bool, address: str, username: str) -> None:
+        """An AMQP 0-9-1 login (rabbit_core_metrics:auth_attempt_succeeded/failed)."""
+        if succeeded:
+            self.auth_attempts_succeeded += 1
+        else:
+            self.auth_attempts_failed += 1
+        if self.track_auth_attempt_source and (address or username):
+            key = (address, username, "amqp091")
+            counts = self.auth_attempts_by_source.setdefault(key, [0, 0])
+            counts[0 if succeeded else 1] += 1
 
     def as_dict(self) -> dict[str, Any]:
         names = (*CHANNEL_COUNTERS, *BrokerStats.__slots__)
-        return {name: getattr(self, name) for name in names}
+        skip = ("auth_attempts_by_source", "track_auth_attempt_source")
+        return {name: getattr(self, name) for name in names if name not in skip}
+
+
+# rabbit_queue_consumers' ?USE_AVG_HALF_LIFE: one second (here in seconds, not microseconds)
+USE_HALF_LIFE = 1.0
+
+
+class ConsumerUse:
+    """A queue's consumer capacity, as RabbitMQ's rabbit_queue_consumers:capacity/1 keeps it.
+
+    The queue is *active* while its consumers can take what it has, *inactive* from the
+    moment every consumer is blocked (prefetch full, connection not writable, timeout
+    state) with messages ready, until it delivers again. The capacity is a moving average
+    of the active share of time (half-life 1 s), updated at each change and read at a
+    scrape; the queue calls in only on a change (Queue.idle), never per message."""
+
+    __slots__ = ("active_time", "avg", "since")
+
+    def __init__(self, now: float) -> None:
+        self.since = now  # start of the current (active or inactive) period
+        self.active_time = 0.0  # length of the active period before the current inactive one
+        self.avg = 1.0
+
+    def blocked(self, queue: Queue) -> None:
+        if not queue.idle:
+            now = queue.vhost.timers.now()
+            queue.idle = True
+            self.active_time, self.since = now - self.since, now
+
+    def unblocked(self, queue: Queue) -> None:
+        now = queue.vhost.timers.now()
+        queue.idle = False
+        self.avg = _use_avg(self.active_time, now - self.since, self.avg)
+        self.since = now
+
+    def capacity(self, queue: Queue) -> float:
+        now = queue.vhost.timers.now()
+        if queue.idle:
+            return _use_avg(self.active_time, now - self.since, self.avg)
+        return _use_avg(now - self.since, 0.0, self.avg)
+
+
+def _use_avg(active: float, inactive: float, avg: float) -> float:
+    """rabbit_queue_consumers:use_avg/3 with rabbit_misc:moving_average/4."""
+    time = active + inactive
+    if time <= 0:
+        return avg
+    weight = math.exp(time * math.log(0.5) / USE_HALF_LIFE)
+    return (active / time) * (1 - weight) + avg * weight
+
+
+class IOStats:
+    """The message store's disk I/O (RabbitMQ's node_persister_metrics: io_*, msg_store_*).
+
+    Counted per system call or per batch, never per message: the writer thread counts
+    its writes and fsyncs per round, the loop its reads of bodies back."""
+
+    __slots__ = (
+        "msg_store_reads",
+        "read_bytes",
+        "read_ops",
+        "read_time",
+        "reopen_ops",
+        "sync_ops",
+        "sync_time",
+        "write_bytes",
+        "write_ops",
+        "write_time",
+    )
+
+    def __init__(self) -> None:
+        self.read_ops = self.read_bytes = self.write_ops = self.write_bytes = 0
+        self.sync_ops = self.reopen_ops = self.msg_store_reads = 0
+        self.read_time = self.write_time = self.sync_time = 0.0
+
+
+class ConfirmedByExchange:
+    """Which exchange each publish of a confirm-mode channel went to, to count its confirms
+    per exchange (exchange_messages_confirmed_total) when they are sent.
+
+    Runs, not messages: (first sequence number, exchange) each time the exchange changes,
+    so a channel publishing to one exchange keeps one entry and pays one comparison."""
+
+    __slots__ = ("last", "runs")
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[int, Any]] = []
+        self.last: Any = None
+
+    def switch(self, seq: int, exchange: Any) -> None:
+        self.runs.append((seq, exchange))
+        self.last = exchange
+
+    def confirmed(self, first: int, last: int) -> None:
+        """Publishes ``first``..``last`` were acked (nacked ones are never in such a range)."""
+        runs = self.runs
+        for i, (start, exchange) in enumerate(runs):
+            if start > last:
+                break
+            end = runs[i + 1][0] - 1 if i + 1 < len(runs) else last
+            lo, hi = max(start, first), min(end, last)
+            if lo <= hi:
+                exchange.confirmed += hi - lo + 1
+
+    def settled(self, upto: int) -> None:
+        """Every publish up to ``upto`` was acked or nacked: the runs wholly before it go
+        (the newest stays: the next publish may extend it)."""
+        runs = self.runs
+        drop = 0
+        while drop + 1 < len(runs) and runs[drop + 1][0] - 1 <= upto:
+            drop += 1
+        if drop:
+            del runs[:drop]

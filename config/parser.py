@@ -405,6 +405,9 @@ _KEYS: Mapping[str, _Key] = {
     "warren.clock": _Key(_choice("real", "manual"), "clock"),
     "warren.test_api": _Key(_boolean, "test_api"),
     "warren.frame_min_size": _Key(_frame_min_size, "frame_min_size"),
+    # RabbitMQ's rabbit app setting of that name (advanced.config, or rabbitmq-diagnostics
+    # enable_auth_attempt_source_tracking): auth_attempts_detailed_* by address and user
+    "warren.track_auth_attempt_source": _Key(_boolean, "track_auth_attempt_source"),
 }
 
 # keys of the form "<family>.<name>", one entry per name

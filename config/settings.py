@@ -73,6 +73,7 @@ class Settings:
     queue_body_memory_limit: int | None = 64 * 1024 * 1024
     # message-lifecycle tracing (Warren's own trace.* keys; broker/tracing.py)
     trace_enabled: bool = False
+    track_auth_attempt_source: bool = False  # warren.track_auth_attempt_source
     trace_dir: str = "./trace"
     trace_vhosts: tuple[str, ...] | None = None  # None: every vhost (trace.vhosts = all)
     trace_rotate_size: int = 64 * 1024 * 1024  # bytes

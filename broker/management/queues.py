@@ -152,12 +152,15 @@ def get_messages(ctx: Ctx) -> web.StreamResponse:
             break
         if msg.redelivered:
             stats.redelivered += 1
+            queue.stats.redeliveries += 1
         out.append(_message_json(msg, queue.ready_count, encoding, truncate))
         if ackmode == "ack_requeue_false":
             stats.delivered_get_auto += 1
+            queue.stats.get_auto += 1
             queue.settled(msg)  # fetched with no-ack
         else:
             stats.delivered_get_manual += 1
+            queue.stats.get_manual += 1
             taken.append(msg)  # held unacked until all are fetched, so each is a new one
     if ackmode == "reject_requeue_false":
         for msg in taken:
