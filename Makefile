@@ -6,7 +6,7 @@ PORT ?= 5672
 STAMP := $(VENV)/.installed-test
 RUN_STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck check bench bench-compare conformance crash-test fuzz soak clean \
+.PHONY: run test test-compiled compile lint typecheck check bench bench-compare conformance crash-test fuzz soak clean \
 	console-screenshots
 
 # `make run` needs only the broker; `make test` also the test tools and the PySpark job.
@@ -39,6 +39,30 @@ test: $(STAMP) $(CHROMIUM) $(GO_AMQP)
 	$(BIN)/ruff check broker protocol config tests pipeline warren
 	$(BIN)/mypy
 	$(BIN)/pytest -q
+	$(MAKE) test-compiled
+
+# The optional compiled build (setup.py, README "Performance"): the message path's modules
+# compiled with mypyc into build/compiled, next to their .py files. Needs a C compiler.
+COMPILED := build/compiled
+GCC := /usr/bin/gcc
+$(GCC):
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends gcc libc6-dev
+compile: $(STAMP) $(GCC)
+	rm -rf $(COMPILED)
+	WARREN_COMPILE=1 $(BIN)/python setup.py -q build --build-lib $(COMPILED)
+
+# The same tests on the compiled build: the tests of the compiled modules and the message
+# path (the rest of the suite, management and tools, runs interpreted code either way).
+COMPILED_TESTS := tests/test_compiled.py tests/test_protocol.py tests/test_frames.py \
+	tests/test_fuzz_protocol.py tests/test_fuzz_broker.py tests/test_handshake.py \
+	tests/test_basic.py tests/test_exchanges.py tests/test_plugin_exchanges.py \
+	tests/test_confirms.py tests/test_confirms_tx.py tests/test_hostile_input.py \
+	tests/test_queues.py tests/test_dead_letter.py tests/test_alarms_and_limits.py \
+	tests/test_protocol_state.py tests/test_engine_in_memory.py
+# build/compiled comes before the repository on the path: its warren is the one imported
+test-compiled: compile
+	PYTHONPATH=$(COMPILED):. WARREN_EXPECT_COMPILED=1 $(BIN)/pytest -q -o pythonpath= $(COMPILED_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check broker protocol config tests pipeline warren

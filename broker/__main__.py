@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="warren-server", description="Warren AMQP 0-9-1 broker")
+    parser.add_argument("--version", action="version", version=_version())
     parser.add_argument(
         "--config", metavar="PATH", help="rabbitmq.conf-style file (default: $RABBITMQ_CONFIG_FILE)"
     )
@@ -33,6 +34,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             help=f"{endpoint}.tcp.port: 0 for a free port, 'none' for off (default {default})",
         )
     return parser.parse_args(argv)
+
+
+def _version() -> str:
+    from warren import __version__, compiled_modules
+
+    compiled = compiled_modules()
+    build = f"compiled with mypyc: {', '.join(compiled)}" if compiled else "pure Python"
+    return f"warren-server {__version__} ({build})"
 
 
 def _port_or_none(text: str) -> int | None:
@@ -81,6 +90,11 @@ async def serve(settings: Settings) -> None:
     for key in settings.ignored_keys:
         log.warning("config key not used by Warren", key=key)
     await server.start()
+    from warren import compiled_modules
+
+    compiled = compiled_modules()
+    if compiled:
+        log.info("compiled with mypyc", modules=len(compiled))
     for host, port in server.addresses:
         log.info("ready", address=f"{host}:{port}")
     for host, port in server.tls_addresses:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 import decimal
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 if TYPE_CHECKING:
     from warren.broker.queue import Queue
@@ -89,7 +89,8 @@ class Destinations:
 
 
 class Exchange:
-    kind = ""
+    # read through the class (EXCHANGE_TYPES[...].kind): a class attribute for mypyc too
+    kind: ClassVar[str] = ""
 
     def __init__(
         self,
@@ -220,8 +221,17 @@ class Exchange:
 class DirectExchange(Exchange):
     kind = "direct"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    # the parameters spelled out: mypyc-compiled code passes *args to a compiled base's
+    # __init__ as one tuple argument
+    def __init__(
+        self,
+        name: str,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(name, durable, auto_delete, internal, arguments)
         self._by_key: dict[str, Destinations] = {}
         self._lists: dict[str, list[Destination]] = {}  # route's answers, per key, until it changes
 
@@ -261,8 +271,15 @@ class DirectExchange(Exchange):
 class FanoutExchange(Exchange):
     kind = "fanout"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        name: str,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(name, durable, auto_delete, internal, arguments)
         self._dests = Destinations()
 
     def _changed(self) -> None:
@@ -429,8 +446,15 @@ class TopicTrie:
 class TopicExchange(Exchange):
     kind = "topic"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        name: str,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(name, durable, auto_delete, internal, arguments)
         self._trie = TopicTrie()
 
     def _changed(self) -> None:

@@ -86,8 +86,15 @@ def _header_key(value: Any) -> int | bytes | str | None:
 class ConsistentHashExchange(Exchange):
     kind = "x-consistent-hash"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        name: str,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(name, durable, auto_delete, internal, arguments)
         self._ring: list[Destination] = []
         self._cache: dict[int | bytes | str | None, list[Destination]] = {}
         self._header, self._property = _hash_args(self.arguments)
@@ -171,8 +178,15 @@ def _sort_key(destination: Destination) -> tuple[int, bytes]:
 class ModulusHashExchange(Exchange):
     kind = "x-modulus-hash"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        name: str,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(name, durable, auto_delete, internal, arguments)
         self._sorted: list[Destination] = []
         self._cache: dict[str, list[Destination]] = {}
 
@@ -201,8 +215,15 @@ _QUEUE_MODULES = {"quorum": "rabbit_quorum_queue", "stream": "rabbit_stream_queu
 class LocalRandomExchange(Exchange):
     kind = "x-local-random"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        name: str,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(name, durable, auto_delete, internal, arguments)
         self._queues: list[Destination] = []
 
     def validate_binding(
@@ -273,8 +294,15 @@ class DelayedMessageExchange(Exchange):
     kind = "x-delayed-message"
     delays = True
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        name: str,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(name, durable, auto_delete, internal, arguments)
         inner = EXCHANGE_TYPES[str(self.arguments["x-delayed-type"])]
         self.delayed_kind = inner.kind
         self._inner = inner(self.name, arguments=self.arguments)

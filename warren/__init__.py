@@ -6,4 +6,22 @@ subpackages: ``warren.protocol`` (sans-IO codec and state), ``warren.broker``
 (rabbitmq.conf parsing) and ``warren.pipeline`` (the PySpark trace report).
 """
 
+import os
+from importlib.machinery import EXTENSION_SUFFIXES
+
 __version__ = "0.1.0"
+
+
+def compiled_modules() -> list[str]:
+    """The modules that run as C extensions built by mypyc (``WARREN_COMPILE=1``, see
+    setup.py); empty for a pure-Python install. Python imports an extension before the
+    .py file of the same name in the same folder, so being there is being used."""
+    here = os.path.dirname(__file__)
+    found = []
+    for package in ("protocol", "broker", "config"):
+        for name in os.listdir(os.path.join(here, package)):
+            for suffix in EXTENSION_SUFFIXES:
+                if name.endswith(suffix):
+                    found.append(f"{package}.{name[: -len(suffix)]}")
+                    break
+    return sorted(found)

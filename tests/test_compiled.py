@@ -1,0 +1,43 @@
+"""Which build the suite runs on: pure Python, or the mypyc build (`make test-compiled` sets
+WARREN_EXPECT_COMPILED=1 and puts build/compiled first on the path). A run meant for the
+compiled modules that silently imported the .py files would prove nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from importlib.machinery import EXTENSION_SUFFIXES
+
+import warren
+import warren.broker.exchange
+import warren.broker.vhost
+import warren.protocol.connection
+
+COMPILED = os.environ.get("WARREN_EXPECT_COMPILED") == "1"
+
+
+def test_the_message_path_runs_as_the_build_says() -> None:
+    modules = (warren.protocol.connection, warren.broker.exchange, warren.broker.vhost)
+    for module in modules:
+        assert str(module.__file__).endswith(tuple(EXTENSION_SUFFIXES)) == COMPILED
+    compiled = warren.compiled_modules()
+    if COMPILED:
+        assert {"protocol.connection", "broker.exchange", "broker.vhost"} <= set(compiled)
+        assert "broker.message" not in compiled  # PagedMessage swaps __class__: interpreted
+    else:
+        assert compiled == []
+
+
+def test_version_names_the_build() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", "from warren.broker.__main__ import main; main(['--version'])"],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(warren.__file__)),  # the build under test
+    )
+    assert out.stdout.startswith(f"warren-server {warren.__version__} (")
+    if COMPILED:
+        assert "compiled with mypyc: " in out.stdout and "broker.exchange" in out.stdout
+    else:
+        assert "(pure Python)" in out.stdout
