@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from struct import Struct
 from struct import error as StructError
-from typing import Any
+from typing import Any, TypeAlias
 
 from pamqp import base, commands, encode
 
@@ -85,7 +85,7 @@ def access_request_ok_frame(channel: int) -> bytes:
 
 
 # what decode_method returns: a pamqp command, or one of the hand-decoded classes above
-Method = base.Frame | BasicPublish | BasicAck | BasicNack | BasicReject | AccessRequest
+Method: TypeAlias = base.Frame | BasicPublish | BasicAck | BasicNack | BasicReject | AccessRequest
 
 
 def _shortstr(buf: bytes, off: int) -> tuple[str, int]:
