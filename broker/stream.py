@@ -18,6 +18,7 @@ read's worth of them, so memory does not grow with the log or with a slow reader
 from __future__ import annotations
 
 import atexit
+import binascii
 import bisect
 import datetime
 import os
@@ -27,7 +28,6 @@ import struct
 import tempfile
 import time
 import weakref
-import zlib
 from array import array
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -345,7 +345,7 @@ class StreamLog:
                 if (last and end == size) or end + _CHUNK.size > size:
                     # the newest chunk of the log: check it whole (a kill -9 tears only the tail)
                     fh.seek(pos + _CHUNK.size + flen)
-                    if zlib.crc32(fh.read(dlen)) != crc:
+                    if binascii.crc32(fh.read(dlen)) != crc:
                         break
                 segment.chunks.append(first)
                 segment.positions.append(pos)
@@ -419,8 +419,10 @@ class StreamLog:
         self._filter_values.clear()
         self._unfiltered = False
         stamp = self.wall_ms()
+        # binascii's crc32 keeps the GIL (zlib's lets it go above 5 KB, and then waits for it
+        # behind the writer threads: ten times the cost on this loop)
         header = _CHUNK.pack(
-            _MAGIC, self._pending_first, count, stamp, len(section), len(data), zlib.crc32(data)
+            _MAGIC, self._pending_first, count, stamp, len(section), len(data), binascii.crc32(data)
         )
         chunk = header + section + data
         segment = self.segments[-1]

@@ -291,7 +291,10 @@ def test_a_reader_that_falls_behind_holds_one_read_at_most(broker: Any, name: st
 
 
 def test_publish_confirms_come_once_on_disk(broker: Any, name: str) -> None:
-    """The stream's chunk is written by the store's writer; the confirm waits for its fsync."""
+    """The confirm comes once the chunk is written to the segment file (handed to the
+    operating system, so it survives kill -9), as osiris confirms a single-node stream:
+    osiris_writer:handle_batch/2 notifies writers after osiris_log:write_chunk/6, which
+    never syncs. The fdatasync follows on the store's syncer thread."""
     conn = pika.BlockingConnection(pika.URLParameters(broker.url))
     ch = conn.channel()
     declare(ch, name)

@@ -46,7 +46,8 @@ def _segment_name(number: int) -> str:
 
 
 class _Writer(threading.Thread):
-    """Writes batches in order, one fsync per round of batches, then reports on the loop."""
+    """Writes batches in order, one fsync per round of batches, then reports on the loop
+    (a round of stream chunks only: reported once written, synced by the _Syncer)."""
 
     def __init__(
         self,
@@ -63,6 +64,7 @@ class _Writer(threading.Thread):
         self.failed = failed
         self.sync = sync
         self.jobs: queue.SimpleQueue[tuple[str, int, Any, int]] = queue.SimpleQueue()
+        self._syncer = _Syncer(self._syncer_failed)
         self.files: dict[int, Any] = {}
         self.error: BaseException | None = None
 
@@ -73,7 +75,14 @@ class _Writer(threading.Thread):
             handle = self.files[segment] = open(path, "ab", buffering=0)  # noqa: SIM115
         return handle
 
+    def _syncer_failed(self, exc: BaseException) -> None:
+        self.error = exc
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.failed, exc)
+
     def run(self) -> None:
+        if self.sync:
+            self._syncer.start()
         try:
             self._run()
         except BaseException as exc:  # surfaced by the store on the loop
@@ -100,9 +109,14 @@ class _Writer(threading.Thread):
                     _write_all(self._file(segment), data)
                     written.add(segment)
                     last_batch = max(last_batch, batch)
-                elif kind == "external":  # [(file, bytes, close once synced)]
+                elif kind == "external":  # [(file, bytes, close once synced)], or with records
+                    if segment:  # the store's records of the same batch: (records, [...])
+                        data, external = data
+                        _write_all(self._file(segment), data)
+                        written.add(segment)
+                        data = external
                     for handle, chunk, close in data:
-                        handle.write(chunk)
+                        _write_all(handle, chunk)
                         if handle not in others:
                             others.append(handle)
                         if close:
@@ -114,6 +128,17 @@ class _Writer(threading.Thread):
                     unlinks.append(segment)
                 elif kind == "stop":
                     stop = True
+            reported = False
+            if self.sync and not written and (others or closing):
+                # only stream chunks this round: confirmed once handed to the operating system
+                # (they survive kill -9), as osiris confirms (osiris_writer:handle_batch/2 and
+                # osiris_log:write_chunk/6 never sync); the syncer thread fdatasyncs them at
+                # once while this thread writes the next round
+                if last_batch >= 0:
+                    self.loop.call_soon_threadsafe(self.synced, last_batch)
+                    reported = True
+                self._syncer.jobs.put((others, closing))
+                others, closing = [], []
             if self.sync:
                 for segment in written:
                     os.fsync(self.files[segment].fileno())
@@ -132,12 +157,49 @@ class _Writer(threading.Thread):
             # keep only the newest file open
             for segment in sorted(self.files)[:-1]:
                 self.files.pop(segment).close()
-            if last_batch >= 0:
+            if last_batch >= 0 and not reported:
                 self.loop.call_soon_threadsafe(self.synced, last_batch)
             if stop:
+                if self.sync:
+                    self._syncer.jobs.put(None)
+                    self._syncer.join()
                 for handle in self.files.values():
                     handle.close()
                 return
+
+
+class _Syncer(threading.Thread):
+    """fdatasyncs stream files the writer has written and confirmed (see _Writer._run), all
+    that queued up in one round, then closes those that are done with."""
+
+    def __init__(self, failed: Callable[[BaseException], None]) -> None:
+        super().__init__(name="warren-store-syncer", daemon=True)
+        self.jobs: queue.SimpleQueue[tuple[list[Any], list[Any]] | None] = queue.SimpleQueue()
+        self.failed = failed
+
+    def run(self) -> None:
+        try:
+            while True:
+                jobs = [self.jobs.get()]
+                while True:
+                    try:
+                        jobs.append(self.jobs.get_nowait())
+                    except queue.Empty:
+                        break
+                handles: dict[Any, None] = {}
+                closing: list[Any] = []
+                for job in jobs:
+                    if job is not None:
+                        handles.update(dict.fromkeys(job[0]))
+                        closing += job[1]
+                for handle in handles:
+                    os.fdatasync(handle.fileno())
+                for handle in closing:
+                    handle.close()
+                if None in jobs:
+                    return
+        except BaseException as exc:  # surfaced by the store on the loop
+            self.failed(exc)
 
 
 def _write_all(handle: Any, data: bytes) -> None:
@@ -304,16 +366,20 @@ class MessageStore:
                 log.take_chunk(self.open_batch)  # lost, as in a crash at this moment
             self._external.clear()
             return
+        external = None
         if self._external:
             external = [log.take_chunk(self.open_batch) for log in self._external]
             self._external.clear()
-            writer.jobs.put(("external", 0, external, self.open_batch))
             if not self._buffer:
+                writer.jobs.put(("external", 0, external, self.open_batch))
                 self.open_batch += 1
                 return
         data = b"".join(self._buffer)
         self._buffer.clear()
-        writer.jobs.put(("write", self._segment, data, self.open_batch))
+        if external is None:
+            writer.jobs.put(("write", self._segment, data, self.open_batch))
+        else:  # one job: the writer never reports the batch with half of it written
+            writer.jobs.put(("external", self._segment, (data, external), self.open_batch))
         if self._to_page:
             self._batch_ends.append((self.open_batch, self._segment, self._segment_bytes))
         self.open_batch += 1
