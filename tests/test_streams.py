@@ -378,6 +378,69 @@ def test_kill_9_keeps_every_confirmed_message_and_offset(tmp_path: Path, round_:
         proc.wait(10)
 
 
+def _fanout_publisher(url: str, confirmed: list[int]) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    i = 0
+    try:
+        while True:
+            ch.basic_publish("crash.both", "", b"%08d" % i, pika.BasicProperties(delivery_mode=2))
+            confirmed.append(i)
+            i += 1
+    except (pika.exceptions.AMQPError, OSError):
+        pass
+
+
+def test_kill_9_with_a_stream_and_a_classic_queue_in_the_same_batches(tmp_path: Path) -> None:
+    """A fanout to a durable classic queue and a stream puts the store's records and the
+    stream's chunk in one batch (one writer job, confirmed after the fsync), while another
+    publisher's stream-only batches are confirmed once written; after kill -9 every
+    confirmed message is in each queue, every offset once and in order."""
+    port = free_port()
+    url = f"amqp://guest:guest@127.0.0.1:{port}/"
+    proc = start_server(str(tmp_path), port)
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    ch.exchange_declare("crash.both", "fanout", durable=True)
+    for queue, args in (("crash.c", {}), ("crash.s", STREAM), ("crash.s2", STREAM)):
+        ch.queue_declare(queue, durable=True, arguments=args)
+    for queue in ("crash.c", "crash.s"):
+        ch.queue_bind(queue, "crash.both")
+    conn.close()
+    both: list[int] = []
+    alone: list[int] = []
+    workers = [
+        threading.Thread(target=_fanout_publisher, args=(url, both)),
+        threading.Thread(target=_publisher, args=(url, "crash.s2", alone)),
+    ]
+    for worker in workers:
+        worker.start()
+    deadline = time.monotonic() + 10
+    while (len(both) < 300 or len(alone) < 300) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for worker in workers:
+        worker.join(10)
+    assert both and alone, "a publisher never got a confirm before the kill"
+    proc = start_server(str(tmp_path), port)
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        ch = conn.channel()
+        assert ch.queue_declare("crash.c", passive=True).method.message_count >= len(both)
+        for queue, confirmed in (("crash.s", both), ("crash.s2", alone)):
+            count = ch.queue_declare(queue, passive=True).method.message_count
+            assert count >= len(confirmed)
+            got = consume(ch, queue, count, {"x-stream-offset": "first"}, prefetch=500)
+            assert [o for o, _, _ in got] == list(range(count))
+            assert [int(b) for _, b, _ in got] == list(range(count))
+        conn.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+
+
 def test_aio_pika_replays_a_stream(broker: Any, name: str) -> None:
     async def run() -> list[tuple[int, bytes]]:
         connection = await aio_pika.connect(broker.url)
