@@ -386,28 +386,47 @@ class StreamLog:
 
     # ---- appending ----
 
-    def append(
-        self, ex_rk: bytes, filter_value: bytes | None, properties: bytes, body: bytes,
-        trace_id: int = 0,
-    ) -> int:  # fmt: skip
-        """Add a message to this turn's chunk; returns its offset."""
+    def append_message(self, ex_rk: bytes, properties: bytes, body: bytes, trace_id: int) -> None:
+        """Add a message as published to this turn's chunk: its ``x-stream-offset`` header is
+        spliced into the properties and its filter value read here (the common case, no
+        headers table, with one join and no intermediate properties)."""
         offset = self.next_offset
         self.next_offset = offset + 1
-        fv = filter_value or b""
-        if not self._pending:
+        pending = self._pending
+        if not pending:
             self._pending_first = offset
             self.store.external_pending(self)
-        if filter_value is None:
-            self._unfiltered = True
-        else:
-            self._filter_values.add(filter_value)
-        pending = self._pending
+        flags = properties[0]
+        if flags & 0x20 or properties[1] & 1:  # a headers table (or a second flag word)
+            fv = _filter_value(properties)
+            if fv is None:
+                self._unfiltered = True
+            else:
+                self._filter_values.add(fv)
+            properties = with_offset(properties, offset)
+            pending.append(
+                _RECORD.pack(len(ex_rk), len(fv or b""), len(properties), len(body), trace_id)
+                + ex_rk + (fv or b"") + properties
+            )  # fmt: skip
+            pending.append(body)
+            return
+        self._unfiltered = True
+        # the properties without headers: flags with the headers bit, the short strings
+        # before the table (content-type, content-encoding), the table of the one header
+        at = 2
+        if flags & 0x80:
+            at += 1 + properties[2]
+        if flags & 0x40:
+            at += 1 + properties[at]
         pending.append(
-            _RECORD.pack(len(ex_rk), len(fv), len(properties), len(body), trace_id)
-            + ex_rk + fv + properties
+            b"".join((
+                _RECORD.pack(len(ex_rk), 0, len(properties) + _OFFSET_TABLE_SIZE, len(body),
+                             trace_id),
+                ex_rk, bytes((flags | 0x20,)), properties[1:at], _OFFSET_TABLE,
+                _I64.pack(offset), properties[at:],
+            ))
         )  # fmt: skip
         pending.append(body)
-        return offset
 
     def take_chunk(self, batch: int) -> tuple[Any, bytes, bool]:
         """The store's handoff: this turn's messages become one chunk of the open batch."""
@@ -636,6 +655,9 @@ _FILTER_KEY = b"x-stream-filter-value"
 _OFFSET_ENTRY = b"\x0fx-stream-offsetl"  # the header's key and its field type, long
 _I64 = struct.Struct(">q")
 _U32 = struct.Struct(">I")
+# a headers table of the offset header alone, without its 8-byte value
+_OFFSET_TABLE = struct.pack(">I", len(_OFFSET_ENTRY) + 8) + _OFFSET_ENTRY
+_OFFSET_TABLE_SIZE = len(_OFFSET_TABLE) + 8
 
 
 def with_offset(properties: bytes, offset: int) -> bytes:
@@ -760,18 +782,16 @@ class StreamQueue(Queue):
 
     def publish(self, msg: Message, ttl: int | None) -> bool:
         """Append (a stream takes every message; TTLs do not apply)."""
-        log = self.log
-        offset = log.next_offset
-        props = msg.properties
-        filter_value = _filter_value(props) if props[0] & (FLAG_HEADERS >> 8) else None
-        props = with_offset(props, offset)
-        key = (msg.exchange, msg.routing_key)
-        ex_rk = self._ex_rk.get(key)
+        log = self.stream or self.log
+        ex_rk = msg._ex_rk
         if ex_rk is None:
-            if len(self._ex_rk) > 1024:
-                self._ex_rk.clear()
-            ex_rk = self._ex_rk[key] = msg.ex_rk
-        log.append(ex_rk, filter_value, props, msg.body, msg.trace_id)
+            key = (msg.exchange, msg.routing_key)
+            ex_rk = self._ex_rk.get(key)
+            if ex_rk is None:
+                if len(self._ex_rk) > 1024:
+                    self._ex_rk.clear()
+                ex_rk = self._ex_rk[key] = msg.ex_rk
+        log.append_message(ex_rk, msg.properties, msg.body, msg.trace_id)
         self.stats.published += 1
         store = log.store
         if store is self.message_store:
