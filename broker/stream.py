@@ -5,9 +5,10 @@ consumer reads from an offset it chooses and removes nothing. The log is a
 directory of segment files of chunks (one chunk: the messages one loop turn
 appended, with a header of first offset, count, timestamp and the filter values
 in it). The files are written by the message store's writer thread in its
-batches (broker/store/segments.py), so a publisher confirm waits for the same
-fsync as a persistent message in a classic queue, and consumers see a chunk only
-once it is on disk (RabbitMQ's committed offset).
+batches (broker/store/segments.py): a publisher confirm, and a consumer's sight of
+the chunk (RabbitMQ's committed offset), wait until the chunk is written to its file,
+as osiris confirms; the store's syncer thread fdatasyncs it right after. A batch
+that also holds persistent messages of other queues waits for their fsync.
 
 In memory there is, per segment, an index of its chunks (first offset, file
 position, timestamp: 24 bytes a chunk), never the messages: each consumer has a

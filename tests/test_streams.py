@@ -191,6 +191,40 @@ def test_offset_specs(conn: BlockingConnection, name: str) -> None:
     assert bodies(in_an_hour) == []
 
 
+def test_a_timestamp_offset_starts_at_the_first_chunk_at_or_after_it(
+    tmp_path: Path, name: str
+) -> None:
+    """Chunk granularity, as rabbit_stream_queue hands a timestamp to osiris (the first
+    chunk whose timestamp is at or after it); an AMQP timestamp has whole seconds."""
+    with run_broker(data_dir=str(tmp_path), clock="manual") as running:
+        conn = pika.BlockingConnection(pika.URLParameters(running.url))
+        ch = conn.channel()
+        declare(ch, name)
+        publish(ch, name, [b"a0", b"a1"])
+        running.clock.advance(10)
+        publish(ch, name, [b"b0"])
+        publish(ch, name, [b"b1"])  # a chunk of its own, in the same second
+        running.clock.advance(10)
+        publish(ch, name, [b"c0"])
+        stamps = running.call(
+            lambda: list(running.server.broker.vhosts["/"].queues[name].stream.segments[0]
+                         .timestamps)
+        )  # fmt: skip
+        assert len(stamps) == 5  # a chunk per confirmed publish
+        b_second = stamps[2] // 1000
+
+        def bodies(second: int) -> list[bytes]:
+            stamp = datetime.datetime.fromtimestamp(second, tz=datetime.UTC)
+            args = {"x-stream-offset": stamp}
+            return [b for _, b, _ in consume(conn.channel(), name, 5, args, timeout=0.5)]
+
+        assert bodies(b_second) == [b"b0", b"b1", b"c0"]  # at or after: b0's chunk
+        assert bodies(b_second + 1) == [b"c0"]  # after both chunks of that second
+        assert bodies(b_second - 5) == [b"b0", b"b1", b"c0"]  # between a's and b's chunks
+        assert bodies(stamps[0] // 1000) == [b"a0", b"a1", b"b0", b"b1", b"c0"]
+        conn.close()
+
+
 def test_next_gets_what_is_published_after(conn: BlockingConnection, name: str) -> None:
     ch = conn.channel()
     declare(ch, name)

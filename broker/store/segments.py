@@ -4,6 +4,8 @@ The event loop only builds records and hands whole batches to the writer
 thread, which writes them, fsyncs once per batch, and calls back on the loop
 with the batch number. Publisher confirms of persistent messages wait for that
 callback, so a confirm means "on disk", while many messages share one fsync.
+A round of stream chunks alone (broker/stream.py) is reported once written, as
+RabbitMQ's streams confirm, and fdatasynced by a second thread meanwhile.
 
 Segments are deleted oldest first, when nothing in them is live any more; a
 mostly dead oldest segment is compacted by rewriting its live messages at the
