@@ -995,8 +995,10 @@ class StreamQueue(Queue):
             out.append((consumer, cursor.next_offset()))
         return out
 
-    def stream_info(self) -> dict[str, Any]:
-        """The management API's stream fields (rabbit_stream_queue:i/2), and each reader."""
+    def stream_info(self, node: str) -> dict[str, Any]:
+        """The management API's stream fields (rabbit_stream_queue:i/2: ``readers`` is the
+        count of readers per node, readers/1), and Warren's ``reader_offsets``: each
+        consumer and the offset of the next message it gets."""
         log = self.log
         first = log.segments[0] if log.segments else None
         stamp = first.timestamps[0] if first is not None and first.timestamps else None
@@ -1006,7 +1008,8 @@ class StreamQueue(Queue):
             "first_offset": log.first_offset,
             "first_timestamp": stamp,
             "stream_bytes": log.bytes,
-            "readers": [
+            "readers": {node: len(self.cursors)},
+            "reader_offsets": [
                 {"consumer_tag": c.tag, "channel": c.channel.id, "offset": offset}
                 for c, offset in self.consumer_offsets()
             ],

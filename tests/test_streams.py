@@ -875,7 +875,9 @@ def test_management_metrics_definitions_and_warrenctl_show_streams(
         assert queue["arguments"] == {"x-queue-type": "stream", "x-max-age": "7D"}
         assert queue["segments"] == 1 and queue["committed_offset"] == 2
         assert queue["first_offset"] == 0
-        assert queue["readers"] == [{"consumer_tag": "reader-1", "channel": 1, "offset": 2}]
+        # rabbit_stream_queue:readers/1: {Node, Count}, which the API shows as an object
+        assert queue["readers"] == {api.get("/api/overview").body["node"]: 1}
+        assert queue["reader_offsets"] == [{"consumer_tag": "reader-1", "channel": 1, "offset": 2}]
         assert [c["consumer_tag"] for c in queue["consumer_details"]] == ["reader-1"]
         exported = api.get("/api/definitions").body
         mine = [q for q in exported["queues"] if q["name"] == name]

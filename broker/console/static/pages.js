@@ -267,7 +267,7 @@ export function queue(ctx) {
       stat("publish", rate(q.message_stats?.publish_details) || "0.0/s", "publish"),
       stat("deliver", rate(q.message_stats?.deliver_get_details) || "0.0/s", "deliver"));
     // each consumer's place in the log: the offset of the next message it gets
-    const offsets = new Map((q.readers || []).map((r) => [`${r.channel}/${r.consumer_tag}`, r.offset]));
+    const offsets = new Map((q.reader_offsets || []).map((r) => [`${r.channel}/${r.consumer_tag}`, r.offset]));
     replace(consumers, table(["Tag", "Channel", "User", "Prefetch", "Next offset"],
       (q.consumer_details || []).map((c) => h("tr", { dataset: { tag: c.consumer_tag } },
         h("td", {}, h("code", {}, c.consumer_tag)),
