@@ -5,9 +5,10 @@ consumer reads from an offset it chooses and removes nothing. The log is a
 directory of segment files of chunks (one chunk: the messages one loop turn
 appended, with a header of first offset, count, timestamp and the filter values
 in it). The files are written by the message store's writer thread in its
-batches (broker/store/segments.py), so a publisher confirm waits for the same
-fsync as a persistent message in a classic queue, and consumers see a chunk only
-once it is on disk (RabbitMQ's committed offset).
+batches (broker/store/segments.py): a publisher confirm, and a consumer's sight of
+the chunk (RabbitMQ's committed offset), wait until the chunk is written to its file,
+as osiris confirms; the store's syncer thread fdatasyncs it right after. A batch
+that also holds persistent messages of other queues waits for their fsync.
 
 In memory there is, per segment, an index of its chunks (first offset, file
 position, timestamp: 24 bytes a chunk), never the messages: each consumer has a
@@ -18,6 +19,7 @@ read's worth of them, so memory does not grow with the log or with a slow reader
 from __future__ import annotations
 
 import atexit
+import binascii
 import bisect
 import datetime
 import os
@@ -27,7 +29,6 @@ import struct
 import tempfile
 import time
 import weakref
-import zlib
 from array import array
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -345,7 +346,7 @@ class StreamLog:
                 if (last and end == size) or end + _CHUNK.size > size:
                     # the newest chunk of the log: check it whole (a kill -9 tears only the tail)
                     fh.seek(pos + _CHUNK.size + flen)
-                    if zlib.crc32(fh.read(dlen)) != crc:
+                    if binascii.crc32(fh.read(dlen)) != crc:
                         break
                 segment.chunks.append(first)
                 segment.positions.append(pos)
@@ -386,28 +387,47 @@ class StreamLog:
 
     # ---- appending ----
 
-    def append(
-        self, ex_rk: bytes, filter_value: bytes | None, properties: bytes, body: bytes,
-        trace_id: int = 0,
-    ) -> int:  # fmt: skip
-        """Add a message to this turn's chunk; returns its offset."""
+    def append_message(self, ex_rk: bytes, properties: bytes, body: bytes, trace_id: int) -> None:
+        """Add a message as published to this turn's chunk: its ``x-stream-offset`` header is
+        spliced into the properties and its filter value read here (the common case, no
+        headers table, with one join and no intermediate properties)."""
         offset = self.next_offset
         self.next_offset = offset + 1
-        fv = filter_value or b""
-        if not self._pending:
+        pending = self._pending
+        if not pending:
             self._pending_first = offset
             self.store.external_pending(self)
-        if filter_value is None:
-            self._unfiltered = True
-        else:
-            self._filter_values.add(filter_value)
-        pending = self._pending
+        flags = properties[0]
+        if flags & 0x20 or properties[1] & 1:  # a headers table (or a second flag word)
+            fv = _filter_value(properties)
+            if fv is None:
+                self._unfiltered = True
+            else:
+                self._filter_values.add(fv)
+            properties = with_offset(properties, offset)
+            pending.append(
+                _RECORD.pack(len(ex_rk), len(fv or b""), len(properties), len(body), trace_id)
+                + ex_rk + (fv or b"") + properties
+            )  # fmt: skip
+            pending.append(body)
+            return
+        self._unfiltered = True
+        # the properties without headers: flags with the headers bit, the short strings
+        # before the table (content-type, content-encoding), the table of the one header
+        at = 2
+        if flags & 0x80:
+            at += 1 + properties[2]
+        if flags & 0x40:
+            at += 1 + properties[at]
         pending.append(
-            _RECORD.pack(len(ex_rk), len(fv), len(properties), len(body), trace_id)
-            + ex_rk + fv + properties
+            b"".join((
+                _RECORD.pack(len(ex_rk), 0, len(properties) + _OFFSET_TABLE_SIZE, len(body),
+                             trace_id),
+                ex_rk, bytes((flags | 0x20,)), properties[1:at], _OFFSET_TABLE,
+                _I64.pack(offset), properties[at:],
+            ))
         )  # fmt: skip
         pending.append(body)
-        return offset
 
     def take_chunk(self, batch: int) -> tuple[Any, bytes, bool]:
         """The store's handoff: this turn's messages become one chunk of the open batch."""
@@ -419,8 +439,10 @@ class StreamLog:
         self._filter_values.clear()
         self._unfiltered = False
         stamp = self.wall_ms()
+        # binascii's crc32 keeps the GIL (zlib's lets it go above 5 KB, and then waits for it
+        # behind the writer threads: ten times the cost on this loop)
         header = _CHUNK.pack(
-            _MAGIC, self._pending_first, count, stamp, len(section), len(data), zlib.crc32(data)
+            _MAGIC, self._pending_first, count, stamp, len(section), len(data), binascii.crc32(data)
         )
         chunk = header + section + data
         segment = self.segments[-1]
@@ -634,6 +656,9 @@ _FILTER_KEY = b"x-stream-filter-value"
 _OFFSET_ENTRY = b"\x0fx-stream-offsetl"  # the header's key and its field type, long
 _I64 = struct.Struct(">q")
 _U32 = struct.Struct(">I")
+# a headers table of the offset header alone, without its 8-byte value
+_OFFSET_TABLE = struct.pack(">I", len(_OFFSET_ENTRY) + 8) + _OFFSET_ENTRY
+_OFFSET_TABLE_SIZE = len(_OFFSET_TABLE) + 8
 
 
 def with_offset(properties: bytes, offset: int) -> bytes:
@@ -758,18 +783,16 @@ class StreamQueue(Queue):
 
     def publish(self, msg: Message, ttl: int | None) -> bool:
         """Append (a stream takes every message; TTLs do not apply)."""
-        log = self.log
-        offset = log.next_offset
-        props = msg.properties
-        filter_value = _filter_value(props) if props[0] & (FLAG_HEADERS >> 8) else None
-        props = with_offset(props, offset)
-        key = (msg.exchange, msg.routing_key)
-        ex_rk = self._ex_rk.get(key)
+        log = self.stream or self.log
+        ex_rk = msg._ex_rk
         if ex_rk is None:
-            if len(self._ex_rk) > 1024:
-                self._ex_rk.clear()
-            ex_rk = self._ex_rk[key] = msg.ex_rk
-        log.append(ex_rk, filter_value, props, msg.body, msg.trace_id)
+            key = (msg.exchange, msg.routing_key)
+            ex_rk = self._ex_rk.get(key)
+            if ex_rk is None:
+                if len(self._ex_rk) > 1024:
+                    self._ex_rk.clear()
+                ex_rk = self._ex_rk[key] = msg.ex_rk
+        log.append_message(ex_rk, msg.properties, msg.body, msg.trace_id)
         self.stats.published += 1
         store = log.store
         if store is self.message_store:
@@ -972,8 +995,10 @@ class StreamQueue(Queue):
             out.append((consumer, cursor.next_offset()))
         return out
 
-    def stream_info(self) -> dict[str, Any]:
-        """The management API's stream fields (rabbit_stream_queue:i/2), and each reader."""
+    def stream_info(self, node: str) -> dict[str, Any]:
+        """The management API's stream fields (rabbit_stream_queue:i/2: ``readers`` is the
+        count of readers per node, readers/1), and Warren's ``reader_offsets``: each
+        consumer and the offset of the next message it gets."""
         log = self.log
         first = log.segments[0] if log.segments else None
         stamp = first.timestamps[0] if first is not None and first.timestamps else None
@@ -983,7 +1008,8 @@ class StreamQueue(Queue):
             "first_offset": log.first_offset,
             "first_timestamp": stamp,
             "stream_bytes": log.bytes,
-            "readers": [
+            "readers": {node: len(self.cursors)},
+            "reader_offsets": [
                 {"consumer_tag": c.tag, "channel": c.channel.id, "offset": offset}
                 for c, offset in self.consumer_offsets()
             ],

@@ -530,3 +530,54 @@ def test_an_administrator_adds_a_plugin_exchange(
     expect(page.locator("tbody")).to_contain_text("console.later")
     page.close()
     api.ok("DELETE", "/api/exchanges/%2F/console.later")
+
+
+# ---- streams ----
+
+
+def test_a_stream_shows_as_rabbitmqs_management_ui_shows_it(
+    warren: RunningBroker, browser: Browser, api: HttpApi, shots: Path
+) -> None:
+    """As rabbitmq_management's stream-queue-stats.ejs (4.3): the messages kept, consumers,
+    segments and the oldest message; no get and no purge (global.js, QUEUE_TYPE["stream"]
+    .actions); and each consumer's place in the log, which the API's readers give."""
+    conn = amqp(warren)
+    ch = conn.channel()
+    ch.queue_declare(
+        "console.events",
+        durable=True,
+        arguments={"x-queue-type": "stream", "x-stream-max-segment-size-bytes": 2000},
+    )
+    ch.confirm_delivery()
+    for n in range(40):
+        ch.basic_publish("", "console.events", b"event %02d " % n + b"." * 90)
+    ch.basic_qos(prefetch_count=10)
+    # from offset 5 with 10 credits and no acks: its next offset is 15
+    ch.basic_consume(
+        "console.events", lambda *a: None, arguments={"x-stream-offset": 5}, consumer_tag="reader-1"
+    )
+    info = api.ok("GET", "/api/queues/%2F/console.events")
+    assert info["type"] == "stream" and info["messages"] == 40 and info["segments"] > 1
+
+    page = login(browser, api)
+    page.click("nav >> text=Queues")
+    page.fill("input[type=search]", "console.events")
+    row = page.locator("tbody tr[data-key='//console.events']")
+    expect(row).to_contain_text("stream")
+    expect(row).to_contain_text("40")
+    row.locator("a").click()
+    expect(page.locator(stat(page, "messages"))).to_have_text("40")
+    expect(page.locator(stat(page, "segments"))).to_have_text(str(info["segments"]))
+    expect(page.locator(stat(page, "consumers"))).to_have_text("1")
+    details = page.locator("dl.kv")
+    expect(details).to_contain_text("Segments")
+    expect(details).to_contain_text("Oldest message")
+    reader = page.locator("tr[data-tag=reader-1]")
+    expect(reader.locator("[data-role=offset]")).to_have_text("15")
+    expect(page.locator("[data-role=messages]")).to_be_hidden()
+    expect(page.locator("button:text('Purge')")).to_be_hidden()
+    expect(page.locator("button:text('Delete queue')")).to_be_visible()
+    screenshot(page, shots / "console-stream.png")
+    conn.close()
+    page.close()
+    api.ok("DELETE", "/api/queues/%2F/console.events")

@@ -191,6 +191,40 @@ def test_offset_specs(conn: BlockingConnection, name: str) -> None:
     assert bodies(in_an_hour) == []
 
 
+def test_a_timestamp_offset_starts_at_the_first_chunk_at_or_after_it(
+    tmp_path: Path, name: str
+) -> None:
+    """Chunk granularity, as rabbit_stream_queue hands a timestamp to osiris (the first
+    chunk whose timestamp is at or after it); an AMQP timestamp has whole seconds."""
+    with run_broker(data_dir=str(tmp_path), clock="manual") as running:
+        conn = pika.BlockingConnection(pika.URLParameters(running.url))
+        ch = conn.channel()
+        declare(ch, name)
+        publish(ch, name, [b"a0", b"a1"])
+        running.clock.advance(10)
+        publish(ch, name, [b"b0"])
+        publish(ch, name, [b"b1"])  # a chunk of its own, in the same second
+        running.clock.advance(10)
+        publish(ch, name, [b"c0"])
+        stamps = running.call(
+            lambda: list(running.server.broker.vhosts["/"].queues[name].stream.segments[0]
+                         .timestamps)
+        )  # fmt: skip
+        assert len(stamps) == 5  # a chunk per confirmed publish
+        b_second = stamps[2] // 1000
+
+        def bodies(second: int) -> list[bytes]:
+            stamp = datetime.datetime.fromtimestamp(second, tz=datetime.UTC)
+            args = {"x-stream-offset": stamp}
+            return [b for _, b, _ in consume(conn.channel(), name, 5, args, timeout=0.5)]
+
+        assert bodies(b_second) == [b"b0", b"b1", b"c0"]  # at or after: b0's chunk
+        assert bodies(b_second + 1) == [b"c0"]  # after both chunks of that second
+        assert bodies(b_second - 5) == [b"b0", b"b1", b"c0"]  # between a's and b's chunks
+        assert bodies(stamps[0] // 1000) == [b"a0", b"a1", b"b0", b"b1", b"c0"]
+        conn.close()
+
+
 def test_next_gets_what_is_published_after(conn: BlockingConnection, name: str) -> None:
     ch = conn.channel()
     declare(ch, name)
@@ -291,7 +325,10 @@ def test_a_reader_that_falls_behind_holds_one_read_at_most(broker: Any, name: st
 
 
 def test_publish_confirms_come_once_on_disk(broker: Any, name: str) -> None:
-    """The stream's chunk is written by the store's writer; the confirm waits for its fsync."""
+    """The confirm comes once the chunk is written to the segment file (handed to the
+    operating system, so it survives kill -9), as osiris confirms a single-node stream:
+    osiris_writer:handle_batch/2 notifies writers after osiris_log:write_chunk/6, which
+    never syncs. The fdatasync follows on the store's syncer thread."""
     conn = pika.BlockingConnection(pika.URLParameters(broker.url))
     ch = conn.channel()
     declare(ch, name)
@@ -369,6 +406,69 @@ def test_kill_9_keeps_every_confirmed_message_and_offset(tmp_path: Path, round_:
         got = consume(ch, "crash.s", count, {"x-stream-offset": "first"}, prefetch=500)
         assert [o for o, _, _ in got] == list(range(count))  # every offset, in order, once
         assert [int(b) for _, b, _ in got] == list(range(count))
+        conn.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+
+
+def _fanout_publisher(url: str, confirmed: list[int]) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    i = 0
+    try:
+        while True:
+            ch.basic_publish("crash.both", "", b"%08d" % i, pika.BasicProperties(delivery_mode=2))
+            confirmed.append(i)
+            i += 1
+    except (pika.exceptions.AMQPError, OSError):
+        pass
+
+
+def test_kill_9_with_a_stream_and_a_classic_queue_in_the_same_batches(tmp_path: Path) -> None:
+    """A fanout to a durable classic queue and a stream puts the store's records and the
+    stream's chunk in one batch (one writer job, confirmed after the fsync), while another
+    publisher's stream-only batches are confirmed once written; after kill -9 every
+    confirmed message is in each queue, every offset once and in order."""
+    port = free_port()
+    url = f"amqp://guest:guest@127.0.0.1:{port}/"
+    proc = start_server(str(tmp_path), port)
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    ch.exchange_declare("crash.both", "fanout", durable=True)
+    for queue, args in (("crash.c", {}), ("crash.s", STREAM), ("crash.s2", STREAM)):
+        ch.queue_declare(queue, durable=True, arguments=args)
+    for queue in ("crash.c", "crash.s"):
+        ch.queue_bind(queue, "crash.both")
+    conn.close()
+    both: list[int] = []
+    alone: list[int] = []
+    workers = [
+        threading.Thread(target=_fanout_publisher, args=(url, both)),
+        threading.Thread(target=_publisher, args=(url, "crash.s2", alone)),
+    ]
+    for worker in workers:
+        worker.start()
+    deadline = time.monotonic() + 10
+    while (len(both) < 300 or len(alone) < 300) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for worker in workers:
+        worker.join(10)
+    assert both and alone, "a publisher never got a confirm before the kill"
+    proc = start_server(str(tmp_path), port)
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        ch = conn.channel()
+        assert ch.queue_declare("crash.c", passive=True).method.message_count >= len(both)
+        for queue, confirmed in (("crash.s", both), ("crash.s2", alone)):
+            count = ch.queue_declare(queue, passive=True).method.message_count
+            assert count >= len(confirmed)
+            got = consume(ch, queue, count, {"x-stream-offset": "first"}, prefetch=500)
+            assert [o for o, _, _ in got] == list(range(count))
+            assert [int(b) for _, b, _ in got] == list(range(count))
         conn.close()
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -775,7 +875,9 @@ def test_management_metrics_definitions_and_warrenctl_show_streams(
         assert queue["arguments"] == {"x-queue-type": "stream", "x-max-age": "7D"}
         assert queue["segments"] == 1 and queue["committed_offset"] == 2
         assert queue["first_offset"] == 0
-        assert queue["readers"] == [{"consumer_tag": "reader-1", "channel": 1, "offset": 2}]
+        # rabbit_stream_queue:readers/1: {Node, Count}, which the API shows as an object
+        assert queue["readers"] == {api.get("/api/overview").body["node"]: 1}
+        assert queue["reader_offsets"] == [{"consumer_tag": "reader-1", "channel": 1, "offset": 2}]
         assert [c["consumer_tag"] for c in queue["consumer_details"]] == ["reader-1"]
         exported = api.get("/api/definitions").body
         mine = [q for q in exported["queues"] if q["name"] == name]

@@ -272,7 +272,7 @@ def queue_json(mgmt: Management, queue: Queue, full: bool = False) -> dict[str, 
     if full:
         out["consumer_details"] = [consumer_json(mgmt, c) for c in queue.consumers]
     if queue.queue_type == "stream":  # segments, offsets, readers (broker/stream.py)
-        out.update(queue.stream_info())  # type: ignore[attr-defined]
+        out.update(queue.stream_info(mgmt.node))  # type: ignore[attr-defined]
     return out
 
 

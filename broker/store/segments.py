@@ -4,6 +4,8 @@ The event loop only builds records and hands whole batches to the writer
 thread, which writes them, fsyncs once per batch, and calls back on the loop
 with the batch number. Publisher confirms of persistent messages wait for that
 callback, so a confirm means "on disk", while many messages share one fsync.
+A round of stream chunks alone (broker/stream.py) is reported once written, as
+RabbitMQ's streams confirm, and fdatasynced by a second thread meanwhile.
 
 Segments are deleted oldest first, when nothing in them is live any more; a
 mostly dead oldest segment is compacted by rewriting its live messages at the
@@ -49,7 +51,8 @@ def _segment_name(number: int) -> str:
 
 
 class _Writer(threading.Thread):
-    """Writes batches in order, one fsync per round of batches, then reports on the loop."""
+    """Writes batches in order, one fsync per round of batches, then reports on the loop
+    (a round of stream chunks only: reported once written, synced by the _Syncer)."""
 
     def __init__(
         self,
@@ -66,6 +69,7 @@ class _Writer(threading.Thread):
         self.failed = failed
         self.sync = sync
         self.jobs: queue.SimpleQueue[tuple[str, int, Any, int]] = queue.SimpleQueue()
+        self._syncer = _Syncer(self._syncer_failed)
         self.files: dict[int, Any] = {}
         self.error: BaseException | None = None
         self.io = IOStats()  # the store's, shared: counted here per write and fsync
@@ -77,7 +81,14 @@ class _Writer(threading.Thread):
             handle = self.files[segment] = open(path, "ab", buffering=0)  # noqa: SIM115
         return handle
 
+    def _syncer_failed(self, exc: BaseException) -> None:
+        self.error = exc
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.failed, exc)
+
     def run(self) -> None:
+        if self.sync:
+            self._syncer.start()
         try:
             self._run()
         except BaseException as exc:  # surfaced by the store on the loop
@@ -108,11 +119,16 @@ class _Writer(threading.Thread):
                     io.write_time += time.perf_counter() - started
                     written.add(segment)
                     last_batch = max(last_batch, batch)
-                elif kind == "external":  # [(file, bytes, close once synced)]
+                elif kind == "external":  # [(file, bytes, close once synced)], or with records
+                    if segment:  # the store's records of the same batch: (records, [...])
+                        data, external = data
+                        io.write_ops += _write_all(self._file(segment), data)
+                        io.write_bytes += len(data)
+                        written.add(segment)
+                        data = external
                     for handle, chunk, close in data:
                         started = time.perf_counter()
-                        handle.write(chunk)
-                        io.write_ops += 1
+                        io.write_ops += _write_all(handle, chunk)
                         io.write_bytes += len(chunk)
                         io.write_time += time.perf_counter() - started
                         if handle not in others:
@@ -126,6 +142,25 @@ class _Writer(threading.Thread):
                     unlinks.append(segment)
                 elif kind == "stop":
                     stop = True
+            reported = False
+            if self.sync and not written and (others or closing):
+                # only stream chunks this round: confirmed once handed to the operating system
+                # (they survive kill -9), as osiris confirms (osiris_writer:handle_batch/2 and
+                # osiris_log:write_chunk/6 never sync); the syncer thread fdatasyncs them at
+                # once while this thread writes the next round
+                if last_batch >= 0:
+                    self.loop.call_soon_threadsafe(self.synced, last_batch)
+                    reported = True
+                self._syncer.jobs.put(others)
+                others = []
+                # a file done with (a full segment, a deleted stream) is synced and closed
+                # here, now (its descriptor goes with its directory), under the syncer's lock
+                with self._syncer.lock:
+                    for handle in closing:
+                        os.fdatasync(handle.fileno())
+                        handle.close()
+                io.sync_ops += len(closing)  # the syncer's are not counted: off the confirm path
+                closing = []
             if self.sync and (written or others):
                 started = time.perf_counter()
                 for segment in written:
@@ -136,8 +171,10 @@ class _Writer(threading.Thread):
                     os.fdatasync(handle.fileno())
                 io.sync_ops += len(written) + len(others)
                 io.sync_time += time.perf_counter() - started
-            for handle in closing:
-                handle.close()
+            if closing:
+                with self._syncer.lock:  # it may have the file in a round still to sync
+                    for handle in closing:
+                        handle.close()
             for segment in unlinks:
                 handle = self.files.pop(segment, None)
                 if handle is not None:
@@ -147,12 +184,48 @@ class _Writer(threading.Thread):
             # keep only the newest file open
             for segment in sorted(self.files)[:-1]:
                 self.files.pop(segment).close()
-            if last_batch >= 0:
+            if last_batch >= 0 and not reported:
                 self.loop.call_soon_threadsafe(self.synced, last_batch)
             if stop:
+                if self.sync:
+                    self._syncer.jobs.put(None)
+                    self._syncer.join()
                 for handle in self.files.values():
                     handle.close()
                 return
+
+
+class _Syncer(threading.Thread):
+    """fdatasyncs stream files the writer has written and confirmed (see _Writer._run), all
+    that queued up in one round; the writer closes a file only under ``lock``."""
+
+    def __init__(self, failed: Callable[[BaseException], None]) -> None:
+        super().__init__(name="warren-store-syncer", daemon=True)
+        self.jobs: queue.SimpleQueue[list[Any] | None] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.failed = failed
+
+    def run(self) -> None:
+        try:
+            while True:
+                jobs = [self.jobs.get()]
+                while True:
+                    try:
+                        jobs.append(self.jobs.get_nowait())
+                    except queue.Empty:
+                        break
+                handles: dict[Any, None] = {}
+                for job in jobs:
+                    if job is not None:
+                        handles.update(dict.fromkeys(job))
+                for handle in handles:
+                    with self.lock:
+                        if not handle.closed:  # else the writer synced it before closing
+                            os.fdatasync(handle.fileno())
+                if None in jobs:
+                    return
+        except BaseException as exc:  # surfaced by the store on the loop
+            self.failed(exc)
 
 
 def _write_all(handle: Any, data: bytes) -> int:
@@ -345,16 +418,20 @@ class MessageStore:
                 log.take_chunk(self.open_batch)  # lost, as in a crash at this moment
             self._external.clear()
             return
+        external = None
         if self._external:
             external = [log.take_chunk(self.open_batch) for log in self._external]
             self._external.clear()
-            writer.jobs.put(("external", 0, external, self.open_batch))
             if not self._buffer:
+                writer.jobs.put(("external", 0, external, self.open_batch))
                 self.open_batch += 1
                 return
         data = b"".join(self._buffer)
         self._buffer.clear()
-        writer.jobs.put(("write", self._segment, data, self.open_batch))
+        if external is None:
+            writer.jobs.put(("write", self._segment, data, self.open_batch))
+        else:  # one job: the writer never reports the batch with half of it written
+            writer.jobs.put(("external", self._segment, (data, external), self.open_batch))
         if self._to_page or self._pending_runs:
             self._batch_ends.append((self.open_batch, self._segment, self._segment_bytes))
         self.open_batch += 1

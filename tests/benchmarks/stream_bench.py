@@ -265,7 +265,8 @@ def one_run(
         declare(url, queue)
         outs[name] = {"broker": name, "run": run, "rss_before_mib": rss_mib(pid)}
     n = cfg.readers
-    for phase in ("publish", "replay1", f"replay{n}"):
+    phases = ("publish", "replay1", f"replay{n}")[: 1 if cfg.publish_only else 3]
+    for phase in phases:
         for name, url, pid in order:
             out = outs[name]
             peak, cpu = RssPeak(pid), cpu_s(pid)
@@ -299,6 +300,7 @@ def main() -> int:
     parser.add_argument("--readers", type=int, default=10)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--keep", action="store_true", help="do not delete the streams")
+    parser.add_argument("--publish-only", action="store_true", help="no replay phases")
     cfg = parser.parse_args()
     brokers = []
     for spec in cfg.broker:

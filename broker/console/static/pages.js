@@ -204,16 +204,18 @@ export function queue(ctx) {
     act(actionSlot, async () => { await api("DELETE", path); location.hash = "#/queues"; });
   } }, "Delete queue");
 
+  // a stream has no get and no purge (RabbitMQ's management UI: QUEUE_TYPE["stream"].actions)
+  const messagesCard = h("div", { class: "card", dataset: { role: "messages" } }, h("h2", {}, "Messages"),
+    h("div", { class: "actions" }, h("label", {}, "Count", count), peek, peekSlot),
+    h("p", { class: "muted" }, "Peek takes the first messages and requeues them at once: nothing is lost, but they count as redelivered."),
+    messages);
   const el = h("section", {},
     h("p", {}, h("a", { href: "#/queues" }, "\u2039 Queues")),
     h("h1", {}, "Queue ", h("span", { class: "object-name", dataset: { role: "name" } }, name),
       h("span", { class: "muted vhost" }, ` in vhost ${vhost}`)),
     counters,
     h("div", { class: "card" }, h("h2", {}, "Consumers"), consumers),
-    h("div", { class: "card" }, h("h2", {}, "Messages"),
-      h("div", { class: "actions" }, h("label", {}, "Count", count), peek, peekSlot),
-      h("p", { class: "muted" }, "Peek takes the first messages and requeues them at once: nothing is lost, but they count as redelivered."),
-      messages),
+    messagesCard,
     h("div", { class: "cols" }, h("div", { class: "card" }, h("h2", {}, "Details"), summary),
       h("div", { class: "card" }, h("h2", {}, "Bindings"), bindings)),
     canChange ? publishForm(vhost, "", name, refresh) : null,
@@ -221,6 +223,7 @@ export function queue(ctx) {
 
   async function refresh() {
     const [q, b] = await Promise.all([api("GET", path), api("GET", `${path}/bindings`)]);
+    if (q.type === "stream") return showStream(q, b);
     const pol = q.policy ? h("a", { href: "#/policies" }, q.policy) : h("span", { class: "muted" }, "none");
     replace(summary, kv([
       ["Type", q.type], ["State", q.state], ["Durable", String(q.durable)], ["Auto-delete", String(q.auto_delete)],
@@ -240,6 +243,43 @@ export function queue(ctx) {
       stat("dead-lettered", deadLettered(q.messages_dead_lettered) || "0", "dead-lettered"));
     replace(consumers, table(["Tag", "Channel", "User", "Prefetch", "Unacked", "Timeout", "State", "Ack"],
       (q.consumer_details || []).map(consumerRow), "No consumers"));
+    showBindings(b);
+  }
+
+  // RabbitMQ's stream-queue-stats: messages (total), consumers, readers, segments, oldest message
+  function showStream(q, b) {
+    messagesCard.hidden = true;
+    purge.hidden = true;
+    const pol = q.policy ? h("a", { href: "#/policies" }, q.policy) : h("span", { class: "muted" }, "none");
+    replace(summary, kv([
+      ["Type", q.type], ["State", q.state], ["Durable", String(q.durable)], ["Policy", pol],
+      ["Segments", num(q.segments)], ["First offset", num(q.first_offset)],
+      ["Committed offset", q.committed_offset === null ? "none" : num(q.committed_offset)],
+      ["Oldest message", q.first_timestamp ? new Date(q.first_timestamp).toISOString() : "none"],
+      ["Bytes on disk", num(q.stream_bytes)],
+      ["Arguments", h("pre", { dataset: { role: "arguments" } }, json(q.arguments))],
+      ["Effective policy", h("pre", { dataset: { role: "effective-policy" } }, json(q.effective_policy_definition))],
+    ]));
+    const stat = (label, value, key) => h("div", { class: "stat", dataset: { stat: key } }, h("b", {}, value), h("span", {}, label));
+    replace(counters,
+      stat("messages", num(q.messages), "messages"), stat("consumers", num(q.consumers), "consumers"),
+      stat("segments", num(q.segments), "segments"),
+      stat("publish", rate(q.message_stats?.publish_details) || "0.0/s", "publish"),
+      stat("deliver", rate(q.message_stats?.deliver_get_details) || "0.0/s", "deliver"));
+    // each consumer's place in the log: the offset of the next message it gets
+    const offsets = new Map((q.reader_offsets || []).map((r) => [`${r.channel}/${r.consumer_tag}`, r.offset]));
+    replace(consumers, table(["Tag", "Channel", "User", "Prefetch", "Next offset"],
+      (q.consumer_details || []).map((c) => h("tr", { dataset: { tag: c.consumer_tag } },
+        h("td", {}, h("code", {}, c.consumer_tag)),
+        h("td", {}, c.channel_details?.name || ""),
+        h("td", {}, c.channel_details?.user || ""),
+        h("td", { class: "num" }, num(c.prefetch_count)),
+        h("td", { class: "num", dataset: { role: "offset" } },
+          num(offsets.get(`${c.channel_details?.number}/${c.consumer_tag}`))))), "No consumers"));
+    showBindings(b);
+  }
+
+  function showBindings(b) {
     replace(bindings, table(["From exchange", "Routing key", "Arguments"], b.map((x) => h("tr", {},
       h("td", {}, x.source ? h("a", { href: xlink(x.vhost, x.source) }, x.source) : "(default)"),
       h("td", {}, h("code", {}, x.routing_key)), h("td", {}, Object.keys(x.arguments || {}).length ? json(x.arguments) : "")))));
