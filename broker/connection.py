@@ -14,6 +14,7 @@ from pamqp import commands
 
 from warren.broker.channel import HANDLERS, Channel
 from warren.broker.flow import ALARM, TURN, UNCONFIRMED, WRITER, FlowControl
+from warren.broker.listen import transport_address
 from warren.protocol.connection import Content, ProtocolConnection, Sentinel
 from warren.protocol.constants import (
     ACCESS_REFUSED,
@@ -313,6 +314,13 @@ class Connection:
             self.channel_error(channel, exc.at(*_ids(method)))
         except ConnectionError_ as exc:
             raise exc.at(*_ids(method)) from None
+
+    @property
+    def name(self) -> str:
+        """RabbitMQ names a connection by its two ends: ``127.0.0.1:50000 -> 127.0.0.1:5672``."""
+        host, port = self.peer if self.peer else ("?", 0)
+        local_host, local_port = transport_address(self.transport, "sockname")
+        return f"{host}:{port} -> {local_host}:{local_port}"
 
     def _describe(self) -> dict[str, Any]:
         props = self.client_properties
