@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -44,6 +45,8 @@ FLUSH_TIMEOUT = 5.0  # seconds a flush (tests, shutdown) waits for the writer pr
 MAX_NAMES = 50_000  # (exchange, routing key) pairs with an id; past this the ids start again
 PIPE_SIZE = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 PIPE_BYTES = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
+CHUNK = 1 << 20  # bytes of one recording buffer: a tick at full load fills a fifth of it
+ROOM = 128  # bytes that every fixed-size record fits in (the largest is 88)
 
 _mono = time.monotonic_ns
 
@@ -82,9 +85,17 @@ class TraceWriter:
         self.directory = os.path.abspath(directory)
         self.rotate_bytes = rotate_bytes
         self.rotate_seconds = rotate_seconds
-        self.cap = capacity * 64  # bytes: a frequent event is 6 to 12 ints
+        self.cap = capacity * 64  # bytes: a frequent event is 5 to 11 ints
         self.side_cap = capacity
-        self.buf = bytearray()
+        # The frequent events are packed into a buffer allocated once, at a running offset
+        # (Struct.pack_into): no bytes object per event and no length test. A record that
+        # does not fit (``overflow``), or a rare event past ``limit``, ``spill``s: the
+        # buffer is put aside for the next hand-over and another started, unless ``cap``
+        # is reached.
+        self.buf = bytearray(min(CHUNK, self.cap))
+        self.off = 0
+        self.limit = len(self.buf) - ROOM
+        self.full: list[memoryview] = []  # filled buffers waiting for the hand-over
         self.side: list[Any] = []
         # ids grow from the start time in microseconds: unique across restarts
         self.ids = itertools.count(time.time_ns() // 1000)
@@ -101,10 +112,45 @@ class TraceWriter:
         self._unsent: list[bytes | bytearray | memoryview] = []  # what the pipe did not take
         self._timer: asyncio.TimerHandle | None = None
 
+    # ---- the buffers, on the loop ----
+
+    def held(self) -> int:
+        """Bytes recorded and not yet handed over."""
+        return sum(len(b) for b in self.full) + self.off
+
+    def spill(self) -> int:
+        """The buffer is full: a fresh one, and the offset to write at (0); -1 when the
+        recorded bytes have reached ``cap`` (the writer process is behind: drop)."""
+        if self.held() + ROOM > self.cap:
+            return -1
+        self.full.append(memoryview(self.buf)[: self.off])
+        self.buf = bytearray(len(self.buf))
+        self.off = 0
+        return 0
+
+    def overflow(self, events: int, pack_into: Callable[..., None], *ints: int) -> None:
+        """A record did not fit: into a fresh buffer, or dropped and counted."""
+        if self.spill() < 0:
+            self.dropped += events
+            return
+        pack_into(self.buf, 0, *ints)
+        self.off = 8 * len(ints)
+
+    def write(self, data: bytes) -> None:
+        """Bytes of any length (rare events, long lists), past ``cap`` if need be: the
+        callers test for room first (``Tracer._full``), these are a few more."""
+        off, end = self.off, self.off + len(data)
+        if end > len(self.buf):
+            self.full.append(memoryview(self.buf)[:off])
+            self.buf = bytearray(max(len(self.buf), len(data)))
+            off, end = 0, len(data)
+        self.buf[off:end] = data
+        self.off = end
+
     # ---- ids for names, on the loop ----
 
     def _define(self, definition: tuple[Any, ...]) -> None:
-        self.buf += pack2(OBJ, len(self.side))
+        self.write(pack2(OBJ, len(self.side)))
         self.side.append(definition)
 
     def route_id(self, msg: Message) -> int:
@@ -171,15 +217,17 @@ class TraceWriter:
             return  # the child is behind: the buffers fill up to their bounds, then drop
         if self.dropped != self._dropped_noted:
             self._dropped_noted = self.dropped
-            self.buf += pack2(OBJ, len(self.side))
-            self.side.append((DROPPED, _mono(), None, self.dropped))
-        if not self.buf and not self.side and not sync:
+            self._define((DROPPED, _mono(), None, self.dropped))
+        if not self.off and not self.full and not self.side and not sync:
             return
-        buf, side = self.buf, marshal.dumps(self.side)
-        self.buf = bytearray()
+        parts = [*self.full, memoryview(self.buf)[: self.off]]
+        side = marshal.dumps(self.side)
+        self._unsent += [HEAD.pack(self.held(), len(side), sync), *parts, side]
+        self.full = []
         self.side = []
-        self._unsent += [HEAD.pack(len(buf), len(side), sync), buf, side]
-        self._write()
+        self.off = 0
+        if not self._write():  # the pipe holds a view of the buffer: record into another
+            self.buf = bytearray(len(self.buf))
 
     def _write(self) -> bool:
         """Write what the pipe takes now; True when nothing is left."""

@@ -68,6 +68,7 @@ from warren.broker.trace_events import (
     DEAD,
     DELAYED,
     DELIVERED,
+    INT,
     MARK,
     NACKED,
     OBJ,
@@ -78,11 +79,11 @@ from warren.broker.trace_events import (
     REQUEUED,
     RETRY,
     ROUTED,
+    into5,
+    into6,
+    into7,
+    into11,
     pack2,
-    pack5,
-    pack6,
-    pack7,
-    pack11,
 )
 from warren.broker.trace_writer import TraceWriter
 from warren.protocol.properties import TRACED_FLAGS_HI, TRACED_FLAGS_LO
@@ -115,7 +116,7 @@ class Tracer:
 
     def _full(self, events: int = 1) -> bool:
         w = self._w
-        if len(w.buf) < w.cap and len(w.side) < w.side_cap:
+        if (w.off <= w.limit or w.spill() == 0) and len(w.side) < w.side_cap:
             return False
         w.dropped += events
         return True
@@ -123,7 +124,7 @@ class Tracer:
     def _put(self, event: tuple[Any, ...]) -> None:
         """A rare event, as a tuple on the side list, marked in its place in the stream."""
         w = self._w
-        w.buf += pack2(OBJ, len(w.side))
+        w.write(pack2(OBJ, len(w.side)))
         w.side.append(event)
 
     def _id(self, msg: Message, queue: str) -> int:
@@ -143,10 +144,11 @@ class Tracer:
 
     # published, delivered and acked run once per message at full load: they pack plain
     # ints (channels, consumers, queues and routes as ids defined once: TraceWriter.*_id)
-    # and check the buffer inline. Channels, consumers and queues hold their id
-    # (trace_ref, 0 until the writer gives one): an attribute costs a fifth of a dict
-    # lookup. An id's definition goes into the stream while the arguments are evaluated,
-    # before the event's own bytes: buf is extended in place.
+    # into the writer's buffer at its running offset. Room is not tested: pack_into raises
+    # when the buffer is full, and the ``except`` costs nothing until it does.
+    # Channels, consumers and queues hold their id (trace_ref, 0 until the writer gives
+    # one): an attribute costs a fifth of a dict lookup. The ids are looked up before the
+    # offset is read: a new id's definition goes into the stream first.
 
     def published(
         self, channel: Channel, msg: Message, queues: list[Queue], mandatory: bool, seq: int
@@ -154,30 +156,40 @@ class Tracer:
         """Published and routed, in one event (the writer writes both lines)."""
         msg.trace_id = tid = next(self._ids)  # before the queues copy the message
         w = self._w
-        buf = w.buf
-        if len(buf) >= w.cap:
-            w.dropped += 2
-            return
+        channel_id = channel.trace_ref or w.channel_id(channel)
+        # the route's key: the routing key's hash is cached (the exchange looked it up)
+        route = self._names.get((msg.exchange, msg.routing_key)) or w.route_id(msg)
         props = msg.properties
         if props[0] & TRACED_FLAGS_HI or props[1] & TRACED_FLAGS_LO:
             extra = len(w.side) + 1
             w.side.append(props)
         else:
             extra = 0
-        channel_id = channel.trace_ref or w.channel_id(channel)
-        # the route's key: the routing key's hash is cached (the exchange looked it up)
-        route = self._names.get((msg.exchange, msg.routing_key)) or w.route_id(msg)
         if len(queues) == 1:  # the usual case: a precompiled struct, no list of ids
             queue = queues[0]
-            buf += pack11(
-                PUBLISHED, _mono(), tid, channel_id, route, len(msg.body), seq, mandatory,
-                extra, 1, queue.trace_ref or w.queue_id(queue),
-            )  # fmt: skip
+            queue_id = queue.trace_ref or w.queue_id(queue)
+            off = w.off
+            try:
+                into11(
+                    w.buf, off, PUBLISHED, _mono(), tid, channel_id, route, len(msg.body),
+                    seq, mandatory, extra, 1, queue_id,
+                )  # fmt: skip
+            except struct.error:  # the buffer is full
+                w.overflow(
+                    2, into11, PUBLISHED, _mono(), tid, channel_id, route, len(msg.body),
+                    seq, mandatory, extra, 1, queue_id,
+                )  # fmt: skip
+                return
+            w.off = off + 88
             return
         targets = [q.trace_ref or w.queue_id(q) for q in queues]
-        buf += struct.pack(
-            f"{10 + len(targets)}q", PUBLISHED, _mono(), tid, channel_id, route, len(msg.body),
-            seq, mandatory, extra, len(targets), *targets,
+        if self._full(2):
+            return
+        w.write(
+            struct.pack(
+                f"{10 + len(targets)}{INT}", PUBLISHED, _mono(), tid, channel_id, route,
+                len(msg.body), seq, mandatory, extra, len(targets), *targets,
+            )
         )  # fmt: skip
 
     def published_by_api(self, msg: Message, queues: list[Queue]) -> None:
@@ -192,15 +204,21 @@ class Tracer:
 
     def delivered(self, channel: Channel, consumer: Consumer, msg: Message, tag: int) -> None:
         w = self._w
-        buf = w.buf
-        if len(buf) >= w.cap:
-            w.dropped += 1
+        tid = msg.trace_id or self._id(msg, consumer.queue.name)
+        consumer_id = consumer.trace_ref or w.consumer_id(consumer)
+        off = w.off
+        try:
+            into7(
+                w.buf, off, DELIVERED, _mono(), tid, consumer_id, tag, msg.redelivered,
+                msg.delivery_count,
+            )  # fmt: skip
+        except struct.error:  # the buffer is full
+            w.overflow(
+                1, into7, DELIVERED, _mono(), tid, consumer_id, tag, msg.redelivered,
+                msg.delivery_count,
+            )  # fmt: skip
             return
-        buf += pack7(
-            DELIVERED, _mono(), msg.trace_id or self._id(msg, consumer.queue.name),
-            consumer.trace_ref or w.consumer_id(consumer), tag, msg.redelivered,
-            msg.delivery_count,
-        )  # fmt: skip
+        w.off = off + 56
 
     def got(self, channel: Channel, queue: Queue, msg: Message, tag: int) -> None:
         """Delivered by basic.get (no consumer)."""
@@ -218,21 +236,25 @@ class Tracer:
         tag): the writer process knows each tag's delivery. No-ack deliveries are acked
         there as they are delivered.
         """
-        w = self._w
-        buf = w.buf
         n = len(msgs)
-        if len(buf) >= w.cap:
-            w.dropped += n
-            return
         if not n:
             return
-        first, last = msgs[0].tag, msgs[-1].tag
+        w = self._w
         channel_id = channel.trace_ref or w.channel_id(channel)
+        first, last = msgs[0].tag, msgs[-1].tag
         if last - first + 1 == n:  # tags ascend: no gaps
-            buf += pack5(ACK_RANGE, _mono(), channel_id, first, last)
+            off = w.off
+            try:
+                into5(w.buf, off, ACK_RANGE, _mono(), channel_id, first, last)
+            except struct.error:  # the buffer is full
+                w.overflow(n, into5, ACK_RANGE, _mono(), channel_id, first, last)
+                return
+            w.off = off + 40
+            return
+        if self._full(n):
             return
         tags = [m.tag for m in msgs]
-        buf += struct.pack(f"{n + 4}q", ACKS, _mono(), channel_id, n, *tags)
+        w.write(struct.pack(f"{n + 4}{INT}", ACKS, _mono(), channel_id, n, *tags))
 
     def dead_letter_routed(self, copy: Message, targets: list[Queue]) -> None:
         """The dead-lettered copy went through the dead-letter exchange to ``targets``."""
@@ -246,13 +268,14 @@ class Tracer:
     def confirmed(self, channel: Channel, first: int, last: int, ack: bool) -> None:
         # as often as a few publishes each under load: packed ints, as the three above
         w = self._w
-        buf = w.buf
-        if len(buf) >= w.cap:
-            w.dropped += 1
+        channel_id = channel.trace_ref or w.channel_id(channel)
+        off = w.off
+        try:
+            into6(w.buf, off, CONFIRMS, _mono(), channel_id, first, last, ack)
+        except struct.error:  # the buffer is full
+            w.overflow(1, into6, CONFIRMS, _mono(), channel_id, first, last, ack)
             return
-        buf += pack6(
-            CONFIRMS, _mono(), channel.trace_ref or w.channel_id(channel), first, last, ack
-        )
+        w.off = off + 48
 
     # ---- settling ----
 
@@ -487,6 +510,6 @@ class Tracing:
             "vhosts": sorted(self.traced),
             "dir": os.path.abspath(self.settings.trace_dir),
             "events_dropped": writer.dropped if writer is not None else 0,
-            "buffered_ints": len(writer.buf) // 8 if writer is not None else 0,
+            "buffered_ints": writer.held() // 8 if writer is not None else 0,
             "files": writer.files() if writer is not None else [],
         }
