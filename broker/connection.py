@@ -14,6 +14,7 @@ from pamqp import commands
 
 from warren.broker.channel import HANDLERS, Channel
 from warren.broker.flow import ALARM, TURN, UNCONFIRMED, WRITER, FlowControl
+from warren.broker.listen import transport_address
 from warren.protocol.connection import (
     CLOSED,
     CLOSING,
@@ -358,6 +359,13 @@ class Connection:
             return
         # connection methods, or methods only a server sends
         raise ConnectionError_(COMMAND_INVALID, "unimplemented method").at(*_ids(method))
+
+    @property
+    def name(self) -> str:
+        """RabbitMQ names a connection by its two ends: ``127.0.0.1:50000 -> 127.0.0.1:5672``."""
+        host, port = self.peer if self.peer else ("?", 0)
+        local_host, local_port = transport_address(self.transport, "sockname")
+        return f"{host}:{port} -> {local_host}:{local_port}"
 
     def _describe(self) -> dict[str, Any]:
         props = self.client_properties

@@ -83,12 +83,10 @@ def _flush(vhost: VirtualHost) -> None:
 
 
 def _who(channel: Channel) -> dict[str, bytes]:
-    from warren.broker.management.formats import connection_name
-
     conn = channel.conn
     return {
         "vhost": _longstr(channel.vhost.name),
-        "connection": _longstr(connection_name(conn)),
+        "connection": _longstr(conn.name),
         "channel": _signedint(channel.id),
         "user": _longstr(conn.user),
     }

@@ -15,6 +15,7 @@ import contextlib
 import errno
 import ipaddress
 import socket
+from typing import Any
 
 ALL_ADDRESSES = ""  # Listener.host of a port-only listener
 # errors of a kernel without IPv6 (Linux, FreeBSD): such a host listens on IPv4 only
@@ -100,3 +101,15 @@ def display_host(host: str) -> str:
     if host.startswith("::ffff:") and "." in host:
         return host[7:]
     return host
+
+
+def transport_address(transport: Any, which: str) -> tuple[str, int]:
+    """One end of a connection (``which``: peername or sockname), as RabbitMQ shows it;
+    ``("?", 0)`` for a transport that does not know (an in-memory one)."""
+    try:
+        info = transport.get_extra_info(which)
+    except Exception:  # a test transport without extra info
+        info = None
+    if not info:
+        return ("?", 0)
+    return (display_host(str(info[0])), int(info[1]))

@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from warren.broker import tracing as t
+from warren.broker import trace_events as t
+from warren.broker.trace_format import FORMATS
 
 VHOST = "/"
 PUBLISHER = ("10.0.0.5", 50000)
@@ -51,7 +52,7 @@ class Writer:
         self.files: list[str] = []
 
     def emit(self, event: tuple[Any, ...]) -> None:
-        self._lines.append(t._FORMATS[event[0]](event, 0))
+        self._lines.append(FORMATS[event[0]](event, 0))
         if len(self._lines) >= min(10_000, self.per_file):
             self._flush()
 

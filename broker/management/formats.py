@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote_plus
 
 from warren.broker.exchange import Exchange
-from warren.broker.listen import display_host
+from warren.broker.listen import transport_address
 from warren.broker.management.errors import bad_request
 from warren.protocol.properties import PROPERTIES, PropertiesError, encode_shortstr, read_properties
 from warren.protocol.tables import encode_table
@@ -85,21 +85,11 @@ def message_stats(counts: dict[str, int], rates: dict[str, float]) -> dict[str, 
 
 
 def _address(conn: Connection, which: str) -> tuple[str, int]:
-    transport: Any = conn.transport
-    try:
-        info = transport.get_extra_info(which)
-    except Exception:  # a test transport without extra info
-        info = None
-    if not info:
-        return ("?", 0)
-    return (display_host(str(info[0])), int(info[1]))
+    return transport_address(conn.transport, which)
 
 
 def connection_name(conn: Connection) -> str:
-    """RabbitMQ names a connection by its two ends: ``127.0.0.1:50000 -> 127.0.0.1:5672``."""
-    host, port = conn.peer if conn.peer else ("?", 0)
-    local_host, local_port = _address(conn, "sockname")
-    return f"{host}:{port} -> {local_host}:{local_port}"
+    return conn.name
 
 
 def channel_name(channel: Channel) -> str:

@@ -190,7 +190,12 @@ def main() -> int:
     for label, _ in SCENARIOS:
         off = statistics.median(rates[(label, "off")])
         on = statistics.median(rates[(label, "on")])
-        pairs = [b / a for a, b in zip(rates[(label, "off")], rates[(label, "on")], strict=True)]
+        # a round where either broker moved nothing (a starved machine) has no ratio
+        pairs = [
+            b / a
+            for a, b in zip(rates[(label, "off")], rates[(label, "on")], strict=True)
+            if a and b
+        ]
         q1, q2, q3 = quartiles(pairs)
         c_off = statistics.median(cpu[(label, "off")])
         c_on = statistics.median(cpu[(label, "on")])

@@ -1,0 +1,477 @@
+"""The writer process: the trace stream decoded and formatted as JSON lines, in rotated files.
+
+``python -m warren.broker.trace_format DIR ROTATE_BYTES ROTATE_SECONDS OFFSET_NS``, started by
+broker/trace_writer.py, reads batches of the stream (broker/trace_events.py) on its stdin
+and writes ``warren-trace-*.ndjson``: the lines broker/tracing.py's docstring lists. It
+runs at the lowest CPU priority, on CPU the broker leaves.
+"""
+
+from __future__ import annotations
+
+import json
+import marshal
+import os
+import sys
+import time
+from array import array
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any
+
+from warren.broker.trace_events import (
+    ACK_RANGE,
+    ACKS,
+    CHANNEL_CLOSED,
+    CONFIRMS,
+    CONSUMER_TIMED_OUT,
+    DEFINE,
+    DEFINE_NAME,
+    DELIVERED,
+    FORGET,
+    HEAD,
+    NACKED,
+    OBJ,
+    PUBLISHED,
+    UNDEFINE,
+)
+from warren.protocol.properties import TRACED_FLAGS_HI, TRACED_FLAGS_LO, split_properties
+
+DRAIN_CHUNK = 8192  # events the writer process formats per file write
+CHILD_NICENESS = 19  # the writer process runs on CPU the broker leaves: busy, it drops
+
+
+class _Files:
+    """The child's side: JSON lines into files rotated by size and age."""
+
+    def __init__(self, directory: str, rotate_bytes: int, rotate_seconds: float) -> None:
+        self.directory = directory
+        self.rotate_bytes = rotate_bytes
+        self.rotate_seconds = rotate_seconds
+        self.file: IO[str] | None = None
+        self.size = 0
+        self.opened = 0.0
+        self.seq = 0
+
+    def write(self, text: str) -> None:
+        if self.file is None or self.size >= self.rotate_bytes:
+            self.close()
+            self.seq += 1
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+            name = f"warren-trace-{stamp}-{os.getppid()}-{self.seq:04d}.ndjson"
+            self.file = open(os.path.join(self.directory, name), "a", encoding="utf-8")  # noqa: SIM115
+            self.size = 0
+            self.opened = time.monotonic()
+        self.file.write(text)
+        self.size += len(text)  # characters: close enough to bytes for rotation
+
+    def tick(self) -> None:
+        if self.file is not None:
+            self.file.flush()
+            if time.monotonic() - self.opened >= self.rotate_seconds:
+                self.close()  # the next event starts a new file
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+class _Decoder:
+    """The writer process's side of the stream: ints and side tuples back into JSON lines.
+
+    The frequent events (published, delivered, acked) are formatted here from pieces of
+    JSON made once per channel, consumer, queue and route as they are defined; the rest
+    go back into tuples for the ``FORMATS``. It keeps each channel's unacked deliveries
+    (tag -> message id and the consumer's pieces) to turn the broker's acks, which carry
+    only tags, into one "acked" line per message.
+    """
+
+    def __init__(self) -> None:
+        self.pieces: dict[int, tuple[Any, ...]] = {}  # def id -> its JSON pieces
+        self.names: dict[int, tuple[str, str]] = {}
+        self.routes: dict[int, str] = {}  # name id -> ',"exchange":..,"rk":..'
+        # (peer, ch) -> tag -> (message id, ',"ev":"acked",...,"msg":', ',"queue":..,"tag":')
+        self.unacked: dict[tuple[Any, int], dict[int, tuple[int, str, str]]] = {}
+
+    def _define(self, n: int, definition: tuple[Any, ...]) -> None:
+        vhost = _s(definition[0])
+        if len(definition) == 2:  # a queue: (vhost, name)
+            self.pieces[n] = (_s(definition[1]),)
+        elif len(definition) == 3:  # a channel: (vhost, peer, ch)
+            _, peer, ch = definition
+            self.pieces[n] = (vhost, f',"conn":{_peer(peer)},"ch":{ch}', (peer, ch))
+        else:  # a consumer: (vhost, queue, ctag, no_ack, peer, ch)
+            _, queue, ctag, no_ack, peer, ch = definition
+            self.pieces[n] = (
+                f',"ev":"delivered","vhost":{vhost},"msg":',
+                f',"queue":{_s(queue)},"consumer":{_s(ctag)},"tag":',
+                f',"no_ack":{_B[no_ack]},"conn":{_peer(peer)},"ch":{ch}}}\n',
+                f',"ev":"acked","vhost":{vhost},"msg":',
+                no_ack,
+                (peer, ch),
+            )
+
+    def _delivered(self, e: tuple[Any, ...], off: int) -> Iterator[str]:
+        # basic.get: (DELIVERED, t, vhost, tid, queue, ctag, tag, redelivered, count, no_ack,
+        # peer, ch)
+        yield _delivered(e, off)
+        ack = f',"ev":"acked","vhost":{_s(e[2])},"msg":'
+        rest = f',"queue":{_s(e[4])},"consumer":{_s(e[5])},"tag":'
+        if e[9]:  # no-ack: settled as it is delivered
+            yield f'{{"ts":{(e[1] + off) // 1000}{ack}{e[3]}{rest}{e[6]}}}\n'
+        else:
+            self.unacked.setdefault((e[10], e[11]), {})[e[6]] = (e[3], ack, rest)
+
+    def _settled(self, peer: Any, ch: int, tags: Iterable[int]) -> None:
+        channel = self.unacked.get((peer, ch))
+        if channel is not None:
+            for tag in tags:
+                channel.pop(tag, None)
+
+    def _side(self, event: tuple[Any, ...], off: int) -> Iterator[str]:
+        what = event[0]
+        if what == DEFINE:
+            self._define(event[1], event[2])
+        elif what == DEFINE_NAME:
+            exchange, key = self.names[event[1]] = event[2]
+            self.routes[event[1]] = f',"exchange":{_s(exchange)},"rk":{_s(key)}'
+        elif what == FORGET:
+            self.names.clear()
+            self.routes.clear()
+        elif what == UNDEFINE:
+            self.pieces.pop(event[1], None)
+        elif what == DELIVERED:  # basic.get
+            yield from self._delivered(event, off)
+        elif what == CHANNEL_CLOSED:
+            self.unacked.pop((event[3], event[4]), None)
+        else:
+            if what == NACKED:
+                self._settled(event[8], event[9], (event[6],))
+            elif what == CONSUMER_TIMED_OUT:
+                self._settled(event[5], event[6], event[7])
+            yield FORMATS[what](event, off)
+
+    def lines(self, ints: array[int], side: list[Any], off: int) -> Iterator[str]:
+        pieces, unacked = self.pieces, self.unacked
+        i, n = 0, len(ints)
+        while i < n:
+            kind = ints[i]
+            if kind == DELIVERED:
+                _, t, tid, consumer, tag, redelivered, count = ints[i : i + 7]
+                i += 7
+                head, mid, tail, ack, no_ack, channel = pieces[consumer]
+                ts = (t + off) // 1000
+                yield (
+                    f'{{"ts":{ts}{head}{tid}{mid}{tag},"redelivered":{_BOOL[redelivered]},'
+                    f'"count":{count}{tail}'
+                )
+                if no_ack:
+                    yield f'{{"ts":{ts}{ack}{tid}{mid}{tag}}}\n'
+                else:
+                    open_tags = unacked.get(channel)
+                    if open_tags is None:
+                        open_tags = unacked[channel] = {}
+                    open_tags[tag] = (tid, ack, mid)
+            elif kind == PUBLISHED:
+                _, t, tid, channel_id, route, size, seq, mandatory, extra, count = ints[i : i + 10]
+                if count == 1:
+                    queues = f"[{pieces[ints[i + 10]][0]}]"
+                else:
+                    queues = "[" + ",".join(pieces[q][0] for q in ints[i + 10 : i + 10 + count])
+                    queues += "]"
+                i += 10 + count
+                vhost, conn, _ = pieces[channel_id]
+                head = f'{{"ts":{(t + off) // 1000},"ev":"'
+                common = f'","vhost":{vhost},"msg":{tid}{self.routes[route]}'
+                props = _props(side[extra - 1]) if extra else ""
+                yield (
+                    f'{head}published{common},"size":{size}{props}{conn},"seq":{seq}}}\n'
+                    f'{head}routed{common},"queues":{queues},"mandatory":{_BOOL[mandatory]},'
+                    f'"dead_letter":false}}\n'
+                )
+            elif kind in (ACKS, ACK_RANGE):
+                t, channel_id = ints[i + 1], ints[i + 2]
+                tags: Iterable[int]
+                if kind == ACK_RANGE:
+                    tags = range(ints[i + 3], ints[i + 4] + 1)
+                    i += 5
+                else:
+                    count = ints[i + 3]
+                    tags = ints[i + 4 : i + 4 + count]
+                    i += 4 + count
+                open_tags = unacked.get(pieces[channel_id][2], {})
+                stamp = f'{{"ts":{(t + off) // 1000}'
+                for tag in tags:
+                    delivery = open_tags.pop(tag, None)
+                    if delivery is not None:  # else delivered before tracing began
+                        tid, ack, mid = delivery
+                        yield f"{stamp}{ack}{tid}{mid}{tag}}}\n"
+            elif kind == CONFIRMS:
+                _, t, channel_id, first, last, ack = ints[i : i + 6]
+                i += 6
+                vhost, conn, _ = pieces[channel_id]
+                yield (
+                    f'{{"ts":{(t + off) // 1000},"ev":"confirmed","vhost":{vhost}{conn},'
+                    f'"first":{first},"seq":{last},"ack":{_BOOL[ack]}}}\n'
+                )
+            elif kind == OBJ:
+                yield from self._side(side[ints[i + 1]], off)
+                i += 2
+            else:
+                raise ValueError(f"unknown event kind {kind} in the trace stream")
+
+
+def _child_main(argv: list[str]) -> int:
+    """The writer process's main loop (argv as the module docstring says)."""
+    directory, rotate_bytes, rotate_seconds, offset = argv
+    # below the broker: on a saturated machine the broker keeps the CPU, this process falls
+    # behind, the broker's buffers fill and events are dropped (and counted)
+    os.nice(CHILD_NICENESS)
+    files = _Files(directory, int(rotate_bytes), float(rotate_seconds))
+    decoder = _Decoder()
+    off = int(offset)
+    source, reply = sys.stdin.buffer, sys.stdout.buffer
+    while True:
+        head = source.read(HEAD.size)
+        if len(head) < HEAD.size:
+            break  # the broker closed the pipe (or died): everything received is written
+        n_ints, n_side, sync = HEAD.unpack(head)
+        ints = array("q")
+        ints.frombytes(source.read(n_ints))
+        side = marshal.loads(source.read(n_side))
+        lines: list[str] = []
+        for line in decoder.lines(ints, side, off):
+            lines.append(line)
+            if len(lines) >= DRAIN_CHUNK:
+                files.write("".join(lines))
+                lines = []
+        if lines:
+            files.write("".join(lines))
+        files.tick()
+        if sync:
+            reply.write(b"\x01")
+            reply.flush()
+    files.close()
+    return 0
+
+
+# ---- formatting (in the writer process) ----
+
+_strings: dict[str, str] = {}  # names repeat: each is JSON-encoded once
+
+
+def _s(value: str | None) -> str:
+    if value is None:
+        return "null"
+    out = _strings.get(value)
+    if out is None:
+        out = json.dumps(value, ensure_ascii=False)
+        if len(_strings) < 100_000:
+            _strings[value] = out
+    return out
+
+
+def _list(values: Iterable[str]) -> str:
+    return "[" + ",".join(_s(v) for v in values) + "]"
+
+
+def _peer(peer: tuple[str, int] | None) -> str:
+    return "null" if peer is None else _s(f"{peer[0]}:{peer[1]}")
+
+
+_B = {True: "true", False: "false"}
+_BOOL = ("false", "true")  # by a 0 or 1 from the int stream
+
+
+def _props(raw: bytes) -> str:
+    """message-id, correlation-id and persistence, read from the publisher's bytes."""
+    if len(raw) < 2 or not (raw[0] & TRACED_FLAGS_HI or raw[1] & TRACED_FLAGS_LO):
+        return ""
+    try:
+        fields = split_properties(raw)
+    except ValueError:
+        return ""
+    out = ""
+    for name, key in (("message_id", "mid"), ("correlation_id", "cid")):
+        field = fields.get(name)
+        if field is not None:
+            out += f',"{key}":{json.dumps(field[1:].decode("utf-8", "replace"))}'
+    mode = fields.get("delivery_mode")
+    if mode is not None and mode[:1] == b"\x02":
+        out += ',"persistent":true'
+    return out
+
+
+def _head(e: tuple[Any, ...], off: int, name: str) -> str:
+    return f'{{"ts":{(e[1] + off) // 1000},"ev":"{name}","vhost":{_s(e[2])}'
+
+
+def _published(e: tuple[Any, ...], off: int) -> str:
+    # (K, t, vhost, tid, exchange, rk, size, props, peer, ch, seq, names, mandatory)
+    head = f'{{"ts":{(e[1] + off) // 1000},"ev":"%s","vhost":{_s(e[2])},"msg":{e[3]}'
+    ex_rk = f',"exchange":{_s(e[4])},"rk":{_s(e[5])}'
+    names = e[11]
+    queues = f"[{_s(names)}]" if isinstance(names, str) else _list(names)
+    return (
+        f'{head % "published"}{ex_rk},"size":{e[6]}{_props(e[7])},"conn":{_peer(e[8])},'
+        f'"ch":{e[9]},"seq":{e[10]}}}\n'
+        f'{head % "routed"}{ex_rk},"queues":{queues},"mandatory":{_B[e[12]]},'
+        f'"dead_letter":false}}\n'
+    )
+
+
+def _routed(e: tuple[Any, ...], off: int) -> str:
+    # (K, t, vhost, tid, exchange, rk, names): a dead-lettered copy
+    return (
+        f'{_head(e, off, "routed")},"msg":{e[3]},"exchange":{_s(e[4])},"rk":{_s(e[5])},'
+        f'"queues":{_list(e[6])},"mandatory":false,"dead_letter":true}}\n'
+    )
+
+
+def _confirmed(e: tuple[Any, ...], off: int) -> str:
+    # (K, t, vhost, peer, ch, first, last, ack)
+    return (
+        f'{_head(e, off, "confirmed")},"conn":{_peer(e[3])},"ch":{e[4]},"first":{e[5]},'
+        f'"seq":{e[6]},"ack":{_B[e[7]]}}}\n'
+    )
+
+
+def _delivered(e: tuple[Any, ...], off: int) -> str:
+    # (K, t, vhost, tid, queue, ctag, tag, redelivered, count, no_ack, peer, ch)
+    return (
+        f'{{"ts":{(e[1] + off) // 1000},"ev":"delivered","vhost":{_s(e[2])},"msg":{e[3]},'
+        f'"queue":{_s(e[4])},"consumer":{_s(e[5])},"tag":{e[6]},"redelivered":{_B[e[7]]},'
+        f'"count":{e[8]},"no_ack":{_B[e[9]]},"conn":{_peer(e[10])},"ch":{e[11]}}}\n'
+    )
+
+
+def _acked(e: tuple[Any, ...], off: int) -> str:
+    # (K, t, vhost, tid, queue, ctag, tag)
+    return (
+        f'{{"ts":{(e[1] + off) // 1000},"ev":"acked","vhost":{_s(e[2])},"msg":{e[3]},'
+        f'"queue":{_s(e[4])},"consumer":{_s(e[5])},"tag":{e[6]}}}\n'
+    )
+
+
+def _nacked(e: tuple[Any, ...], off: int) -> str:
+    # (K, t, vhost, tid, queue, ctag, tag, requeue)
+    return (
+        f'{_head(e, off, "nacked")},"msg":{e[3]},"queue":{_s(e[4])},"consumer":{_s(e[5])},'
+        f'"tag":{e[6]},"requeue":{_B[e[7]]}}}\n'
+    )
+
+
+def _requeued(e: tuple[Any, ...], off: int) -> str:
+    # (K, t, vhost, tid, queue, why)
+    return f'{_head(e, off, "requeued")},"msg":{e[3]},"queue":{_s(e[4])},"why":"{e[5]}"}}\n'
+
+
+def _retry(e: tuple[Any, ...], off: int) -> str:
+    # (K, t, vhost, tid, queue, attempt, delay_ms, why)
+    return (
+        f'{_head(e, off, "retry_scheduled")},"msg":{e[3]},"queue":{_s(e[4])},'
+        f'"attempt":{e[5]},"delay_ms":{e[6]},"why":"{e[7]}"}}\n'
+    )
+
+
+def _dead(e: tuple[Any, ...], off: int) -> str:
+    # (K, t, vhost, tid, queue, reason, dlx, dlrk)
+    common = f',"msg":{e[3]},"queue":{_s(e[4])}'
+    reason, dlx = e[5], e[6]
+    out = ""
+    if reason == "expired":
+        out = f"{_head(e, off, 'expired')}{common}}}\n"
+    if dlx is not None:
+        out += (
+            f'{_head(e, off, "dead_lettered")}{common},"reason":"{reason}","dlx":{_s(dlx)},'
+            f'"dlrk":{_s(e[7])}}}\n'
+        )
+    elif reason != "expired":
+        out += f'{_head(e, off, "dropped")}{common},"reason":"{reason}"}}\n'
+    return out
+
+
+def _adopted(e: tuple[Any, ...], off: int) -> str:
+    # (K, t, vhost, tid, queue, exchange, rk, size)
+    return (
+        f'{_head(e, off, "adopted")},"msg":{e[3]},"queue":{_s(e[4])},"exchange":{_s(e[5])},'
+        f'"rk":{_s(e[6])},"size":{e[7]}}}\n'
+    )
+
+
+def _consumer_added(e: tuple[Any, ...], off: int) -> str:
+    # (K, t, vhost, queue, ctag, prefetch, no_ack, peer, ch)
+    return (
+        f'{_head(e, off, "consumer_added")},"queue":{_s(e[3])},"consumer":{_s(e[4])},'
+        f'"prefetch":{e[5]},"no_ack":{_B[e[6]]},"conn":{_peer(e[7])},"ch":{e[8]}}}\n'
+    )
+
+
+def _consumer_timed_out(e: tuple[Any, ...], off: int) -> str:
+    # (K, t, vhost, queue, ctag, peer, ch, tags, tids, timeout, action)
+    return (
+        f'{_head(e, off, "consumer_timed_out")},"queue":{_s(e[3])},"consumer":{_s(e[4])},'
+        f'"conn":{_peer(e[5])},"ch":{e[6]},"tags":[{",".join(map(str, e[7]))}],'
+        f'"msgs":[{",".join(map(str, e[8]))}],"timeout_ms":{e[9]},"action":"{e[10]}"}}\n'
+    )
+
+
+def _consumer_cancelled(e: tuple[Any, ...], off: int) -> str:
+    # (K, t, vhost, queue, ctag, why)
+    return (
+        f'{_head(e, off, "consumer_cancelled")},"queue":{_s(e[3])},"consumer":{_s(e[4])},'
+        f'"why":"{e[5]}"}}\n'
+    )
+
+
+def _queue_expired(e: tuple[Any, ...], off: int) -> str:
+    return f'{_head(e, off, "queue_expired")},"queue":{_s(e[3])}}}\n'
+
+
+def _queue_deleted(e: tuple[Any, ...], off: int) -> str:
+    return f'{_head(e, off, "queue_deleted")},"queue":{_s(e[3])},"messages":{e[4]}}}\n'
+
+
+def _delayed(e: tuple[Any, ...], off: int) -> str:
+    # (K, t, vhost, tid, exchange, delay_ms)
+    return f'{_head(e, off, "delayed")},"msg":{e[3]},"exchange":{_s(e[4])},"delay_ms":{e[5]}}}\n'
+
+
+def _released(e: tuple[Any, ...], off: int) -> str:
+    # (K, t, vhost, tid, exchange, queue names)
+    queues = ",".join(_s(name) for name in e[5])
+    return f'{_head(e, off, "released")},"msg":{e[3]},"exchange":{_s(e[4])},"queues":[{queues}]}}\n'
+
+
+def _mark(e: tuple[Any, ...], off: int) -> str:
+    return f"{_head(e, off, e[3])}}}\n"
+
+
+def _dropped(e: tuple[Any, ...], off: int) -> str:
+    return f'{_head(e, off, "trace_dropped")},"dropped":{e[3]}}}\n'
+
+
+FORMATS: tuple[Callable[[tuple[Any, ...], int], str], ...] = (
+    _published,
+    _routed,
+    _confirmed,
+    _delivered,
+    _acked,
+    _nacked,
+    _requeued,
+    _retry,
+    _dead,
+    _adopted,
+    _consumer_added,
+    _consumer_timed_out,
+    _consumer_cancelled,
+    _queue_expired,
+    _queue_deleted,
+    _delayed,
+    _released,
+    _mark,
+    _dropped,
+)
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1:]))
