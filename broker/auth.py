@@ -12,10 +12,13 @@ import hmac
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from warren.protocol.constants import ACCESS_REFUSED
 from warren.protocol.errors import ChannelError
+
+if TYPE_CHECKING:
+    from warren.broker.persistence import Persistence
 
 HASHING_ALGORITHM = "rabbit_password_hashing_sha256"
 TAGS = ("administrator", "monitoring", "management", "policymaker", "impersonator")
@@ -73,7 +76,7 @@ class AccessControl:
         self.users: dict[str, User] = {}
         self.permissions: dict[tuple[str, str], Permission] = {}  # (user, vhost)
         self.version = 0  # bumped on every change, so channels can cache decisions
-        self.persistence: Any = None  # broker.persistence.Persistence, when there is a data dir
+        self.persistence: Persistence | None = None  # when there is a data dir
 
     def add_user(
         self,

@@ -45,6 +45,7 @@ from warren.protocol.properties import FLAG_HEADERS, decode_field, set_header, s
 if TYPE_CHECKING:
     from warren.broker.consumer import Consumer
     from warren.broker.store import MessageStore
+    from warren.broker.timers import Timers
     from warren.broker.vhost import VirtualHost
 
 # RabbitMQ's defaults and limits (rabbit_stream_queue.erl, rabbit.hrl)
@@ -285,7 +286,7 @@ def _sync_directory(path: str) -> None:
 class StreamLog:
     """The segment files of one stream; appends go through the store's writer in its batches."""
 
-    def __init__(self, store: MessageStore, directory: str, log: Any, timers: Any) -> None:
+    def __init__(self, store: MessageStore, directory: str, log: Any, timers: Timers) -> None:
         self.store = store
         # wall-clock ms read through the broker's clock, so a test's manual clock drives ages
         self._wall_offset = time.time() - timers.now()

@@ -39,6 +39,7 @@ from warren.protocol.errors import ChannelError, ConnectionError_, erlang_binary
 from warren.protocol.tables import TypedTable
 
 if TYPE_CHECKING:
+    from warren.broker.persistence import Persistence
     from warren.broker.timers import Timers
     from warren.broker.tracing import Tracer
 
@@ -77,7 +78,7 @@ class VirtualHost:
         self.policies: dict[str, Policy] = {}
         self.limits: dict[str, int] = {}  # max-connections, max-queues (negative: no limit)
         self.stats: Any = None  # the broker's BrokerStats, for node-wide lifecycle counters
-        self.persistence: Any = None  # broker.persistence.Persistence, with a data directory
+        self.persistence: Persistence | None = None  # with a data directory
         self.deprecated: Any = None  # the broker's DeprecatedFeatures (RabbitMQ 4.3's refusals)
         # x-queue-type of queues declared without one: the vhost's default_queue_type
         # metadata, else the config key (RabbitMQ 4.x, rabbit_amqqueue:augment_declare_args/5)
