@@ -24,12 +24,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from warren.broker.message import READY, Message, PagedMessage, page_out, unpage
 from warren.broker.paged import REDELIVERED, PagedRun
 from warren.broker.stats import IOStats
 from warren.broker.store import records
+
+T = TypeVar("T")
 
 SEGMENT_SIZE = 16 * 1024 * 1024
 COMPACT_BELOW = 0.5  # live share under which the oldest segment is rewritten
@@ -99,12 +101,7 @@ class _Writer(threading.Thread):
     def _run(self) -> None:
         io = self.io
         while True:
-            jobs = [self.jobs.get()]
-            while True:
-                try:
-                    jobs.append(self.jobs.get_nowait())
-                except queue.Empty:
-                    break
+            jobs = _round(self.jobs)
             written: set[int] = set()
             last_batch = -1
             unlinks: list[int] = []
@@ -208,12 +205,7 @@ class _Syncer(threading.Thread):
     def run(self) -> None:
         try:
             while True:
-                jobs = [self.jobs.get()]
-                while True:
-                    try:
-                        jobs.append(self.jobs.get_nowait())
-                    except queue.Empty:
-                        break
+                jobs = _round(self.jobs)
                 handles: dict[Any, None] = {}
                 for job in jobs:
                     if job is not None:
@@ -226,6 +218,16 @@ class _Syncer(threading.Thread):
                     return
         except BaseException as exc:  # surfaced by the store on the loop
             self.failed(exc)
+
+
+def _round(jobs: queue.SimpleQueue[T]) -> list[T]:
+    """The next job, waited for, and every job queued behind it: one round of work."""
+    taken = [jobs.get()]
+    while True:
+        try:
+            taken.append(jobs.get_nowait())
+        except queue.Empty:
+            return taken
 
 
 def _write_all(handle: Any, data: bytes) -> int:
