@@ -324,7 +324,8 @@ class Channel:
         ttl = None
         if flags & (FLAG_EXPIRATION | FLAG_USER_ID | FLAG_REPLY_TO):
             ttl, props = self._check_properties(props)
-        msg = Message(method.exchange, method.routing_key, props, content.body)
+        ex_rk = method.ex_rk or None  # the short strings as received: never encoded again
+        msg = Message(method.exchange, method.routing_key, props, content.body, ex_rk)
         if sender_keys is not None:
             msg.sender_keys = sender_keys
         if not method.exchange and method.routing_key.startswith(REPLY_TO_PREFIX):

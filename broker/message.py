@@ -59,12 +59,19 @@ class Message:
         "trace_id",
     )
 
-    def __init__(self, exchange: str, routing_key: str, properties: bytes, body: bytes) -> None:
+    def __init__(
+        self,
+        exchange: str,
+        routing_key: str,
+        properties: bytes,
+        body: bytes,
+        ex_rk: bytes | None = None,  # the two short strings, when the publish frame had them
+    ) -> None:
         self.exchange = exchange
         self.routing_key = routing_key
         self.properties = properties
         self.body = body
-        self._ex_rk: bytes | None = None
+        self._ex_rk = ex_rk
         self._headers: dict[str, Any] | None = None
         self.seq = 0
         self.redelivered = False
@@ -127,6 +134,13 @@ class Message:
         other.trace_id = self.trace_id  # one message, many queues: one id
         other.sender_keys = self.sender_keys
         return other
+
+
+def hold_in(msg: Message, holder: Any) -> None:
+    """A delayed exchange holds a persistent message: it stands in for the queue, as the
+    store reads a holder's ``store_id`` and ``vhost``. Set here, in interpreted code: the
+    compiled modules check that a value typed ``Queue`` is one."""
+    msg.queue = holder
 
 
 def routing_headers(properties: bytes) -> tuple[bytes, tuple[list[str], list[str]] | None]:

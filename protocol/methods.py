@@ -26,15 +26,20 @@ _u16 = Struct(">H")
 
 
 class BasicPublish:
-    __slots__ = ("exchange", "immediate", "mandatory", "routing_key")
+    __slots__ = ("ex_rk", "exchange", "immediate", "mandatory", "routing_key")
     name = "Basic.Publish"
     index = 0x003C0028
 
-    def __init__(self, exchange: str, routing_key: str, mandatory: bool, immediate: bool) -> None:
+    def __init__(
+        self, exchange: str, routing_key: str, mandatory: bool, immediate: bool, ex_rk: bytes = b""
+    ) -> None:
         self.exchange = exchange
         self.routing_key = routing_key
         self.mandatory = mandatory
         self.immediate = immediate
+        # exchange and routing key as the two short strings received: what basic.deliver
+        # and basic.return carry, so that they are never encoded again
+        self.ex_rk = ex_rk
 
 
 class BasicAck:
@@ -108,7 +113,8 @@ def decode_method(payload: bytes) -> Method:
                 bits = payload[off]
                 if off + 1 != size:
                     raise IndexError
-                return BasicPublish(exchange, routing_key, bool(bits & 1), bool(bits & 2))
+                ex_rk = bytes(payload[6:off])
+                return BasicPublish(exchange, routing_key, bool(bits & 1), bool(bits & 2), ex_rk)
             if method_id in (80, 120, 90):
                 if size != 13:
                     raise IndexError
