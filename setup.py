@@ -35,6 +35,10 @@ COMPILED = [
     "warren/broker/exchange.py",
     "warren/broker/exchange_plugins.py",
     "warren/broker/vhost.py",
+    "warren/broker/channel.py",
+    "warren/broker/consumer.py",
+    "warren/broker/connection.py",
+    "warren/broker/queue.py",
 ]
 
 # mypyc trusts every annotation it sees and checks values against them at run time.

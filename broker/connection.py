@@ -255,13 +255,15 @@ class Connection:
             except ConnectionError_ as exc:
                 self.connection_error(exc)
                 break
-            except ChannelError as exc:  # raised by the framing layer for one channel
-                record = self._channels.get(exc.channel)
+            except ChannelError as chan_exc:  # raised by the framing layer for one channel
+                # (one name per exception type: mypyc types a name by its first binding)
+                record = self._channels.get(chan_exc.channel)
                 channel = record.owner if record is not None else None
                 if channel is None or channel.closed:
-                    self.connection_error(ConnectionError_(exc.code, exc.text.split(" - ", 1)[1]))
+                    text = chan_exc.text.split(" - ", 1)[1]
+                    self.connection_error(ConnectionError_(chan_exc.code, text))
                     break
-                self.channel_error(channel, exc)
+                self.channel_error(channel, chan_exc)
             except Exception:  # a bug must not take the broker down: close this connection
                 self.broker.log.exception("internal error", peer=self.peer)
                 # the client learns that it was us; the details are for the operator's log
@@ -334,8 +336,8 @@ class Connection:
                     handler(channel, method)
                 except ChannelError as exc:
                     self.channel_error(channel, exc.at(*_ids(method)))
-                except ConnectionError_ as exc:
-                    raise exc.at(*_ids(method)) from None
+                except ConnectionError_ as conn_exc:
+                    raise conn_exc.at(*_ids(method)) from None
                 return
         self._channel_lifecycle(channel_id, method)
 

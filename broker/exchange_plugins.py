@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from warren.broker.erlang_hash import jump_consistent_hash, phash2
 from warren.broker.exchange import EXCHANGE_TYPES, Destination, Exchange, HeadersFn
-from warren.broker.message import Message
+from warren.broker.message import Message, hold_in
 from warren.broker.timers import Deadline
 from warren.protocol.constants import COMMAND_INVALID, PRECONDITION_FAILED
 from warren.protocol.errors import ChannelError, ConnectionError_, erlang_binary
@@ -40,7 +40,6 @@ from warren.protocol.properties import (
 )
 
 if TYPE_CHECKING:
-    from warren.broker.queue import Queue
     from warren.broker.store import MessageStore, StoredMessage
     from warren.broker.vhost import VirtualHost
 
@@ -369,7 +368,7 @@ class DelayedMessageExchange(Exchange):
         if store is not None and is_persistent(msg.properties):
             msg._headers = None
             msg.expires_at = due  # the log keeps the due time (wall clock) in its expiry
-            msg.queue = cast("Queue", self)  # the log asks a message's holder for its id
+            hold_in(msg, self)  # the log asks a message's holder for its id
             store.publish(self.store_id, msg, self.vhost.timers.wall() + delay / 1000)
             entry = (due, self._seq, msg, ttl, delay)
         else:
@@ -399,7 +398,7 @@ class DelayedMessageExchange(Exchange):
             msg.trace_id = record.trace_id
             due = now_mono + max(0.0, record.expires_wall - now_wall)
             msg.expires_at = due
-            msg.queue = cast("Queue", self)
+            hold_in(msg, self)
             self._seq += 1
             entry = (due, self._seq, msg, _ttl_of(record.properties), delay_of(msg.headers) or 0)
             msg._headers = None

@@ -13,6 +13,8 @@ import itertools
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from mypy_extensions import mypyc_attr
+
 from warren.broker.message import (
     DELAYED,
     GONE,
@@ -113,6 +115,8 @@ def retry_policy(args: dict[str, Any], definition: dict[str, Any]) -> RetryPolic
     )
 
 
+# broker/stream.py's StreamQueue, interpreted, is a Queue (in the compiled build too)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Queue:
     def __init__(
         self,

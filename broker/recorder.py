@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from warren.broker.exchange import TopicExchange
+from warren.broker.firehose import TRACE_EXCHANGE
 from warren.broker.message import DELAYED, GONE, READY, Message, PagedMessage
 from warren.broker.tracing import Tracer, close_why
 from warren.protocol.properties import read_properties
@@ -36,14 +38,10 @@ if TYPE_CHECKING:
     from warren.broker.vhost import VirtualHost
 
 
-class _NoFirehose:
-    """The firehose stays off while only the recorder listens (it is on while tracing)."""
-
-    def __init__(self) -> None:
-        self.bindings: dict[Any, Any] = {}
-
-
-NO_FIREHOSE: Any = _NoFirehose()
+# The firehose stays off while only the recorder listens (it is on while tracing): an
+# exchange of the firehose's type that nothing binds to, so that ``Tracer.firehose`` is an
+# Exchange, as the compiled channel checks.
+NO_FIREHOSE = TopicExchange(TRACE_EXCHANGE, durable=True, internal=True)
 
 
 def _properties(raw: bytes) -> dict[str, Any]:

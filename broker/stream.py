@@ -726,6 +726,7 @@ class StreamQueue(Queue):
         self.stream.on_commit = self._committed
         self.stream.on_roll = self.apply_retention
         self.apply_settings()
+        self._sync_counts()
 
     @property
     def log(self) -> StreamLog:
@@ -763,22 +764,13 @@ class StreamQueue(Queue):
 
     # ---- counts the rest of the broker reads ----
 
-    @property
-    def ready_count(self) -> int:
+    def _sync_counts(self) -> None:
+        """Queue's ready_count and ready_bytes from the log: the messages readable (committed)
+        and the size of the segment files. Plain attributes, not properties, so that the
+        compiled Queue reads them as it reads any queue's."""
         log = self.stream
-        return log.committed - log.first_offset if log is not None else 0
-
-    @ready_count.setter
-    def ready_count(self, value: int) -> None:
-        pass  # Queue.__init__ sets it; the log is the count
-
-    @property
-    def ready_bytes(self) -> int:
-        return self.stream.bytes if self.stream is not None else 0
-
-    @ready_bytes.setter
-    def ready_bytes(self, value: int) -> None:
-        pass
+        self.ready_count = log.committed - log.first_offset if log is not None else 0
+        self.ready_bytes = log.bytes if log is not None else 0
 
     # ---- in ----
 
@@ -801,6 +793,7 @@ class StreamQueue(Queue):
         return True
 
     def _committed(self) -> None:
+        self._sync_counts()
         if self.consumers:
             self._wake.clear()
             self.dispatch()
@@ -950,6 +943,7 @@ class StreamQueue(Queue):
         log = self.stream
         if log is None or self.deleted:
             return
+        self._sync_counts()  # at the end too: a segment the log rolled is counted first
         definition = self.policy.definition if self.policy is not None else {}
         max_bytes = self.arguments.get("x-max-length-bytes", definition.get("max-length-bytes"))
         now_ms = log.wall_ms()
@@ -966,6 +960,7 @@ class StreamQueue(Queue):
                 break
             log.drop_oldest()
             self._parsed.clear()
+            self._sync_counts()
         if self._age_timer is None:
             return
         self._age_timer.cancel()
