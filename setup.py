@@ -17,11 +17,10 @@ from typing import Any
 
 from setuptools import setup
 
-# The framing and routing part of the message path. Subclasses are compiled with their
-# bases (an interpreted class cannot inherit from a compiled one). Not compiled yet:
-# broker/message.py and queue.py (PagedMessage swaps __class__, which a native class
-# cannot), channel.py, consumer.py and queue.py (the trace writer holds weak references to
-# them, which native classes refuse), and broker/connection.py.
+# The message path: framing, routing, queues, channels and the messages themselves.
+# Subclasses are compiled with their bases; broker/stream.py's StreamQueue, interpreted,
+# subclasses Queue (allow_interpreted_subclasses). Not compiled: the store (threads), the
+# tracing modules, timers (the test kit's ManualLoop subclasses them), management.
 COMPILED = [
     "warren/protocol/constants.py",
     "warren/protocol/errors.py",
@@ -39,6 +38,8 @@ COMPILED = [
     "warren/broker/consumer.py",
     "warren/broker/connection.py",
     "warren/broker/queue.py",
+    "warren/broker/stats.py",
+    "warren/broker/message.py",
 ]
 
 # mypyc trusts every annotation it sees and checks values against them at run time.

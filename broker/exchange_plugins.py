@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from warren.broker.erlang_hash import jump_consistent_hash, phash2
 from warren.broker.exchange import EXCHANGE_TYPES, Destination, Exchange, HeadersFn
-from warren.broker.message import Message, hold_in
+from warren.broker.message import Message
 from warren.broker.timers import Deadline
 from warren.protocol.constants import COMMAND_INVALID, PRECONDITION_FAILED
 from warren.protocol.errors import ChannelError, ConnectionError_, erlang_binary
@@ -368,8 +368,8 @@ class DelayedMessageExchange(Exchange):
         if store is not None and is_persistent(msg.properties):
             msg._headers = None
             msg.expires_at = due  # the log keeps the due time (wall clock) in its expiry
-            hold_in(msg, self)  # the log asks a message's holder for its id
             store.publish(self.store_id, msg, self.vhost.timers.wall() + delay / 1000)
+            store.hold(msg, self)  # compaction copies its record with this exchange's id
             entry = (due, self._seq, msg, ttl, delay)
         else:
             # plain values only: a tuple of them leaves the GC's tracking, a Message would not,
@@ -398,7 +398,8 @@ class DelayedMessageExchange(Exchange):
             msg.trace_id = record.trace_id
             due = now_mono + max(0.0, record.expires_wall - now_wall)
             msg.expires_at = due
-            hold_in(msg, self)
+            if store is not None:
+                store.hold(msg, self)
             self._seq += 1
             entry = (due, self._seq, msg, _ttl_of(record.properties), delay_of(msg.headers) or 0)
             msg._headers = None
@@ -427,7 +428,6 @@ class DelayedMessageExchange(Exchange):
             _, _, msg, ttl, delay = entry
             if msg.store_id and self.message_store is not None:
                 self.message_store.remove(msg)
-            msg.queue = None
             msg.expires_at = None
         else:
             _, _, rk, props, body, trace_id, ttl, delay = entry
@@ -451,7 +451,6 @@ class DelayedMessageExchange(Exchange):
                 msg = entry[2]
                 if msg.store_id and store is not None:
                     store.forget(msg)
-                msg.queue = None
         self._heap.clear()
 
 

@@ -35,14 +35,15 @@ class Message:
     """
 
     __slots__ = (
+        "_body",
         "_ex_rk",
         "_headers",
-        "body",
         "channel",
         "consumer",
         "delivery_count",
         "exchange",
         "expires_at",
+        "paged_size",
         "priority",
         "properties",
         "queue",
@@ -70,7 +71,9 @@ class Message:
         self.exchange = exchange
         self.routing_key = routing_key
         self.properties = properties
-        self.body = body
+        self._body = body
+        # -1: the body is in memory; else its size, the body being on disk only (page_out)
+        self.paged_size = -1
         self._ex_rk = ex_rk
         self._headers: dict[str, Any] | None = None
         self.seq = 0
@@ -90,6 +93,24 @@ class Message:
         self.trace_id = 0  # broker-assigned id when the vhost traces (broker/tracing.py)
         # the CC and BCC headers' routing keys, when the publisher gave any (routing_headers)
         self.sender_keys: tuple[list[str], list[str]] | None = None
+
+    @property
+    def body(self) -> bytes:
+        """The body; a paged-out one is read back from its segment file (and stays in
+        memory). Queues read ahead in batches (MessageStore.read_ahead); this is the path
+        for everything else (dead-lettering, the management API...)."""
+        if self.paged_size < 0:
+            return self._body
+        queue = self.queue
+        assert queue is not None and queue.message_store is not None
+        return queue.message_store.page_in(self)
+
+    @body.setter
+    def body(self, value: bytes) -> None:
+        if self.paged_size < 0:
+            self._body = value
+        else:
+            unpage(self, value)
 
     @property
     def ex_rk(self) -> bytes:
@@ -124,23 +145,15 @@ class Message:
 
     def body_size(self) -> int:
         """The body's length, without reading a paged-out body back."""
-        return len(self.body)
+        return len(self._body) if self.paged_size < 0 else self.paged_size
 
     def copy(self) -> Message:
         """Another queue's copy: same bytes, fresh queue state."""
-        other = Message(self.exchange, self.routing_key, self.properties, self.body)
-        other._ex_rk = self._ex_rk
+        other = Message(self.exchange, self.routing_key, self.properties, self.body, self._ex_rk)
         other._headers = self._headers
         other.trace_id = self.trace_id  # one message, many queues: one id
         other.sender_keys = self.sender_keys
         return other
-
-
-def hold_in(msg: Message, holder: Any) -> None:
-    """A delayed exchange holds a persistent message: it stands in for the queue, as the
-    store reads a holder's ``store_id`` and ``vhost``. Set here, in interpreted code: the
-    compiled modules check that a value typed ``Queue`` is one."""
-    msg.queue = holder
 
 
 def routing_headers(properties: bytes) -> tuple[bytes, tuple[list[str], list[str]] | None]:
@@ -177,41 +190,16 @@ def routing_headers(properties: bytes) -> tuple[bytes, tuple[list[str], list[str
     return properties, (cc, bcc) if cc or bcc else None
 
 
-_BODY: Any = Message.__dict__["body"]  # the slot itself, under PagedMessage's property
-
-
-class PagedMessage(Message):
-    """A persistent message of a long durable queue whose body is on disk only.
-
-    Paging out only changes the class (same slots), so messages in memory pay
-    nothing for it: the ``body`` slot holds the body's length, and reading
-    ``body`` reads it back from its segment file (broker/store/segments.py) and
-    makes the message a plain Message again. Queues read ahead in batches; this
-    is the path for everything else (dead-lettering, the management API...).
-    """
-
-    __slots__ = ()
-
-    @property
-    def body(self) -> bytes:
-        queue = self.queue
-        assert queue is not None and queue.message_store is not None
-        return queue.message_store.page_in(self)
-
-    @body.setter
-    def body(self, value: bytes) -> None:
-        unpage(self, value)
-
-    def body_size(self) -> int:
-        return int(_BODY.__get__(self))
-
-
 def page_out(msg: Message, size: int = -1) -> int:
-    """Drop the body from memory (its publish record is on disk); returns its size."""
+    """Drop the body from memory (its publish record is on disk); returns its size.
+
+    A persistent message of a long durable queue (TTL or priority: other queues pack
+    their paged messages into runs, broker/paged.py) keeps its place and state; reading
+    ``body`` reads it back from its segment file (broker/store/segments.py)."""
     if size < 0:
-        size = len(msg.body)
-    msg.__class__ = PagedMessage
-    _BODY.__set__(msg, size)
+        size = len(msg._body)
+    msg.paged_size = size
+    msg._body = b""
     return size
 
 
@@ -220,6 +208,6 @@ def unpage(msg: Message, body: bytes) -> None:
     queue = msg.queue
     if queue is not None:
         queue.paged_count -= 1
-        queue.paged_bytes -= int(_BODY.__get__(msg))
-    msg.__class__ = Message
-    _BODY.__set__(msg, body)
+        queue.paged_bytes -= msg.paged_size
+    msg.paged_size = -1
+    msg._body = body

@@ -21,7 +21,6 @@ from warren.broker.message import (
     READY,
     UNACKED,
     Message,
-    PagedMessage,
     page_out,
     unpage,
 )
@@ -150,7 +149,7 @@ class Queue:
         # ``ready`` and all later than it: Messages, and runs of paged-out persistent ones
         # (broker/paged.py) that come back a batch at a time when ``ready`` runs dry.
         self.tail: deque[Message | PagedRun] = deque()
-        # ready messages (and bytes) on disk only: packed in runs, or PagedMessage (TTL, priority)
+        # ready messages (and bytes) on disk only: packed in runs, or paged Messages (TTL, priority)
         self.paged_count = 0
         self.paged_bytes = 0
         self.unacked_count = 0
@@ -442,7 +441,7 @@ class Queue:
             if deliver and msg.expires_at is not None and msg.expires_at < self._now():
                 self._expire(msg)
                 continue
-            if self.paged_count and msg.__class__ is PagedMessage:
+            if self.paged_count and msg.paged_size >= 0:
                 self._read_ahead(msg)
             self.ready_count -= 1
             self.ready_bytes -= len(msg.body)
@@ -637,7 +636,7 @@ class Queue:
             tracer.purged(self)
         for msg in self.ready:
             self._gone(msg)
-            if msg.__class__ is PagedMessage:
+            if msg.paged_size >= 0:
                 unpage(msg, b"")
         for item in self.tail:
             if isinstance(item, PagedRun):
@@ -648,7 +647,7 @@ class Queue:
                 self.message_store.drop_run(item, self.deleted)
             else:
                 self._gone(item)
-                if item.__class__ is PagedMessage:
+                if item.paged_size >= 0:
                     unpage(item, b"")
         self.tail.clear()
         for _, _, msg in self._delayed:

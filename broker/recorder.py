@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from warren.broker.exchange import TopicExchange
 from warren.broker.firehose import TRACE_EXCHANGE
-from warren.broker.message import DELAYED, GONE, READY, Message, PagedMessage
+from warren.broker.message import DELAYED, GONE, READY, Message
 from warren.broker.tracing import Tracer, close_why
 from warren.protocol.properties import read_properties
 
@@ -244,7 +244,7 @@ class Recorder(Tracer):
     # ---- bookkeeping ----
 
     def _new(self, queue: str, msg: Message, first: str) -> Outcome:
-        body = b"" if msg.__class__ is PagedMessage else msg.body  # never read back from disk
+        body = b"" if msg.paged_size >= 0 else msg.body  # never read back from disk
         record = Outcome(
             queue, body, msg.properties, msg.exchange, msg.routing_key, msg.trace_id, _msg=msg
         )

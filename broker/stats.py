@@ -89,26 +89,30 @@ class ChannelStats:
         self.size_sum += other.size_sum
 
 
+# BrokerStats' own fields (a module constant: a compiled class has no __slots__ to read)
+BROKER_FIELDS = (
+    "auth_attempts_by_source",
+    "auth_attempts_failed",
+    "auth_attempts_succeeded",
+    "channels_closed",
+    "channels_opened",
+    "connections_closed",
+    "connections_opened",
+    "dead_lettered",
+    "expired",
+    "queues_created",
+    "queues_declared",
+    "queues_deleted",
+    "retried",
+    "track_auth_attempt_source",
+)
+
+
 class BrokerStats(ChannelStats):
     """The counts of closed channels and of the management API's publishes and gets, and
     node-wide counters no channel owns (expiries, dead-letters, object churn)."""
 
-    __slots__ = (
-        "auth_attempts_by_source",
-        "auth_attempts_failed",
-        "auth_attempts_succeeded",
-        "channels_closed",
-        "channels_opened",
-        "connections_closed",
-        "connections_opened",
-        "dead_lettered",
-        "expired",
-        "queues_created",
-        "queues_declared",
-        "queues_deleted",
-        "retried",
-        "track_auth_attempt_source",
-    )
+    __slots__ = BROKER_FIELDS
 
     def __init__(self) -> None:
         super().__init__()
@@ -136,7 +140,7 @@ class BrokerStats(ChannelStats):
             counts[0 if succeeded else 1] += 1
 
     def as_dict(self) -> dict[str, Any]:
-        names = (*CHANNEL_COUNTERS, *BrokerStats.__slots__)
+        names = (*CHANNEL_COUNTERS, *BROKER_FIELDS)
         skip = ("auth_attempts_by_source", "track_auth_attempt_source")
         return {name: getattr(self, name) for name in names if name not in skip}
 

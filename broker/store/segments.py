@@ -24,12 +24,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from warren.broker.message import READY, Message, PagedMessage, page_out, unpage
+from warren.broker.message import READY, Message, page_out, unpage
 from warren.broker.paged import REDELIVERED, PagedRun
 from warren.broker.stats import IOStats
 from warren.broker.store import records
+
+if TYPE_CHECKING:
+    from warren.broker.exchange_plugins import DelayedMessageExchange
+    from warren.broker.vhost import VirtualHost
 
 T = TypeVar("T")
 
@@ -271,6 +275,9 @@ class MessageStore:
         # paging bodies out: messages waiting for their record to be written, in log order
         self.page_limit: int | None = PAGE_LIMIT  # None: bodies always stay in memory
         self._to_page: deque[Message] = deque()
+        # messages a delayed exchange holds (no queue yet): their holder, by msg id, for
+        # compaction to copy their record with the exchange's id
+        self.holders: dict[int, DelayedMessageExchange] = {}
         # packed paged-out messages (broker/paged.py): every live run, and those with messages
         # waiting for their record to be written
         self.runs: set[PagedRun] = set()
@@ -470,6 +477,8 @@ class MessageStore:
         if not msg_id or self.messages.pop(msg_id, None) is None:
             return
         msg.store_id = 0
+        if self.holders:
+            self.holders.pop(msg_id, None)
         self._append(records.encode_remove(msg_id))
         segment = msg.store_segment
         live = self._live[segment] = self._live[segment] - 1
@@ -482,6 +491,12 @@ class MessageStore:
         if msg_id and self.messages.pop(msg_id, None) is not None:
             msg.store_id = 0
             self._live[msg.store_segment] -= 1
+            if self.holders:
+                self.holders.pop(msg_id, None)
+
+    def hold(self, msg: Message, holder: DelayedMessageExchange) -> None:
+        """``msg`` (stored) waits in ``holder``, a delayed exchange, instead of a queue."""
+        self.holders[msg.store_id] = holder
 
     def delivered(self, msg: Message) -> None:
         if msg.store_id:
@@ -608,7 +623,7 @@ class MessageStore:
             queue = msg.queue
             # still waiting in its queue, in memory, and the queue still over its limit?
             if (
-                msg.state == READY and msg.store_id and msg.__class__ is Message
+                msg.state == READY and msg.store_id and msg.paged_size < 0
                 and queue is not None and queue.ready_bytes - queue.paged_bytes > limit
             ):  # fmt: skip
                 queue.paged_bytes += page_out(msg)
@@ -763,7 +778,7 @@ class MessageStore:
         return data
 
     def page_in(self, msg: Message) -> bytes:
-        """Read one paged-out body back (PagedMessage.body)."""
+        """Read one paged-out body back (Message.body)."""
         body = self.read_body(msg.store_segment, msg.store_offset, msg.body_size())
         self.io.msg_store_reads += 1
         if msg.queue is not None:
@@ -782,7 +797,7 @@ class MessageStore:
         # a quarter of a small limit, but never one read per message
         budget = min(READ_AHEAD, max((self.page_limit or 0) // 4, READ_AHEAD_MIN))
         for msg in ready:
-            if msg.__class__ is PagedMessage and msg.state == READY:
+            if msg.paged_size >= 0 and msg.state == READY:
                 batch.append(msg)
                 budget -= msg.body_size()
                 if budget <= 0 or len(batch) >= READ_AHEAD_COUNT:
@@ -859,14 +874,19 @@ class MessageStore:
         self._live[segment] = 0
         for msg in moved:
             queue_ = msg.queue
-            queue_id = queue_.store_id if queue_ is not None else 0
+            vhost: VirtualHost | None = None
+            if queue_ is not None:
+                queue_id, vhost = queue_.store_id, queue_.vhost
+            else:
+                holder = self.holders.get(msg.store_id)
+                queue_id, vhost = (holder.store_id, holder.vhost) if holder else (0, None)
             expires_wall = (
-                queue_.vhost.timers.wall() + (msg.expires_at - queue_.vhost.timers.now())
-                if msg.expires_at is not None and queue_ is not None else 0.0
+                vhost.timers.wall() + (msg.expires_at - vhost.timers.now())
+                if msg.expires_at is not None and vhost is not None else 0.0
             )  # fmt: skip
             # a paged-out body comes back for the copy (at most half a segment's worth) and
             # leaves again once the copy is written: nothing points into the old file then
-            paged = msg.__class__ is PagedMessage
+            paged = msg.paged_size >= 0
             self._append_publish(queue_id, msg, expires_wall)
             if paged:
                 self.page_later(msg)
