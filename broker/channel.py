@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from pamqp import commands
 
@@ -97,10 +97,10 @@ def parse_expiration(value: str) -> int:
     return number
 
 
-FLUSH_AT = 1024 * 1024  # bodies buffered for one connection before writing mid-turn
+FLUSH_AT: Final = 1024 * 1024  # bodies buffered for one connection before writing mid-turn
 
-REPLY_TO = "amq.rabbitmq.reply-to"
-REPLY_TO_PREFIX = REPLY_TO + "."
+REPLY_TO: Final = "amq.rabbitmq.reply-to"
+REPLY_TO_PREFIX: Final = REPLY_TO + "."
 
 
 def _ctag() -> str:

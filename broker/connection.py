@@ -8,7 +8,7 @@ event-loop turn, so a burst of deliveries costs one transport write.
 from __future__ import annotations
 
 import platform
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from pamqp import commands
 
@@ -44,15 +44,15 @@ if TYPE_CHECKING:
     from warren.broker.timers import TimerHandle
     from warren.broker.vhost import VirtualHost
 
-VERSION = "0.1.0"
-LOGIN_REFUSAL_DELAY = 1.0  # seconds before a refused login is answered (RabbitMQ waits too)
-EVENTS_PER_TURN = 256  # client events handled before other connections get a turn
+VERSION: Final = "0.1.0"
+LOGIN_REFUSAL_DELAY: Final = 1.0  # seconds before a refused login is answered (RabbitMQ waits too)
+EVENTS_PER_TURN: Final = 256  # client events handled before other connections get a turn
 # a publisher's share is smaller: with 256 its messages outran the consumers' acks on
 # other connections and queues grew (S6 in the README); acks and consumers go first
-PUBLISH_EVENTS_PER_TURN = 64
+PUBLISH_EVENTS_PER_TURN: Final = 64
 # after close-ok the client closes the socket, within the heartbeat interval or this many
 # seconds, whichever is shorter (rabbit_reader:close_connection's ?CLOSING_TIMEOUT)
-CLOSING_TIMEOUT = 30.0
+CLOSING_TIMEOUT: Final = 30.0
 
 
 class Transport(Protocol):

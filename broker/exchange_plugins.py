@@ -22,7 +22,7 @@ import heapq
 import random
 import re
 import sys
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from warren.broker.erlang_hash import jump_consistent_hash, phash2
 from warren.broker.exchange import EXCHANGE_TYPES, Destination, Exchange, HeadersFn
@@ -43,12 +43,12 @@ if TYPE_CHECKING:
     from warren.broker.store import MessageStore, StoredMessage
     from warren.broker.vhost import VirtualHost
 
-MAX_BINDING_WEIGHT = 10_000
-_ROUTE_CACHE_MAX = 4096
-MAX_DELAY_MS = 4294967295  # the plugin's limit (Erlang's longest timer); longer: no delay
-RELEASE_BATCH = 20_000  # releases in one loop turn before yielding to other work
-_INTEGER = re.compile(r"[+-]?[0-9]+")
-_PROPERTIES = ("correlation_id", "message_id", "timestamp")
+MAX_BINDING_WEIGHT: Final = 10_000
+_ROUTE_CACHE_MAX: Final = 4096
+MAX_DELAY_MS: Final = 4294967295  # the plugin's limit (Erlang's longest timer); longer: no delay
+RELEASE_BATCH: Final = 20_000  # releases in one loop turn before yielding to other work
+_INTEGER: Final = re.compile(r"[+-]?[0-9]+")
+_PROPERTIES: Final = ("correlation_id", "message_id", "timestamp")
 
 
 def _precondition(text: str) -> ChannelError:
@@ -208,7 +208,7 @@ class ModulusHashExchange(Exchange):
 
 # ---- x-local-random ----
 
-_QUEUE_MODULES = {"quorum": "rabbit_quorum_queue", "stream": "rabbit_stream_queue"}
+_QUEUE_MODULES: Final = {"quorum": "rabbit_quorum_queue", "stream": "rabbit_stream_queue"}
 
 
 class LocalRandomExchange(Exchange):

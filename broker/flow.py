@@ -17,13 +17,13 @@ The socket is read again only when no reason is left; while any reason but
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Final, Protocol
 
-TURN = 1
-ALARM = 2
-UNCONFIRMED = 4
-WRITER = 8
-NAMES = {TURN: "turn", ALARM: "alarm", UNCONFIRMED: "unconfirmed", WRITER: "writer"}
+TURN: Final = 1
+ALARM: Final = 2
+UNCONFIRMED: Final = 4
+WRITER: Final = 8
+NAMES: Final = {TURN: "turn", ALARM: "alarm", UNCONFIRMED: "unconfirmed", WRITER: "writer"}
 
 
 class Readable(Protocol):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from warren.protocol.constants import PRECONDITION_FAILED
 from warren.protocol.errors import ChannelError
@@ -21,10 +21,10 @@ if TYPE_CHECKING:
     from warren.broker.consumer import Consumer
     from warren.broker.queue import Queue
 
-READY = 0
-UNACKED = 1
-GONE = 2
-DELAYED = 3  # returned, waiting for its retry delay before it is ready again
+READY: Final = 0
+UNACKED: Final = 1
+GONE: Final = 2
+DELAYED: Final = 3  # returned, waiting for its retry delay before it is ready again
 
 
 class Message:

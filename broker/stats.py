@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from warren.broker.queue import Queue
 
 # counters a channel keeps, added up over the node when read (broker.message_totals())
-CHANNEL_COUNTERS = (
+CHANNEL_COUNTERS: Final = (
     "acked",
     "confirmed",
     "consumer_timeouts",
@@ -29,10 +29,10 @@ CHANNEL_COUNTERS = (
 
 # rabbitmq_message_size_bytes' bucket bounds (RabbitMQ 4.x rabbit_msg_size_metrics.erl);
 # the last bucket is +Inf
-SIZE_BOUNDS = (100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000, 50_000_000, 100_000_000)
+SIZE_BOUNDS: Final = (100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000, 50_000_000, 100_000_000)
 # a size's bucket by its bit length: the highest bucket that bit length can reach, one
 # comparison (size <= the bound below it) away from exact (Channel.on_content)
-SIZE_BUCKET_BY_BITS = tuple(
+SIZE_BUCKET_BY_BITS: Final = tuple(
     next((i for i, bound in enumerate(SIZE_BOUNDS) if (1 << bits) - 1 <= bound), len(SIZE_BOUNDS))
     if bits
     else 0
@@ -90,7 +90,7 @@ class ChannelStats:
 
 
 # BrokerStats' own fields (a module constant: a compiled class has no __slots__ to read)
-BROKER_FIELDS = (
+BROKER_FIELDS: Final = (
     "auth_attempts_by_source",
     "auth_attempts_failed",
     "auth_attempts_succeeded",
@@ -146,7 +146,7 @@ class BrokerStats(ChannelStats):
 
 
 # rabbit_queue_consumers' ?USE_AVG_HALF_LIFE: one second (here in seconds, not microseconds)
-USE_HALF_LIFE = 1.0
+USE_HALF_LIFE: Final = 1.0
 
 
 class ConsumerUse:

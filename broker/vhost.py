@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from warren.broker.timers import Timers
     from warren.broker.tracing import Tracer
 
-STANDARD_EXCHANGES = (
+STANDARD_EXCHANGES: Final = (
     ("amq.direct", "direct"),
     ("amq.fanout", "fanout"),
     ("amq.topic", "topic"),

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from enum import Enum, auto
 from struct import Struct
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 from pamqp import commands
 
@@ -52,8 +52,8 @@ from warren.protocol.errors import (
 from warren.protocol.methods import BasicPublish, Method, decode_method, method_frame
 from warren.protocol.properties import PropertiesError, check_properties
 
-_frame_head = Struct(">BHI")
-_content_head = Struct(">HHQ")
+_frame_head: Final = Struct(">BHI")
+_content_head: Final = Struct(">HHQ")
 
 
 class Sentinel(Enum):
@@ -63,7 +63,7 @@ class Sentinel(Enum):
     HEARTBEAT = auto()
 
 
-NEED_DATA = Sentinel.NEED_DATA
+NEED_DATA: Final = Sentinel.NEED_DATA
 
 
 class Content:
@@ -101,20 +101,20 @@ class ChannelState(Enum):
     CLOSE_RECEIVED = auto()  # the client sent channel.close: close-ok owed, which frees the id
 
 
-HEADER = ConnectionState.HEADER
-STARTING = ConnectionState.STARTING
-TUNING = ConnectionState.TUNING
-OPENING = ConnectionState.OPENING
-OPEN = ConnectionState.OPEN
-CLOSING = ConnectionState.CLOSING
-CLOSED = ConnectionState.CLOSED
-_CH_OPENING = ChannelState.OPENING
-_CH_OPEN = ChannelState.OPEN
-_CH_CLOSE_SENT = ChannelState.CLOSE_SENT
-_CH_CLOSE_RECEIVED = ChannelState.CLOSE_RECEIVED
+HEADER: Final = ConnectionState.HEADER
+STARTING: Final = ConnectionState.STARTING
+TUNING: Final = ConnectionState.TUNING
+OPENING: Final = ConnectionState.OPENING
+OPEN: Final = ConnectionState.OPEN
+CLOSING: Final = ConnectionState.CLOSING
+CLOSED: Final = ConnectionState.CLOSED
+_CH_OPENING: Final = ChannelState.OPENING
+_CH_OPEN: Final = ChannelState.OPEN
+_CH_CLOSE_SENT: Final = ChannelState.CLOSE_SENT
+_CH_CLOSE_RECEIVED: Final = ChannelState.CLOSE_RECEIVED
 
 # RabbitMQ's names for the states in its "unexpected method in connection state" texts
-STATE_NAMES = {
+STATE_NAMES: Final = {
     HEADER: "starting",
     STARTING: "starting",
     TUNING: "tuning",

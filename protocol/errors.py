@@ -6,11 +6,13 @@ RabbitMQ words it) and the class/method ids of the method that caused it.
 
 from __future__ import annotations
 
+from typing import Final
+
 from warren.protocol.constants import REPLY_NAMES
 
 # Short strings from clients need not be UTF-8: they are decoded and encoded with this
 # error handler, so that a name comes back to the client octet for octet.
-SURROGATES = "surrogateescape"
+SURROGATES: Final = "surrogateescape"
 
 
 class AMQPError(Exception):

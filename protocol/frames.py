@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from struct import Struct
+from typing import Final
 
 from warren.protocol.constants import FRAME_BODY, FRAME_HEADER
 
-frame_head = Struct(">BHI")
-_content_head = Struct(">BHIHHQ")  # frame head + class, weight, body size
+frame_head: Final = Struct(">BHI")
+_content_head: Final = Struct(">BHIHHQ")  # frame head + class, weight, body size
 
-HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+HEARTBEAT_FRAME: Final = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
 
 def content_frames(channel: int, properties: bytes, body: bytes, frame_max: int) -> list[bytes]:

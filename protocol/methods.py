@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from struct import Struct
 from struct import error as StructError
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 from pamqp import base, commands, encode
 
@@ -19,10 +19,10 @@ from warren.protocol.constants import FRAME_ERROR, FRAME_METHOD, NOT_IMPLEMENTED
 from warren.protocol.errors import SURROGATES, ConnectionError_, erlang_binary
 from warren.protocol.tables import TableError, decode_table, encode_table
 
-_HH = Struct(">HH")
-_frame_head = Struct(">BHI")
-_u64_bits = Struct(">QB")
-_u16 = Struct(">H")
+_HH: Final = Struct(">HH")
+_frame_head: Final = Struct(">BHI")
+_u64_bits: Final = Struct(">QB")
+_u16: Final = Struct(">H")
 
 
 class BasicPublish:
@@ -251,7 +251,7 @@ def method_frame(channel: int, method: Any) -> bytes:
 
 # ---- hand-coded server methods on the message path ----
 
-_ack_frame = Struct(">BHIHHQBB")  # frame head, class, method, tag, bits, frame end
+_ack_frame: Final = Struct(">BHIHHQBB")  # frame head, class, method, tag, bits, frame end
 
 
 def ack_frame(channel: int, delivery_tag: int, multiple: bool) -> bytes:
@@ -267,7 +267,7 @@ def shortstr(value: str) -> bytes:
     return bytes((len(raw),)) + raw
 
 
-_deliver_tail = Struct(">QB")
+_deliver_tail: Final = Struct(">QB")
 
 
 def deliver_frame(
@@ -287,7 +287,7 @@ def deliver_frame(
     )
 
 
-_get_ok_tail = Struct(">I")
+_get_ok_tail: Final = Struct(">I")
 
 
 def get_ok_frame(channel: int, tag: int, redelivered: bool, ex_rk: bytes, count: int) -> bytes:

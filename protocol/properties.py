@@ -10,7 +10,7 @@ property leaves every other byte as it was.
 from __future__ import annotations
 
 from struct import Struct
-from typing import Any
+from typing import Any, Final
 
 from warren.protocol.errors import SURROGATES
 from warren.protocol.tables import (
@@ -39,24 +39,24 @@ PROPERTIES: tuple[tuple[str, int, str], ...] = (
     ("app_id", 1 << 3, "shortstr"),
     ("cluster_id", 1 << 2, "shortstr"),
 )
-FLAG_CONTENT_TYPE = 1 << 15
-FLAG_CONTENT_ENCODING = 1 << 14
-FLAG_HEADERS = 1 << 13
-FLAG_DELIVERY_MODE = 1 << 12
-FLAG_PRIORITY = 1 << 11
-FLAG_CORRELATION_ID = 1 << 10
-FLAG_REPLY_TO = 1 << 9
-FLAG_EXPIRATION = 1 << 8
-FLAG_MESSAGE_ID = 1 << 7
-FLAG_USER_ID = 1 << 4
+FLAG_CONTENT_TYPE: Final = 1 << 15
+FLAG_CONTENT_ENCODING: Final = 1 << 14
+FLAG_HEADERS: Final = 1 << 13
+FLAG_DELIVERY_MODE: Final = 1 << 12
+FLAG_PRIORITY: Final = 1 << 11
+FLAG_CORRELATION_ID: Final = 1 << 10
+FLAG_REPLY_TO: Final = 1 << 9
+FLAG_EXPIRATION: Final = 1 << 8
+FLAG_MESSAGE_ID: Final = 1 << 7
+FLAG_USER_ID: Final = 1 << 4
 # the trace's message fields (delivery_mode, correlation_id, message_id) as a test of the two
 # flag bytes, so the per-publish check needs no unpacking: raw[0] & HI or raw[1] & LO
-TRACED_FLAGS_HI = (FLAG_DELIVERY_MODE | FLAG_CORRELATION_ID) >> 8
-TRACED_FLAGS_LO = FLAG_MESSAGE_ID
-_FLAGS = {name: flag for name, flag, _ in PROPERTIES}
+TRACED_FLAGS_HI: Final = (FLAG_DELIVERY_MODE | FLAG_CORRELATION_ID) >> 8
+TRACED_FLAGS_LO: Final = FLAG_MESSAGE_ID
+_FLAGS: Final = {name: flag for name, flag, _ in PROPERTIES}
 
-_u16 = Struct(">H")
-_u32 = Struct(">I")
+_u16: Final = Struct(">H")
+_u32: Final = Struct(">I")
 
 
 def is_persistent(raw: bytes) -> bool:

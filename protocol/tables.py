@@ -12,23 +12,23 @@ from __future__ import annotations
 import datetime
 import decimal
 from struct import Struct
-from typing import Any
+from typing import Any, Final
 
 from warren.protocol.constants import SYNTAX_ERROR
 from warren.protocol.errors import SURROGATES, ConnectionError_
 
-MAX_DEPTH = 64  # nesting of tables/arrays; deeper input is rejected, not recursed into
+MAX_DEPTH: Final = 64  # nesting of tables/arrays; deeper input is rejected, not recursed into
 
-_u8 = Struct(">B")
-_i8 = Struct(">b")
-_i16 = Struct(">h")
-_u16 = Struct(">H")
-_i32 = Struct(">i")
-_u32 = Struct(">I")
-_i64 = Struct(">q")
-_u64 = Struct(">Q")
-_f32 = Struct(">f")
-_f64 = Struct(">d")
+_u8: Final = Struct(">B")
+_i8: Final = Struct(">b")
+_i16: Final = Struct(">h")
+_u16: Final = Struct(">H")
+_i32: Final = Struct(">i")
+_u32: Final = Struct(">I")
+_i64: Final = Struct(">q")
+_u64: Final = Struct(">Q")
+_f32: Final = Struct(">f")
+_f64: Final = Struct(">d")
 
 FieldValue = Any
 
@@ -47,7 +47,7 @@ class TypedTable(dict[str, Any]):
     types: dict[str, str]
 
 
-TYPE_NAMES = {
+TYPE_NAMES: Final = {
     "S": "longstr",
     "I": "signedint",
     "i": "unsignedint",
