@@ -101,6 +101,23 @@ def _shortstr(buf: bytes, off: int) -> tuple[str, int]:
     return bytes(buf[off + 1 : end]).decode("utf-8", "surrogateescape"), end
 
 
+# A publisher mostly repeats a few exchange and routing key pairs: their strings, and the
+# short strings as received (what basic.deliver carries), decoded once and shared by the
+# messages (bounded: emptied when full, as routing keys may all differ).
+_NAMES: Final[dict[bytes, tuple[str, str, bytes]]] = {}
+_NAMES_MAX: Final = 4096
+
+
+def _publish_names(payload: bytes, end: int) -> tuple[str, str, bytes]:
+    exchange, off = _shortstr(payload, 6)
+    routing_key, _ = _shortstr(payload, off)
+    if len(_NAMES) >= _NAMES_MAX:
+        _NAMES.clear()
+    key = bytes(payload[6:end])
+    names = _NAMES[key] = (exchange, routing_key, key)
+    return names
+
+
 def decode_method(payload: bytes) -> Method:
     """Decode a method frame's payload (at least 4 octets); bad ones close the connection."""
     class_id, method_id = _HH.unpack_from(payload, 0)
@@ -108,13 +125,15 @@ def decode_method(payload: bytes) -> Method:
     try:
         if class_id == 60:
             if method_id == 40:
-                exchange, off = _shortstr(payload, 6)
-                routing_key, off = _shortstr(payload, off)
-                bits = payload[off]
+                off = 8 + payload[6]
+                off += payload[off - 1]  # after the routing key: the bits
                 if off + 1 != size:
                     raise IndexError
-                ex_rk = bytes(payload[6:off])
-                return BasicPublish(exchange, routing_key, bool(bits & 1), bool(bits & 2), ex_rk)
+                names = _NAMES.get(bytes(payload[6:off]))
+                if names is None:
+                    names = _publish_names(payload, off)
+                bits = payload[off]
+                return BasicPublish(names[0], names[1], bool(bits & 1), bool(bits & 2), names[2])
             if method_id in (80, 120, 90):
                 if size != 13:
                     raise IndexError
