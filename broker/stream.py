@@ -367,7 +367,6 @@ class StreamLog:
         self.on_commit: Any = None  # called when more of the log became readable
         self.on_roll: Any = None  # called when a segment was closed (retention runs)
         self._recover()
-        store.external_logs.add(self)
 
     # ---- start-up ----
 
@@ -638,7 +637,8 @@ class StreamLog:
         return segment
 
     def close(self, delete: bool) -> None:
-        self.store.external_logs.discard(self)
+        self._inflight.clear()  # nothing to tell once its chunks are written
+        self.on_commit = None
         if self._pending:  # the stream is deleted before its last chunk was handed over
             self._pending.clear()
             self.store._external.remove(self)

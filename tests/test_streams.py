@@ -211,6 +211,41 @@ def _publish_and_replay_a_mix(broker: Any, name: str) -> None:
     assert replay() == expected
 
 
+def test_publishes_fanned_out_to_several_streams_reach_each_one(
+    conn: BlockingConnection, name: str
+) -> None:
+    """The store tells each stream of its own chunks once written: waiting consumers of
+    every stream get each publish, confirms come, and a stream deleted in between is left
+    out without holding the others up."""
+    ch = conn.channel()
+    ch.exchange_declare(name, "fanout")
+    names = [f"{name}-{i}" for i in range(3)]
+    got: dict[str, list[bytes]] = {n: [] for n in names}
+    for n in names:
+        declare(ch, n)
+        ch.queue_bind(n, name)
+        reader = conn.channel()
+        reader.basic_qos(prefetch_count=100)
+
+        def on_message(c: BlockingChannel, m: Any, p: Any, b: bytes, n: str = n) -> None:
+            got[n].append(b)
+            c.basic_ack(m.delivery_tag)
+
+        reader.basic_consume(n, on_message, arguments={"x-stream-offset": "next"})
+    ch.confirm_delivery()
+    for i in range(10):
+        ch.basic_publish(name, "", b"a%d" % i)
+    ch.queue_delete(names[2])
+    for i in range(10):
+        ch.basic_publish(name, "", b"b%d" % i)
+    deadline = time.monotonic() + 5
+    while min(len(got[n]) for n in names[:2]) < 20 and time.monotonic() < deadline:
+        conn.process_data_events(0.05)
+    expected = [b"a%d" % i for i in range(10)] + [b"b%d" % i for i in range(10)]
+    assert got[names[0]] == got[names[1]] == expected
+    assert got[names[2]] == expected[:10]
+
+
 def test_offset_header_is_a_long(broker: Any, name: str) -> None:
     """The header's field type, as RabbitMQ sends it ('l', signed 64-bit)."""
     conn = pika.BlockingConnection(pika.URLParameters(broker.url))
