@@ -437,10 +437,12 @@ class Channel:
 
     def _wait_for_disk(self, store: MessageStore, seq: int) -> None:
         """The confirm of ``seq`` (and of everything after it) waits for the open batch's fsync."""
-        self.confirms.wait_disk(seq, store.open_batch)
+        confirms = self.confirms
+        confirms.wait_disk(seq, store.open_batch)
         store.waiters.add(self)
         limit = self._max_unconfirmed
-        if limit is not None and self.confirms.waiting() > limit:
+        # waiting() is at most the unconfirmed count: mostly that bound settles it
+        if limit is not None and seq - confirms.confirmed > limit and confirms.waiting() > limit:
             self.conn.hold(self)  # this publish is taken, the next waits for the disk
 
     def store_synced(self, batch: int) -> None:

@@ -31,6 +31,7 @@ import time
 import weakref
 from array import array
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from warren.broker.arguments import wire_type
@@ -61,6 +62,14 @@ _MAGIC = b"WSC1"
 # properties length, body length, trace id (broker/tracing.py); then those bytes
 _RECORD = struct.Struct(">HHIIQ")
 _U16 = struct.Struct(">H")
+_LEAD = struct.Struct(">HHI")  # _RECORD's first three fields
+_FILTER_KEY = b"x-stream-filter-value"
+_OFFSET_ENTRY = b"\x0fx-stream-offsetl"  # the header's key and its field type, long
+_I64 = struct.Struct(">q")
+_U32 = struct.Struct(">I")
+# a headers table of the offset header alone, without its 8-byte value
+_OFFSET_TABLE = struct.pack(">I", len(_OFFSET_ENTRY) + 8) + _OFFSET_ENTRY
+_OFFSET_TABLE_SIZE = len(_OFFSET_TABLE) + 8
 
 # the queue arguments a stream takes (RabbitMQ 4.3 rabbit_stream_queue:capabilities/0)
 STREAM_ARGUMENTS = (
@@ -283,6 +292,46 @@ def _sync_directory(path: str) -> None:
         os.close(fd)
 
 
+SHAPE_REPEATS = 4  # messages in a row of one shape before it gets its own Struct
+
+
+class _Shape:
+    """What the records of one exchange, routing key and header-less properties share: the
+    record of such a message is one pack of its body size, trace id and offset.
+
+    The record (see _RECORD): lengths, trace id, exchange and routing key, then the
+    properties with the headers flag set and a table of the ``x-stream-offset`` header
+    after content-type and content-encoding (``middle``, up to the offset's 8 bytes), then
+    the rest of the properties (``tail``)."""
+
+    __slots__ = ("exchange", "lead", "middle", "pack", "properties", "routing_key", "tail")
+
+    def __init__(self, exchange: str, routing_key: str, ex_rk: bytes, properties: bytes) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.properties = properties
+        at = 2
+        if properties:
+            flags = properties[0]
+            if flags & 0x80:
+                at += 1 + properties[2]
+            if flags & 0x40:
+                at += 1 + properties[at]
+            # exchange+routing key length, no filter value, properties length
+            self.lead = _LEAD.pack(len(ex_rk), 0, len(properties) + _OFFSET_TABLE_SIZE)
+            self.middle = ex_rk + bytes((flags | 0x20,)) + properties[1:at] + _OFFSET_TABLE
+        else:  # _NO_SHAPE: matches no message (properties have two flag bytes at least)
+            self.lead = self.middle = b""
+        self.tail = properties[at:]
+        # the record: lead, body length, trace id, middle, offset, tail (_RECORD's layout)
+        self.pack: Callable[..., bytes] = struct.Struct(
+            f">{len(self.lead)}sIQ{len(self.middle)}sq{len(self.tail)}s"
+        ).pack
+
+
+_NO_SHAPE = _Shape("", "", b"", b"")
+
+
 class StreamLog:
     """The segment files of one stream; appends go through the store's writer in its batches."""
 
@@ -306,13 +355,18 @@ class StreamLog:
         self._pending: list[bytes] = []  # records of the chunk this loop turn builds
         self._pending_first = 0
         self._filter_values: set[bytes] = set()
-        self._unfiltered = False
+        self._filtered = 0  # messages of the chunk with a filter value
+        # the shape of the messages appended lately (StreamLog.append), and the one that
+        # would replace it once SHAPE_REPEATS messages in a row have it
+        self._shape = _NO_SHAPE
+        self._candidate: tuple[str, str, bytes] | None = None
+        self._repeats = 0
+        self._ex_rk: dict[tuple[str, str], bytes] = {}  # encoded once per exchange and key
         self._handle: Any = None  # the newest segment, open for appending
         self._inflight: deque[tuple[int, int]] = deque()  # (batch, next offset once synced)
         self.on_commit: Any = None  # called when more of the log became readable
         self.on_roll: Any = None  # called when a segment was closed (retention runs)
         self._recover()
-        store.external_logs.add(self)
 
     # ---- start-up ----
 
@@ -388,33 +442,74 @@ class StreamLog:
 
     # ---- appending ----
 
-    def append_message(self, ex_rk: bytes, properties: bytes, body: bytes, trace_id: int) -> None:
-        """Add a message as published to this turn's chunk: its ``x-stream-offset`` header is
-        spliced into the properties and its filter value read here (the common case, no
-        headers table, with one join and no intermediate properties)."""
+    def append(self, msg: Message) -> None:
+        """Add a message as published to this turn's chunk, its ``x-stream-offset`` header
+        spliced into its properties and its filter value read here.
+
+        A message of the current shape (exchange, routing key and header-less properties of
+        the messages before it) is one pack; anything else takes ``_append_other``."""
         offset = self.next_offset
         self.next_offset = offset + 1
         pending = self._pending
         if not pending:
             self._pending_first = offset
             self.store.external_pending(self)
-        flags = properties[0]
-        if flags & 0x20 or properties[1] & 1:  # a headers table (or a second flag word)
+        shape = self._shape
+        if (
+            msg.properties == shape.properties
+            and msg.routing_key == shape.routing_key
+            and msg.exchange == shape.exchange
+        ):
+            body = msg.body
+            pending.append(
+                shape.pack(shape.lead, len(body), msg.trace_id, shape.middle, offset, shape.tail)
+            )
+            pending.append(body)
+        else:
+            self._append_other(msg, offset)
+
+    def _append_other(self, msg: Message, offset: int) -> None:
+        properties = msg.properties
+        body = msg.body
+        ex_rk = msg._ex_rk
+        if ex_rk is None:
+            names = (msg.exchange, msg.routing_key)
+            ex_rk = self._ex_rk.get(names)
+            if ex_rk is None:
+                if len(self._ex_rk) > 1024:
+                    self._ex_rk.clear()
+                ex_rk = self._ex_rk[names] = msg.ex_rk
+        pending = self._pending
+        if properties[0] & 0x20 or properties[1] & 1:  # a headers table (or a second flag word)
             fv = _filter_value(properties)
-            if fv is None:
-                self._unfiltered = True
-            else:
+            if fv is not None:
                 self._filter_values.add(fv)
+                self._filtered += 1
             properties = with_offset(properties, offset)
             pending.append(
-                _RECORD.pack(len(ex_rk), len(fv or b""), len(properties), len(body), trace_id)
+                _RECORD.pack(len(ex_rk), len(fv or b""), len(properties), len(body), msg.trace_id)
                 + ex_rk + (fv or b"") + properties
             )  # fmt: skip
             pending.append(body)
             return
-        self._unfiltered = True
+        # a shape is worth its Struct once messages repeat it: the next ones take append's pack
+        key = (msg.exchange, msg.routing_key, properties)
+        if key == self._candidate:
+            self._repeats += 1
+            if self._repeats >= SHAPE_REPEATS:
+                shape = self._shape = _Shape(msg.exchange, msg.routing_key, ex_rk, properties)
+                pending.append(
+                    shape.pack(shape.lead, len(body), msg.trace_id, shape.middle, offset,
+                               shape.tail)
+                )  # fmt: skip
+                pending.append(body)
+                return
+        else:
+            self._candidate = key
+            self._repeats = 1
         # the properties without headers: flags with the headers bit, the short strings
         # before the table (content-type, content-encoding), the table of the one header
+        flags = properties[0]
         at = 2
         if flags & 0x80:
             at += 1 + properties[2]
@@ -423,7 +518,7 @@ class StreamLog:
         pending.append(
             b"".join((
                 _RECORD.pack(len(ex_rk), 0, len(properties) + _OFFSET_TABLE_SIZE, len(body),
-                             trace_id),
+                             msg.trace_id),
                 ex_rk, bytes((flags | 0x20,)), properties[1:at], _OFFSET_TABLE,
                 _I64.pack(offset), properties[at:],
             ))
@@ -435,10 +530,13 @@ class StreamLog:
         data = b"".join(self._pending)
         count = len(self._pending) // 2
         self._pending.clear()
-        filters = [_U16.pack(len(v)) + v for v in sorted(self._filter_values)]
-        section = (b"\x01" if self._unfiltered else b"\x00") + b"".join(filters)
-        self._filter_values.clear()
-        self._unfiltered = False
+        if self._filtered:
+            filters = [_U16.pack(len(v)) + v for v in sorted(self._filter_values)]
+            section = (b"\x01" if count > self._filtered else b"\x00") + b"".join(filters)
+            self._filter_values.clear()
+            self._filtered = 0
+        else:
+            section = b"\x01"  # every message of the chunk without a filter value
         stamp = self.wall_ms()
         # binascii's crc32 keeps the GIL (zlib's lets it go above 5 KB, and then waits for it
         # behind the writer threads: ten times the cost on this loop)
@@ -539,7 +637,8 @@ class StreamLog:
         return segment
 
     def close(self, delete: bool) -> None:
-        self.store.external_logs.discard(self)
+        self._inflight.clear()  # nothing to tell once its chunks are written
+        self.on_commit = None
         if self._pending:  # the stream is deleted before its last chunk was handed over
             self._pending.clear()
             self.store._external.remove(self)
@@ -653,15 +752,6 @@ def _names(ex_rk: bytes) -> tuple[str, str]:
     return found
 
 
-_FILTER_KEY = b"x-stream-filter-value"
-_OFFSET_ENTRY = b"\x0fx-stream-offsetl"  # the header's key and its field type, long
-_I64 = struct.Struct(">q")
-_U32 = struct.Struct(">I")
-# a headers table of the offset header alone, without its 8-byte value
-_OFFSET_TABLE = struct.pack(">I", len(_OFFSET_ENTRY) + 8) + _OFFSET_ENTRY
-_OFFSET_TABLE_SIZE = len(_OFFSET_TABLE) + 8
-
-
 def with_offset(properties: bytes, offset: int) -> bytes:
     """The properties with the ``x-stream-offset`` header added at the end of the table.
 
@@ -707,7 +797,6 @@ class StreamQueue(Queue):
         self.stream: StreamLog | None = None
         self.cursors: dict[Consumer, Cursor] = {}
         self._wake: list[Consumer] = []  # consumers whose acks gave credit back
-        self._ex_rk: dict[tuple[str, str], bytes] = {}  # encoded once per exchange and key
         # the last reads parsed, by (offset, filter): readers replaying together parse once
         self._parsed: dict[tuple[int, Any, bool], ParsedRead] = {}
         self._age_timer: Deadline | None = None
@@ -776,20 +865,14 @@ class StreamQueue(Queue):
 
     def publish(self, msg: Message, ttl: int | None) -> bool:
         """Append (a stream takes every message; TTLs do not apply)."""
-        log = self.stream or self.log
-        ex_rk = msg._ex_rk
-        if ex_rk is None:
-            key = (msg.exchange, msg.routing_key)
-            ex_rk = self._ex_rk.get(key)
-            if ex_rk is None:
-                if len(self._ex_rk) > 1024:
-                    self._ex_rk.clear()
-                ex_rk = self._ex_rk[key] = msg.ex_rk
-        log.append_message(ex_rk, msg.properties, msg.body, msg.trace_id)
+        log = self.stream
+        if log is None:
+            log = self.log
+        log.append(msg)
         self.stats.published += 1
         store = log.store
         if store is self.message_store:
-            store.published += 1  # the channel's confirm waits for the batch's fsync
+            store.published += 1  # the channel's confirm waits for the batch's write
         return True
 
     def _committed(self) -> None:

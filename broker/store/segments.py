@@ -292,7 +292,8 @@ class MessageStore:
         self._opened: set[int] = set()  # segments opened for reading at least once
         # other logs (streams, broker/stream.py) writing through this writer and its batches
         self._external: list[Any] = []  # with data for the open batch
-        self.external_logs: set[Any] = set()  # told of every synced batch
+        # (batch, the logs with a chunk in it), oldest first: told when their batch is written
+        self._external_batches: deque[tuple[int, list[Any]]] = deque()
         # the writer thread's failure: nothing is written any more, confirms are nacked
         self.error: BaseException | None = None
         self.on_failure: Callable[[BaseException], None] | None = None  # the broker's alarm
@@ -430,7 +431,8 @@ class MessageStore:
         external = None
         if self._external:
             external = [log.take_chunk(self.open_batch) for log in self._external]
-            self._external.clear()
+            self._external_batches.append((self.open_batch, self._external))
+            self._external = []
             if not self._buffer:
                 writer.jobs.put(("external", 0, external, self.open_batch))
                 self.open_batch += 1
@@ -551,8 +553,10 @@ class MessageStore:
 
     def _on_synced(self, batch: int) -> None:
         self.synced_batch = batch
-        for log in self.external_logs:
-            log.synced(batch)
+        external = self._external_batches
+        while external and external[0][0] <= batch:
+            for log in external.popleft()[1]:
+                log.synced(batch)
         if self.waiters:
             for channel in list(self.waiters):
                 channel.store_synced(batch)
