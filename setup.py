@@ -40,6 +40,7 @@ COMPILED = [
     "warren/broker/queue.py",
     "warren/broker/stats.py",
     "warren/broker/message.py",
+    "warren/broker/stream.py",
 ]
 
 # mypyc trusts every annotation it sees and checks values against them at run time.

@@ -793,14 +793,31 @@ class StreamQueue(Queue):
     """A queue of type stream: the Queue interface the channel, management and metrics use,
     over a StreamLog. Nothing is ever removed by consumers."""
 
-    def __init__(self, vhost: VirtualHost, name: str, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        vhost: VirtualHost,
+        name: str,
+        *,
+        durable: bool = False,
+        exclusive_owner: object | None = None,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        # Queue's parameters spelled out: compiled, **kwargs would reach it as one dict
         self.stream: StreamLog | None = None
         self.cursors: dict[Consumer, Cursor] = {}
         self._wake: list[Consumer] = []  # consumers whose acks gave credit back
         # the last reads parsed, by (offset, filter): readers replaying together parse once
         self._parsed: dict[tuple[int, Any, bool], ParsedRead] = {}
         self._age_timer: Deadline | None = None
-        super().__init__(vhost, name, **kwargs)
+        super().__init__(
+            vhost,
+            name,
+            durable=durable,
+            exclusive_owner=exclusive_owner,
+            auto_delete=auto_delete,
+            arguments=arguments,
+        )
         self.queue_type = "stream"
         self._age_timer = Deadline(vhost.timers, self.apply_retention)
 
