@@ -23,6 +23,7 @@ directly.
 from __future__ import annotations
 
 from enum import Enum, auto
+from struct import Struct
 from typing import Final, Generic, TypeVar
 
 from pamqp import commands
@@ -50,6 +51,9 @@ from warren.protocol.errors import (
 )
 from warren.protocol.methods import BasicPublish, Method, decode_method, method_frame
 from warren.protocol.properties import PropertiesError, check_properties
+
+_frame_head: Final = Struct(">BHI")
+_content_head: Final = Struct(">HHQ")
 
 
 class Sentinel(Enum):
@@ -336,10 +340,11 @@ class ProtocolConnection(Generic[OwnerT]):
             if avail < 7:
                 self._want = 7 - avail
                 return NEED_DATA
-            # by index, not Struct.unpack_from: typed ints the compiled build never boxes
-            ftype: int = buf[off]
-            channel: int = (buf[off + 1] << 8) | buf[off + 2]
-            size: int = int.from_bytes(buf[off + 3 : off + 7], "big")
+            # typed: the compiled build unboxes them once, then works on native ints
+            ftype: int
+            channel: int
+            size: int
+            ftype, channel, size = _frame_head.unpack_from(buf, off)
             if size > self.frame_max:
                 # RabbitMQ allows a payload of frame_max octets and names frame_max - 8 as the limit
                 self.failed = True
@@ -488,8 +493,9 @@ class ProtocolConnection(Generic[OwnerT]):
             raise ConnectionError_(
                 FRAME_ERROR, f"type 2, all octets = {erlang_binary(payload)}: unknown_frame"
             )
-        class_id: int = (payload[0] << 8) | payload[1]
-        body_size: int = int.from_bytes(payload[4:12], "big")
+        class_id: int
+        body_size: int
+        class_id, _weight, body_size = _content_head.unpack_from(payload, 0)
         if class_id != 60:
             raise ConnectionError_(
                 UNEXPECTED_FRAME,

@@ -120,8 +120,9 @@ def _publish_names(payload: bytes, end: int) -> tuple[str, str, bytes]:
 
 def decode_method(payload: bytes) -> Method:
     """Decode a method frame's payload (at least 4 octets); bad ones close the connection."""
-    class_id: int = (payload[0] << 8) | payload[1]
-    method_id: int = (payload[2] << 8) | payload[3]
+    class_id: int
+    method_id: int
+    class_id, method_id = _HH.unpack_from(payload, 0)
     size = len(payload)
     try:
         if class_id == 60:
