@@ -105,6 +105,9 @@ class TraceWriter:
         # replaced (the tracers hold its append), only emptied at each hand-over.
         self.records: list[bytes] = []
         self.big = 0  # bytes of variable-length records beyond ROOM each (long ack lists)
+        # records[:n] add up to size bytes, at most cap: a writer that is behind has its
+        # new records checked at each tick, not all it holds
+        self._checked = (0, 0)
         self.side: list[Any] = []  # the same: never replaced
         # ids grow from the start time in microseconds: unique across restarts
         self.ids = itertools.count(time.time_ns() // 1000)
@@ -140,15 +143,17 @@ class TraceWriter:
         """Hold at most ``cap`` bytes of records: drop and count the events past it, but
         keep what gives or takes back an id (later events name it)."""
         records, cap = self.records, self.cap
-        if len(records) * ROOM + self.big <= cap:
+        start, size = self._checked
+        if size + (len(records) - start) * ROOM + self.big <= cap:
             return  # the usual case: no need to add up the sizes
-        size = cut = 0
-        for record in records:
-            size += len(record)
-            if size > cap:
+        cut = start
+        for record in records[start:]:
+            if size + len(record) > cap:
                 break
+            size += len(record)
             cut += 1
         else:
+            self._checked, self.big = (cut, size), 0
             return
         side = self.side
         kept = records[:cut]
@@ -160,6 +165,7 @@ class TraceWriter:
                 event = side[index]
                 if event[0] in _KEEP:
                     kept.append(record)
+                    size += len(record)
                     continue
                 side[index] = None  # its tuple is not sent either
                 dropped += _EVENTS.get(event[0], 1)
@@ -173,7 +179,7 @@ class TraceWriter:
             else:
                 dropped += 1
         records[:] = kept
-        self.big = sum(len(r) - ROOM for r in kept if len(r) > ROOM)
+        self._checked, self.big = (len(kept), size), 0
         self.dropped += dropped
 
     # ---- ids for names, on the loop ----
@@ -293,7 +299,7 @@ class TraceWriter:
             return
         data = b"".join(records)
         records.clear()
-        self.big = 0
+        self._checked, self.big = (0, 0), 0
         packed = marshal.dumps(side)
         side.clear()
         self._unsent += [HEAD.pack(len(data), len(packed), sync), data, packed]
