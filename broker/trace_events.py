@@ -1,16 +1,19 @@
 """The trace stream: what the broker's loop hands to the writer process, shared by both ends.
 
-The frequent events (published, delivered, acked, confirmed) travel as runs of native
-int64s; the rare ones as tuples on a side list, marked in their place in the int stream
-(``OBJ``, index). Channels, consumers, queues and (exchange, routing key) pairs are small
-ids defined once in the stream (``DEFINE``, ``DEFINE_NAME``) and dropped when they end
-(``UNDEFINE``, ``FORGET``). A batch on the pipe is ``HEAD`` (bytes of ints, bytes of
-the marshalled side list, whether the broker waits for a reply), then those bytes.
+The frequent events (published, delivered, acked, confirmed) travel as fixed-size binary
+records, one ``struct`` pack each (``REC_*``: a kind, the clock as a double, then native
+longs, flags last as bytes); the rare ones as tuples on a side list, marked in their
+place in the record stream (``OBJ``, index). Channels, consumers, queues and (exchange,
+routing key) pairs are small ids defined once in the stream (``DEFINE``, ``DEFINE_NAME``)
+and dropped when they end (``UNDEFINE``, ``FORGET``). A batch on the pipe is ``HEAD``
+(bytes of records, bytes of the marshalled side list, whether the broker waits for a
+reply), then those bytes.
 """
 
 from __future__ import annotations
 
 import struct
+import time
 
 # event kinds: the first item of every tuple, an index into FORMATS
 (
@@ -38,17 +41,45 @@ import struct
     ACK_RANGE,  # the same for the tags first..last
     CONFIRMS,  # in the int stream only: a publisher confirm, written as "confirmed"
 ) = range(23)
-HEAD = struct.Struct("=II?")  # a batch: bytes of ints, bytes of marshalled side list, sync
-# markers in the int stream: a side-list tuple follows; then, as side tuples: an object's
+PUBLISHED1 = 23  # in the record stream only: published to exactly one queue (the usual case)
+# a side tuple (PROPS, trace id, property bytes) before a publish whose properties hold a
+# message-id, a correlation-id or persistence, which the writer process reads from them
+PROPS = 24
+HEAD = struct.Struct("=II?")  # a batch: bytes of records, bytes of marshalled side list, sync
+# markers in the record stream: a side-list tuple follows; then, as side tuples: an object's
 # id, a name's id, all names forgotten, an object's id forgotten
 OBJ, DEFINE, DEFINE_NAME, FORGET, UNDEFINE = 100, 101, 102, 103, 104
-# The int stream is native int64s (the child reads it as array("q")), packed by struct:
-# array.extend() of a tuple converts and grows item by item, several times slower. They
-# are packed as C longs ("l", 8 bytes where Warren runs): struct converts an int too big
-# for one internal digit (a trace id, a clock reading) to a "q" through a generic
-# byte-array routine, to an "l" in a short loop, a fifth of the instructions.
+# Records are packed natively: struct converts an int too big for one of CPython's
+# internal digits (a trace id) to a C long in a short loop, to a "q" through a generic
+# byte-array routine, a fifth of the speed. "l" is 8 bytes where Warren runs.
 INT = "l" if struct.calcsize("l") == 8 else "q"
-INTS = [struct.Struct(f"{n}{INT}").pack for n in range(16)]  # by count of ints
-pack2 = INTS[2]
-# the frequent events, written at an offset into a buffer (no bytes object per event)
-into5, into6, into7, into11 = (struct.Struct(f"{n}{INT}").pack_into for n in (5, 6, 7, 11))
+# The clock is time.monotonic(), a float: packing a double is a copy, while the int of
+# monotonic_ns() is allocated and converted digit by digit. The writer process turns it
+# back into nanoseconds (exact while the machine has been up for less than 104 days, to
+# the microsecond the files hold after that).
+clock = time.monotonic
+REC_PUBLISHED1 = struct.Struct(f"{INT}d6{INT}?")
+"""kind, t, trace id, channel, route, size, seq, queue, mandatory"""
+REC_PUBLISHED = struct.Struct(f"{INT}d5{INT}?{INT}")
+"""kind, t, trace id, channel, route, size, seq, mandatory, count; then count queues"""
+REC_DELIVERED = struct.Struct(f"{INT}d4{INT}?")
+"""kind, t, trace id, consumer, tag, delivery count, redelivered"""
+REC_ACK_RANGE = struct.Struct(f"{INT}d3{INT}")
+"""kind, t, channel, first tag, last tag: every tag first..last acked"""
+REC_ACKS = struct.Struct(f"{INT}d2{INT}")
+"""kind, t, channel, n; then n tags"""
+REC_CONFIRMS = struct.Struct(f"{INT}d3{INT}?")
+"""kind, t, channel, first, last, ack (false: a nack)"""
+REC_OBJ = struct.Struct(f"2{INT}")
+"""OBJ, index into the side list"""
+REC_KIND = struct.Struct(INT)
+RECORDS = {
+    PUBLISHED1: REC_PUBLISHED1,
+    PUBLISHED: REC_PUBLISHED,
+    DELIVERED: REC_DELIVERED,
+    ACK_RANGE: REC_ACK_RANGE,
+    ACKS: REC_ACKS,
+    CONFIRMS: REC_CONFIRMS,
+    OBJ: REC_OBJ,
+}
+ROOM = max(r.size for r in RECORDS.values())  # the fixed records' largest (80 bytes)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import marshal
 import os
+import struct
 import sys
 import time
-from array import array
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
@@ -28,9 +28,20 @@ from warren.broker.trace_events import (
     DELIVERED,
     FORGET,
     HEAD,
+    INT,
     NACKED,
     OBJ,
+    PROPS,
     PUBLISHED,
+    PUBLISHED1,
+    REC_ACK_RANGE,
+    REC_ACKS,
+    REC_CONFIRMS,
+    REC_DELIVERED,
+    REC_KIND,
+    REC_OBJ,
+    REC_PUBLISHED,
+    REC_PUBLISHED1,
     UNDEFINE,
 )
 from warren.protocol.properties import TRACED_FLAGS_HI, TRACED_FLAGS_LO, split_properties
@@ -91,6 +102,7 @@ class _Decoder:
         self.routes: dict[int, str] = {}  # name id -> ',"exchange":..,"rk":..'
         # (peer, ch) -> tag -> (message id, ',"ev":"acked",...,"msg":', ',"queue":..,"tag":')
         self.unacked: dict[tuple[Any, int], dict[int, tuple[int, str, str]]] = {}
+        self.props: tuple[int, bytes] | None = None  # (trace id, properties) of the next publish
 
     def _define(self, n: int, definition: tuple[Any, ...]) -> None:
         vhost = _s(definition[0])
@@ -139,6 +151,8 @@ class _Decoder:
             self.routes.clear()
         elif what == UNDEFINE:
             self.pieces.pop(event[1], None)
+        elif what == PROPS:
+            self.props = (event[1], event[2])
         elif what == DELIVERED:  # basic.get
             yield from self._delivered(event, off)
         elif what == CHANNEL_CLOSED:
@@ -150,16 +164,18 @@ class _Decoder:
                 self._settled(event[5], event[6], event[7])
             yield FORMATS[what](event, off)
 
-    def lines(self, ints: array[int], side: list[Any], off: int) -> Iterator[str]:
+    def lines(self, data: bytes, side: list[Any], off: int) -> Iterator[str]:
+        """The JSON lines of one batch: ``data``, the records; ``side``, the side list;
+        ``off``, nanoseconds from the monotonic clock to the epoch."""
         pieces, unacked = self.pieces, self.unacked
-        i, n = 0, len(ints)
+        kind_of, i, n = REC_KIND.unpack_from, 0, len(data)
         while i < n:
-            kind = ints[i]
+            kind = kind_of(data, i)[0]
             if kind == DELIVERED:
-                _, t, tid, consumer, tag, redelivered, count = ints[i : i + 7]
-                i += 7
+                _, t, tid, consumer, tag, count, redelivered = REC_DELIVERED.unpack_from(data, i)
+                i += REC_DELIVERED.size
                 head, mid, tail, ack, no_ack, channel = pieces[consumer]
-                ts = (t + off) // 1000
+                ts = (round(t * 1e9) + off) // 1000
                 yield (
                     f'{{"ts":{ts}{head}{tid}{mid}{tag},"redelivered":{_BOOL[redelivered]},'
                     f'"count":{count}{tail}'
@@ -171,51 +187,63 @@ class _Decoder:
                     if open_tags is None:
                         open_tags = unacked[channel] = {}
                     open_tags[tag] = (tid, ack, mid)
-            elif kind == PUBLISHED:
-                _, t, tid, channel_id, route, size, seq, mandatory, extra, count = ints[i : i + 10]
-                if count == 1:
-                    queues = f"[{pieces[ints[i + 10]][0]}]"
+            elif kind in (PUBLISHED1, PUBLISHED):
+                if kind == PUBLISHED1:
+                    _, t, tid, channel_id, route, size, seq, queue, mandatory = (
+                        REC_PUBLISHED1.unpack_from(data, i)
+                    )
+                    i += REC_PUBLISHED1.size
+                    queues = f"[{pieces[queue][0]}]"
                 else:
-                    queues = "[" + ",".join(pieces[q][0] for q in ints[i + 10 : i + 10 + count])
-                    queues += "]"
-                i += 10 + count
+                    _, t, tid, channel_id, route, size, seq, mandatory, count = (
+                        REC_PUBLISHED.unpack_from(data, i)
+                    )
+                    i += REC_PUBLISHED.size
+                    ids = struct.unpack_from(f"{count}{INT}", data, i)
+                    i += 8 * count
+                    queues = "[" + ",".join(pieces[q][0] for q in ids) + "]"
                 vhost, conn, _ = pieces[channel_id]
-                head = f'{{"ts":{(t + off) // 1000},"ev":"'
+                head = f'{{"ts":{(round(t * 1e9) + off) // 1000},"ev":"'
                 common = f'","vhost":{vhost},"msg":{tid}{self.routes[route]}'
-                props = _props(side[extra - 1]) if extra else ""
+                props = ""
+                if self.props is not None:  # the properties of this message, or a dropped one
+                    if self.props[0] == tid:
+                        props = _props(self.props[1])
+                    self.props = None
                 yield (
                     f'{head}published{common},"size":{size}{props}{conn},"seq":{seq}}}\n'
                     f'{head}routed{common},"queues":{queues},"mandatory":{_BOOL[mandatory]},'
                     f'"dead_letter":false}}\n'
                 )
-            elif kind in (ACKS, ACK_RANGE):
-                t, channel_id = ints[i + 1], ints[i + 2]
+            elif kind in (ACK_RANGE, ACKS):
                 tags: Iterable[int]
                 if kind == ACK_RANGE:
-                    tags = range(ints[i + 3], ints[i + 4] + 1)
-                    i += 5
+                    _, t, channel_id, first, last = REC_ACK_RANGE.unpack_from(data, i)
+                    i += REC_ACK_RANGE.size
+                    tags = range(first, last + 1)
                 else:
-                    count = ints[i + 3]
-                    tags = ints[i + 4 : i + 4 + count]
-                    i += 4 + count
+                    _, t, channel_id, count = REC_ACKS.unpack_from(data, i)
+                    i += REC_ACKS.size
+                    tags = struct.unpack_from(f"{count}{INT}", data, i)
+                    i += 8 * count
                 open_tags = unacked.get(pieces[channel_id][2], {})
-                stamp = f'{{"ts":{(t + off) // 1000}'
+                stamp = f'{{"ts":{(round(t * 1e9) + off) // 1000}'
                 for tag in tags:
                     delivery = open_tags.pop(tag, None)
                     if delivery is not None:  # else delivered before tracing began
                         tid, ack, mid = delivery
                         yield f"{stamp}{ack}{tid}{mid}{tag}}}\n"
             elif kind == CONFIRMS:
-                _, t, channel_id, first, last, ack = ints[i : i + 6]
-                i += 6
+                _, t, channel_id, first, last, ack = REC_CONFIRMS.unpack_from(data, i)
+                i += REC_CONFIRMS.size
                 vhost, conn, _ = pieces[channel_id]
                 yield (
-                    f'{{"ts":{(t + off) // 1000},"ev":"confirmed","vhost":{vhost}{conn},'
-                    f'"first":{first},"seq":{last},"ack":{_BOOL[ack]}}}\n'
+                    f'{{"ts":{(round(t * 1e9) + off) // 1000},"ev":"confirmed","vhost":{vhost}'
+                    f'{conn},"first":{first},"seq":{last},"ack":{_BOOL[ack]}}}\n'
                 )
             elif kind == OBJ:
-                yield from self._side(side[ints[i + 1]], off)
-                i += 2
+                yield from self._side(side[REC_OBJ.unpack_from(data, i)[1]], off)
+                i += REC_OBJ.size
             else:
                 raise ValueError(f"unknown event kind {kind} in the trace stream")
 
@@ -234,12 +262,11 @@ def _child_main(argv: list[str]) -> int:
         head = source.read(HEAD.size)
         if len(head) < HEAD.size:
             break  # the broker closed the pipe (or died): everything received is written
-        n_ints, n_side, sync = HEAD.unpack(head)
-        ints = array("q")
-        ints.frombytes(source.read(n_ints))
+        n_data, n_side, sync = HEAD.unpack(head)
+        data = source.read(n_data)
         side = marshal.loads(source.read(n_side))
         lines: list[str] = []
-        for line in decoder.lines(ints, side, off):
+        for line in decoder.lines(data, side, off):
             lines.append(line)
             if len(lines) >= DRAIN_CHUNK:
                 files.write("".join(lines))

@@ -1,8 +1,9 @@
 """The hand-over: the loop's recorded events, shipped to the writer process every 20 ms.
 
 The broker's side of the trace stream (broker/trace_events.py): ids for the names the
-events mention, and a timer that writes the buffers to ``python -m warren.broker.trace_format``
-through a non-blocking pipe. Nothing here formats an event.
+events mention, the records waiting for the hand-over, and a timer that writes them to
+``python -m warren.broker.trace_format`` through a non-blocking pipe. Nothing here
+formats an event.
 """
 
 from __future__ import annotations
@@ -14,24 +15,36 @@ import itertools
 import marshal
 import os
 import select
+import struct
 import subprocess
 import sys
 import time
-import weakref
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from warren.broker.trace_events import (
+    ACK_RANGE,
+    ACKS,
+    CHANNEL_CLOSED,
     DEFINE,
     DEFINE_NAME,
     DROPPED,
     FORGET,
     HEAD,
+    INT,
     OBJ,
+    PROPS,
+    PUBLISHED,
+    PUBLISHED1,
+    REC_ACK_RANGE,
+    REC_ACKS,
+    REC_KIND,
+    REC_OBJ,
+    REC_PUBLISHED,
+    ROOM,
     UNDEFINE,
-    pack2,
+    clock,
 )
 
 if TYPE_CHECKING:
@@ -39,14 +52,16 @@ if TYPE_CHECKING:
     from warren.broker.consumer import Consumer
     from warren.broker.message import Message
     from warren.broker.queue import Queue
+    from warren.broker.vhost import VirtualHost
 
 FLUSH_INTERVAL = 0.02  # seconds between hand-overs: small buffers stay in the CPU caches
 FLUSH_TIMEOUT = 5.0  # seconds a flush (tests, shutdown) waits for the writer process
 MAX_NAMES = 50_000  # (exchange, routing key) pairs with an id; past this the ids start again
 PIPE_SIZE = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 PIPE_BYTES = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
-CHUNK = 1 << 20  # bytes of one recording buffer: a tick at full load fills a fifth of it
-ROOM = 128  # bytes that every fixed-size record fits in (the largest is 88)
+# side-list entries that the writer process needs whatever is dropped: ids and their ends
+_KEEP = frozenset((DEFINE, DEFINE_NAME, FORGET, UNDEFINE, CHANNEL_CLOSED, DROPPED))
+_EVENTS = {PUBLISHED: 2, PROPS: 0}  # lines a side tuple stands for, when not 1
 
 _mono = time.monotonic_ns
 
@@ -56,22 +71,22 @@ class TraceWriter:
 
     Turning an event into a JSON line costs about as much as the engine's whole handling
     of the message, and in the broker's process it would hold the GIL the event loop
-    needs. So the broker's side only records ints: the frequent events (published,
-    delivered, acked, confirmed) as runs of int64s packed into a ``bytearray``, with
-    channels, consumers, queues and routes as small ids defined once in the stream
+    needs. So the broker's side only records: the frequent events (published, delivered,
+    acked, confirmed) as fixed-size binary records, one ``Struct.pack`` each, appended to
+    ``records`` (a list append: no offset to keep, no room to test), with channels,
+    consumers, queues and routes as small ids defined once in the stream
     (``channel_id``...; ``forget`` drops one when its object ends, so that the writer
     process does not keep every channel ever opened), the rare events as tuples on a side
-    list, marked in their place in the int stream. Every ``FLUSH_INTERVAL`` a timer on
-    the loop swaps in fresh buffers (small ones stay in the CPU caches) and writes the old
-    ones to ``python -m warren.broker.trace_format`` through a non-blocking pipe: the ints
-    as they are (one ``writev``, no copy, no Python per event), the side list
-    ``marshal``-encoded. No thread: one would take the GIL from the loop at every
-    hand-over. The child decodes,
-    formats (the frequent events from JSON pieces made once per channel, consumer and
-    route), writes and rotates on another core, at the lowest priority. If it falls
-    behind, the pipe fills, what did not fit waits for the next tick, the buffers reach
-    their bounds and events are dropped and counted: the broker never waits. Killed with
-    the broker, the child still writes what it has received.
+    list, marked in their place in the record stream. Every ``FLUSH_INTERVAL`` a timer on
+    the loop joins the records and writes them to ``python -m warren.broker.trace_format``
+    through a non-blocking pipe, the side list ``marshal``-encoded. No thread: one would
+    take the GIL from the loop at every hand-over. The child decodes, formats (the
+    frequent events from JSON pieces made once per channel, consumer and route), writes
+    and rotates on another core, at the lowest priority. If it falls behind, the pipe
+    fills, what did not fit waits for the next tick, the records held reach their bound
+    (``cap`` bytes, enforced at each tick) and the rest are dropped and counted: the
+    broker never waits. Killed with the broker, the child still writes what it has
+    received.
     """
 
     def __init__(
@@ -85,23 +100,24 @@ class TraceWriter:
         self.directory = os.path.abspath(directory)
         self.rotate_bytes = rotate_bytes
         self.rotate_seconds = rotate_seconds
-        self.cap = capacity * 64  # bytes: a frequent event is 5 to 11 ints
-        self.side_cap = capacity
-        # The frequent events are packed into a buffer allocated once, at a running offset
-        # (Struct.pack_into): no bytes object per event and no length test. A record that
-        # does not fit (``overflow``), or a rare event past ``limit``, ``spill``s: the
-        # buffer is put aside for the next hand-over and another started, unless ``cap``
-        # is reached.
-        self.buf = bytearray(min(CHUNK, self.cap))
-        self.off = 0
-        self.limit = len(self.buf) - ROOM
-        self.full: list[memoryview] = []  # filled buffers waiting for the hand-over
-        self.side: list[Any] = []
+        self.cap = capacity * 64  # bytes held: a frequent event's record is 40 to 73
+        # The records since the last hand-over, one bytes object each; the list is never
+        # replaced (the tracers hold its append), only emptied at each hand-over.
+        self.records: list[bytes] = []
+        self.big = 0  # bytes of variable-length records beyond ROOM each (long ack lists)
+        # records[:n] add up to size bytes, at most cap: a writer that is behind has its
+        # new records checked at each tick, not all it holds
+        self._checked = (0, 0)
+        self.side: list[Any] = []  # the same: never replaced
         # ids grow from the start time in microseconds: unique across restarts
         self.ids = itertools.count(time.time_ns() // 1000)
-        self.names: dict[tuple[str, str], int] = {}  # (exchange, routing key) -> id
-        # channels, consumers and queues holding an id (trace_ref) from this writer
-        self.defined: weakref.WeakSet[Channel | Consumer | Queue] = weakref.WeakSet()
+        # exchange -> routing key -> id: two lookups by strings whose hash is cached,
+        # cheaper than one by a tuple made for it
+        self.routes: dict[str, dict[str, int]] = {}
+        self.n_routes = 0
+        # channels holding an id (trace_ref) from this writer, to take it back when their
+        # vhost stops tracing; consumers and queues are found through the vhost's queues
+        self.channels: dict[int, Channel] = {}
         self._next = itertools.count(1)
         self.dropped = 0
         self._dropped_noted = 0
@@ -109,62 +125,105 @@ class TraceWriter:
         self._child: subprocess.Popen[bytes] | None = None  # None once it stops reading
         self._proc: subprocess.Popen[bytes] | None = None
         self._fd = -1  # the child's stdin, non-blocking
-        self._unsent: list[bytes | bytearray | memoryview] = []  # what the pipe did not take
+        self._unsent: list[bytes | memoryview] = []  # what the pipe did not take
         self._timer: asyncio.TimerHandle | None = None
 
-    # ---- the buffers, on the loop ----
+    # ---- the records, on the loop ----
 
     def held(self) -> int:
         """Bytes recorded and not yet handed over."""
-        return sum(len(b) for b in self.full) + self.off
-
-    def spill(self) -> int:
-        """The buffer is full: a fresh one, and the offset to write at (0); -1 when the
-        recorded bytes have reached ``cap`` (the writer process is behind: drop)."""
-        if self.held() + ROOM > self.cap:
-            return -1
-        self.full.append(memoryview(self.buf)[: self.off])
-        self.buf = bytearray(len(self.buf))
-        self.off = 0
-        return 0
-
-    def overflow(self, events: int, pack_into: Callable[..., None], *ints: int) -> None:
-        """A record did not fit: into a fresh buffer, or dropped and counted."""
-        if self.spill() < 0:
-            self.dropped += events
-            return
-        pack_into(self.buf, 0, *ints)
-        self.off = 8 * len(ints)
+        return sum(map(len, self.records))
 
     def write(self, data: bytes) -> None:
-        """Bytes of any length (rare events, long lists), past ``cap`` if need be: the
-        callers test for room first (``Tracer._full``), these are a few more."""
-        off, end = self.off, self.off + len(data)
-        if end > len(self.buf):
-            self.full.append(memoryview(self.buf)[:off])
-            self.buf = bytearray(max(len(self.buf), len(data)))
-            off, end = 0, len(data)
-        self.buf[off:end] = data
-        self.off = end
+        """A record of any length (long ack lists, fan-out publishes)."""
+        self.records.append(data)
+        self.big += len(data)
+
+    def _trim(self) -> None:
+        """Hold at most ``cap`` bytes of records: drop and count the events past it, but
+        keep what gives or takes back an id (later events name it)."""
+        records, cap = self.records, self.cap
+        start, size = self._checked
+        if size + (len(records) - start) * ROOM + self.big <= cap:
+            return  # the usual case: no need to add up the sizes
+        cut = start
+        for record in records[start:]:
+            if size + len(record) > cap:
+                break
+            size += len(record)
+            cut += 1
+        else:
+            self._checked, self.big = (cut, size), 0
+            return
+        side = self.side
+        kept = records[:cut]
+        dropped = 0
+        for record in records[cut:]:
+            kind = REC_KIND.unpack_from(record)[0]
+            if kind == OBJ:
+                index = REC_OBJ.unpack(record)[1]
+                event = side[index]
+                if event[0] in _KEEP:
+                    kept.append(record)
+                    size += len(record)
+                    continue
+                side[index] = None  # its tuple is not sent either
+                dropped += _EVENTS.get(event[0], 1)
+            elif kind in (PUBLISHED1, PUBLISHED):
+                dropped += 2
+            elif kind == ACK_RANGE:
+                _, _, _, first, last = REC_ACK_RANGE.unpack(record)
+                dropped += last - first + 1
+            elif kind == ACKS:
+                dropped += REC_ACKS.unpack_from(record)[3]
+            else:
+                dropped += 1
+        records[:] = kept
+        self._checked, self.big = (len(kept), size), 0
+        self.dropped += dropped
 
     # ---- ids for names, on the loop ----
 
     def _define(self, definition: tuple[Any, ...]) -> None:
-        self.write(pack2(OBJ, len(self.side)))
+        self.records.append(REC_OBJ.pack(OBJ, len(self.side)))
         self.side.append(definition)
 
     def route_id(self, msg: Message) -> int:
         """An id for the message's exchange and routing key."""
-        if len(self.names) >= MAX_NAMES:  # routing keys may all differ: start again
-            self.names.clear()
+        if self.n_routes >= MAX_NAMES:  # routing keys may all differ: start again
+            self.routes.clear()
+            self.n_routes = 0
             self._define((FORGET,))
-        self.names[msg.exchange, msg.routing_key] = n = next(self._next)
+        keys = self.routes.get(msg.exchange)
+        if keys is None:
+            keys = self.routes[msg.exchange] = {}
+        keys[msg.routing_key] = n = next(self._next)
+        self.n_routes += 1
         self._define((DEFINE_NAME, n, (msg.exchange, msg.routing_key)))
         return n
 
+    def published(
+        self,
+        channel: Channel,
+        tid: int,
+        route: int,
+        size: int,
+        seq: int,
+        mandatory: bool,
+        queues: list[Queue],
+    ) -> None:
+        """Tracer.published's record for a fan-out or an unroutable message."""
+        targets = [q.trace_ref or self.queue_id(q) for q in queues]
+        channel_id = channel.trace_ref or self.channel_id(channel)
+        self.write(
+            struct.pack(
+                f"{REC_PUBLISHED.format}{len(targets)}{INT}", PUBLISHED, clock(), tid,
+                channel_id, route, size, seq, mandatory, len(targets), *targets,
+            )
+        )  # fmt: skip
+
     def _ref(self, obj: Channel | Consumer | Queue, definition: tuple[Any, ...]) -> int:
         obj.trace_ref = n = next(self._next)
-        self.defined.add(obj)
         self._define((DEFINE, n, definition))
         return n
 
@@ -172,7 +231,9 @@ class TraceWriter:
         return self._ref(queue, (queue.vhost.name, queue.name))
 
     def channel_id(self, channel: Channel) -> int:
-        return self._ref(channel, (channel.vhost.name, channel.conn.peer, channel.id))
+        n = self._ref(channel, (channel.vhost.name, channel.conn.peer, channel.id))
+        self.channels[n] = channel
+        return n
 
     def consumer_id(self, consumer: Consumer) -> int:
         channel, queue = consumer.channel, consumer.queue
@@ -185,10 +246,23 @@ class TraceWriter:
     def forget(self, obj: Channel | Consumer | Queue) -> None:
         """A channel, consumer or queue ended: the writer process drops its definition (an
         event for it after all, a late confirm say, defines it again)."""
-        if obj.trace_ref:
-            self._define((UNDEFINE, obj.trace_ref))
+        n = obj.trace_ref
+        if n:
+            self._define((UNDEFINE, n))
             obj.trace_ref = 0
-            self.defined.discard(obj)
+            self.channels.pop(n, None)
+
+    def forget_vhost(self, vhost: VirtualHost) -> None:
+        """The vhost stops tracing: its channels, consumers and queues give their ids back
+        (a later writer process would not know them)."""
+        for channel in [c for c in self.channels.values() if c.vhost is vhost]:
+            self.forget(channel)
+            for consumer in channel.consumers.values():
+                self.forget(consumer)
+        for queue in vhost.queues.values():
+            self.forget(queue)
+            for consumer in queue.consumers:
+                self.forget(consumer)
 
     # ---- shipping, on the loop ----
 
@@ -212,22 +286,24 @@ class TraceWriter:
         self._timer = self._loop.call_later(FLUSH_INTERVAL, self._tick)
 
     def _ship(self, sync: bool) -> None:
-        """Hand the buffers to the child, or keep filling them while the pipe is full."""
-        if self._unsent and not self._write() and not sync:
-            return  # the child is behind: the buffers fill up to their bounds, then drop
+        """Hand the records to the child, or keep them while the pipe is full."""
+        behind = bool(self._unsent) and not self._write()
+        self._trim()
+        if behind and not sync:
+            return  # the child is behind: the records pile up to their bound, then drop
         if self.dropped != self._dropped_noted:
             self._dropped_noted = self.dropped
             self._define((DROPPED, _mono(), None, self.dropped))
-        if not self.off and not self.full and not self.side and not sync:
+        records, side = self.records, self.side
+        if not records and not side and not sync:
             return
-        parts = [*self.full, memoryview(self.buf)[: self.off]]
-        side = marshal.dumps(self.side)
-        self._unsent += [HEAD.pack(self.held(), len(side), sync), *parts, side]
-        self.full = []
-        self.side = []
-        self.off = 0
-        if not self._write():  # the pipe holds a view of the buffer: record into another
-            self.buf = bytearray(len(self.buf))
+        data = b"".join(records)
+        records.clear()
+        self._checked, self.big = (0, 0), 0
+        packed = marshal.dumps(side)
+        side.clear()
+        self._unsent += [HEAD.pack(len(data), len(packed), sync), data, packed]
+        self._write()
 
     def _write(self) -> bool:
         """Write what the pipe takes now; True when nothing is left."""
@@ -278,9 +354,6 @@ class TraceWriter:
             self._timer.cancel()
             self._timer = None
         self.flush()
-        for obj in list(self.defined):  # their ids mean nothing to a later writer process
-            obj.trace_ref = 0
-        self.defined.clear()
         child, self._child, self._proc = self._proc, None, None  # reaped even if it died
         if child is not None:
             if child.stdin is not None:

@@ -72,18 +72,22 @@ from warren.broker.trace_events import (
     MARK,
     NACKED,
     OBJ,
+    PROPS,
     PUBLISHED,
+    PUBLISHED1,
     QUEUE_DELETED,
     QUEUE_EXPIRED,
+    REC_ACK_RANGE,
+    REC_ACKS,
+    REC_CONFIRMS,
+    REC_DELIVERED,
+    REC_OBJ,
+    REC_PUBLISHED1,
     RELEASED,
     REQUEUED,
     RETRY,
     ROUTED,
-    into5,
-    into6,
-    into7,
-    into11,
-    pack2,
+    clock,
 )
 from warren.broker.trace_writer import TraceWriter
 from warren.protocol.properties import TRACED_FLAGS_HI, TRACED_FLAGS_LO
@@ -98,34 +102,36 @@ if TYPE_CHECKING:
     from warren.broker.vhost import VirtualHost
     from warren.config import Settings
 
-_mono = time.monotonic_ns
+_mono = time.monotonic_ns  # the rare events' clock (the records' is trace_events.clock)
+_clock = clock
+_obj = REC_OBJ.pack
+_published1 = REC_PUBLISHED1.pack
+_delivered = REC_DELIVERED.pack
+_ack_range = REC_ACK_RANGE.pack
+_confirms = REC_CONFIRMS.pack
 
 
 class Tracer:
     """One traced vhost's view of the shared writer: the methods the engine calls."""
 
-    __slots__ = ("_ids", "_names", "_w", "firehose", "vhost")
+    __slots__ = ("_ids", "_records", "_routes", "_w", "firehose", "vhost")
 
     def __init__(self, writer: TraceWriter, vhost: str, firehose: Exchange) -> None:
         self._w = writer
+        # the list is never replaced, only emptied; records.append(...) rather than a
+        # bound append in a slot: LOAD_METHOD specializes for a list's method, not a slot's
+        self._records = writer.records
         self._ids = writer.ids
-        self._names = writer.names  # never replaced, only cleared
+        self._routes = writer.routes  # never replaced, only cleared
         self.vhost = vhost
         # amq.rabbitmq.trace: the engine builds firehose copies only while it has bindings
         self.firehose = firehose
 
-    def _full(self, events: int = 1) -> bool:
-        w = self._w
-        if (w.off <= w.limit or w.spill() == 0) and len(w.side) < w.side_cap:
-            return False
-        w.dropped += events
-        return True
-
     def _put(self, event: tuple[Any, ...]) -> None:
         """A rare event, as a tuple on the side list, marked in its place in the stream."""
-        w = self._w
-        w.write(pack2(OBJ, len(w.side)))
-        w.side.append(event)
+        side = self._w.side
+        self._records.append(_obj(OBJ, len(side)))
+        side.append(event)
 
     def _id(self, msg: Message, queue: str) -> int:
         """The message's id; one published before tracing was on is adopted here."""
@@ -133,97 +139,66 @@ class Tracer:
         if tid:
             return tid
         msg.trace_id = tid = next(self._ids)
-        if not self._full():
-            self._put(
-                (ADOPTED, _mono(), self.vhost, tid, queue, msg.exchange, msg.routing_key,
-                 len(msg.body))
-            )  # fmt: skip
+        self._put(
+            (ADOPTED, _mono(), self.vhost, tid, queue, msg.exchange, msg.routing_key,
+             len(msg.body))
+        )  # fmt: skip
         return tid
 
     # ---- publishing ----
 
-    # published, delivered and acked run once per message at full load: they pack plain
-    # ints (channels, consumers, queues and routes as ids defined once: TraceWriter.*_id)
-    # into the writer's buffer at its running offset. Room is not tested: pack_into raises
-    # when the buffer is full, and the ``except`` costs nothing until it does.
-    # Channels, consumers and queues hold their id (trace_ref, 0 until the writer gives
-    # one): an attribute costs a fifth of a dict lookup. The ids are looked up before the
-    # offset is read: a new id's definition goes into the stream first.
+    # published, delivered and acked run once per message at full load: each packs one
+    # fixed-size record (trace_events.REC_*) and appends it to the writer's list; every
+    # step they take is counted (tests/benchmarks/trace_path.py --callgrind). Channels,
+    # consumers and queues hold their id (trace_ref, 0 until the writer gives one): an
+    # attribute costs a fifth of a dict lookup. A new id's definition goes into the
+    # stream as the arguments are evaluated, before the record that uses it.
 
     def published(
         self, channel: Channel, msg: Message, queues: list[Queue], mandatory: bool, seq: int
     ) -> None:
         """Published and routed, in one event (the writer writes both lines)."""
         msg.trace_id = tid = next(self._ids)  # before the queues copy the message
-        w = self._w
-        channel_id = channel.trace_ref or w.channel_id(channel)
-        # the route's key: the routing key's hash is cached (the exchange looked it up)
-        route = self._names.get((msg.exchange, msg.routing_key)) or w.route_id(msg)
+        try:
+            route = self._routes[msg.exchange][msg.routing_key]
+        except KeyError:  # the first message by this route
+            route = self._w.route_id(msg)
         props = msg.properties
-        if props[0] & TRACED_FLAGS_HI or props[1] & TRACED_FLAGS_LO:
-            extra = len(w.side) + 1
-            w.side.append(props)
-        else:
-            extra = 0
-        if len(queues) == 1:  # the usual case: a precompiled struct, no list of ids
+        # message-id, correlation-id or persistence set: the writer process reads them (no
+        # flag set: the flags' two bytes only; a set flag is followed by its field's bytes)
+        if len(props) != 2 and (props[0] & TRACED_FLAGS_HI or props[1] & TRACED_FLAGS_LO):
+            self._put((PROPS, tid, props))
+        if len(queues) == 1:  # the usual case
             queue = queues[0]
-            queue_id = queue.trace_ref or w.queue_id(queue)
-            off = w.off
-            try:
-                into11(
-                    w.buf, off, PUBLISHED, _mono(), tid, channel_id, route, len(msg.body),
-                    seq, mandatory, extra, 1, queue_id,
-                )  # fmt: skip
-            except struct.error:  # the buffer is full
-                w.overflow(
-                    2, into11, PUBLISHED, _mono(), tid, channel_id, route, len(msg.body),
-                    seq, mandatory, extra, 1, queue_id,
-                )  # fmt: skip
-                return
-            w.off = off + 88
+            self._records.append(
+                _published1(
+                    PUBLISHED1, _clock(), tid, channel.trace_ref or self._w.channel_id(channel),
+                    route, len(msg.body), seq, queue.trace_ref or self._w.queue_id(queue),
+                    mandatory,
+                )
+            )  # fmt: skip
             return
-        targets = [q.trace_ref or w.queue_id(q) for q in queues]
-        if self._full(2):
-            return
-        w.write(
-            struct.pack(
-                f"{10 + len(targets)}{INT}", PUBLISHED, _mono(), tid, channel_id, route,
-                len(msg.body), seq, mandatory, extra, len(targets), *targets,
-            )
-        )  # fmt: skip
+        self._w.published(channel, tid, route, len(msg.body), seq, mandatory, queues)
 
     def published_by_api(self, msg: Message, queues: list[Queue]) -> None:
         """Published through the management API: no channel."""
         msg.trace_id = tid = next(self._ids)
-        if self._full(2):
-            return
         self._put(
             (PUBLISHED, _mono(), self.vhost, tid, msg.exchange, msg.routing_key, len(msg.body),
              msg.properties, None, 0, 0, tuple([q.name for q in queues]), False)
         )  # fmt: skip
 
     def delivered(self, channel: Channel, consumer: Consumer, msg: Message, tag: int) -> None:
-        w = self._w
-        tid = msg.trace_id or self._id(msg, consumer.queue.name)
-        consumer_id = consumer.trace_ref or w.consumer_id(consumer)
-        off = w.off
-        try:
-            into7(
-                w.buf, off, DELIVERED, _mono(), tid, consumer_id, tag, msg.redelivered,
-                msg.delivery_count,
-            )  # fmt: skip
-        except struct.error:  # the buffer is full
-            w.overflow(
-                1, into7, DELIVERED, _mono(), tid, consumer_id, tag, msg.redelivered,
-                msg.delivery_count,
-            )  # fmt: skip
-            return
-        w.off = off + 56
+        self._records.append(
+            _delivered(
+                DELIVERED, _clock(), msg.trace_id or self._id(msg, consumer.queue.name),
+                consumer.trace_ref or self._w.consumer_id(consumer), tag, msg.delivery_count,
+                msg.redelivered,
+            )
+        )  # fmt: skip
 
     def got(self, channel: Channel, queue: Queue, msg: Message, tag: int) -> None:
         """Delivered by basic.get (no consumer)."""
-        if self._full():
-            return
         self._put(
             (DELIVERED, _mono(), self.vhost, msg.trace_id or self._id(msg, queue.name), queue.name,
              None, tag, msg.redelivered, msg.delivery_count, False, channel.conn.peer, channel.id)
@@ -239,43 +214,31 @@ class Tracer:
         n = len(msgs)
         if not n:
             return
-        w = self._w
-        channel_id = channel.trace_ref or w.channel_id(channel)
+        channel_id = channel.trace_ref or self._w.channel_id(channel)
         first, last = msgs[0].tag, msgs[-1].tag
         if last - first + 1 == n:  # tags ascend: no gaps
-            off = w.off
-            try:
-                into5(w.buf, off, ACK_RANGE, _mono(), channel_id, first, last)
-            except struct.error:  # the buffer is full
-                w.overflow(n, into5, ACK_RANGE, _mono(), channel_id, first, last)
-                return
-            w.off = off + 40
-            return
-        if self._full(n):
+            self._records.append(_ack_range(ACK_RANGE, _clock(), channel_id, first, last))
             return
         tags = [m.tag for m in msgs]
-        w.write(struct.pack(f"{n + 4}{INT}", ACKS, _mono(), channel_id, n, *tags))
+        self._w.write(
+            struct.pack(f"{REC_ACKS.format}{n}{INT}", ACKS, _clock(), channel_id, n, *tags)
+        )
 
     def dead_letter_routed(self, copy: Message, targets: list[Queue]) -> None:
         """The dead-lettered copy went through the dead-letter exchange to ``targets``."""
-        if self._full():
-            return
         names = tuple(q.name for q in targets)
         self._put(
             (ROUTED, _mono(), self.vhost, copy.trace_id, copy.exchange, copy.routing_key, names)
         )
 
     def confirmed(self, channel: Channel, first: int, last: int, ack: bool) -> None:
-        # as often as a few publishes each under load: packed ints, as the three above
-        w = self._w
-        channel_id = channel.trace_ref or w.channel_id(channel)
-        off = w.off
-        try:
-            into6(w.buf, off, CONFIRMS, _mono(), channel_id, first, last, ack)
-        except struct.error:  # the buffer is full
-            w.overflow(1, into6, CONFIRMS, _mono(), channel_id, first, last, ack)
-            return
-        w.off = off + 48
+        # as often as a few publishes each under load: a record, as the three above
+        self._records.append(
+            _confirms(
+                CONFIRMS, _clock(), channel.trace_ref or self._w.channel_id(channel), first,
+                last, ack,
+            )
+        )  # fmt: skip
 
     # ---- settling ----
 
@@ -283,8 +246,6 @@ class Tracer:
         self, queue: Queue, msgs: list[Message], requeue: bool, rejected: bool = False
     ) -> None:
         """basic.nack, or basic.reject (``rejected``: the trace writes both as nacked)."""
-        if self._full(len(msgs)):
-            return
         now, append, name = _mono(), self._put, queue.name
         for msg in msgs:
             consumer, channel = msg.consumer, msg.channel
@@ -296,15 +257,11 @@ class Tracer:
 
     def requeued(self, queue: Queue, msgs: list[Message], why: str) -> None:
         """Back in ``queue``; ``why`` is what returned them (Queue.return_unacked's caller)."""
-        if self._full(len(msgs)):
-            return
         now, append, name = _mono(), self._put, queue.name
         for msg in msgs:
             append((REQUEUED, now, self.vhost, msg.trace_id or self._id(msg, name), name, why))
 
     def retry_scheduled(self, queue: Queue, msg: Message, delay_ms: int, why: str) -> None:
-        if self._full():
-            return
         self._put(
             (RETRY, _mono(), self.vhost, msg.trace_id or self._id(msg, queue.name), queue.name,
              msg.retries, delay_ms, why)
@@ -312,16 +269,12 @@ class Tracer:
 
     def dead_lettered(self, queue: Queue, msg: Message, reason: str) -> None:
         """The message left ``queue`` abnormally: to the dead-letter exchange, or dropped."""
-        if self._full():
-            return
         self._put(
             (DEAD, _mono(), self.vhost, msg.trace_id or self._id(msg, queue.name), queue.name,
              reason, queue.dead_letter_exchange, queue.dead_letter_routing_key)
         )  # fmt: skip
 
     def dropped(self, queue: Queue, msg: Message, reason: str) -> None:
-        if self._full():
-            return
         self._put(
             (DEAD, _mono(), self.vhost, msg.trace_id or self._id(msg, queue.name), queue.name,
              reason, None, None)
@@ -342,8 +295,6 @@ class Tracer:
     # ---- consumers and queues ----
 
     def consumer_added(self, consumer: Consumer) -> None:
-        if self._full():
-            return
         channel = consumer.channel
         self._put(
             (CONSUMER_ADDED, _mono(), self.vhost, consumer.queue.name, consumer.tag,
@@ -353,8 +304,6 @@ class Tracer:
     def consumer_timed_out(
         self, channel: Channel, consumer: Consumer | None, msgs: list[Message], timeout: int
     ) -> None:
-        if self._full():
-            return
         queue = msgs[0].queue
         qname = queue.name if queue is not None else ""
         # the channel's own rule (deliveries_timed_out): cancel if it can, else close
@@ -369,8 +318,6 @@ class Tracer:
 
     def consumer_cancelled(self, consumer: Consumer, why: str) -> None:
         self._w.forget(consumer)
-        if self._full():
-            return
         self._put((CONSUMER_CANCELLED, _mono(), self.vhost, consumer.queue.name, consumer.tag, why))
 
     def channel_closed(self, channel: Channel) -> str:
@@ -384,30 +331,25 @@ class Tracer:
         return why
 
     def queue_expired(self, queue: Queue) -> None:
-        if not self._full():
-            self._put((QUEUE_EXPIRED, _mono(), self.vhost, queue.name))
+        self._put((QUEUE_EXPIRED, _mono(), self.vhost, queue.name))
 
     def queue_deleted(self, queue: Queue) -> None:
         for consumer in queue.consumers:
             self.consumer_cancelled(consumer, "queue_deleted")
         self._w.forget(queue)
-        if not self._full():
-            self._put((QUEUE_DELETED, _mono(), self.vhost, queue.name, queue.ready_count))
+        self._put((QUEUE_DELETED, _mono(), self.vhost, queue.name, queue.ready_count))
 
     def delayed(self, msg: Message, exchange: str, delay_ms: int) -> None:
-        if not self._full():
-            self._put((DELAYED, _mono(), self.vhost, msg.trace_id, exchange, delay_ms))
+        self._put((DELAYED, _mono(), self.vhost, msg.trace_id, exchange, delay_ms))
 
     def released(self, msg: Message, exchange: str, queues: list[Queue]) -> None:
-        if not self._full():
-            self._put(
-                (RELEASED, _mono(), self.vhost, msg.trace_id or self._id(msg, ""), exchange,
-                 tuple([q.name for q in queues]))
-            )  # fmt: skip
+        self._put(
+            (RELEASED, _mono(), self.vhost, msg.trace_id or self._id(msg, ""), exchange,
+             tuple([q.name for q in queues]))
+        )  # fmt: skip
 
     def mark(self, event: str) -> None:
-        if not self._full():
-            self._put((MARK, _mono(), self.vhost, event))
+        self._put((MARK, _mono(), self.vhost, event))
 
 
 def close_why(channel: Channel) -> str:
@@ -489,6 +431,8 @@ class Tracing:
             recorder.firehose = NO_FIREHOSE
         else:
             vhost.tracer = None
+        if self.writer is not None:
+            self.writer.forget_vhost(vhost)
         self.traced.pop(vhost.name, None)
         return True
 

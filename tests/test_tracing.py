@@ -483,6 +483,53 @@ def test_reused_names_and_a_new_writer_keep_events_right(trace_dir: Path) -> Non
     assert of(events, "queue_deleted", queue="a")[0]["messages"] == 1
 
 
+def test_ids_taken_back_when_a_vhost_stops_tracing(trace_dir: Path) -> None:
+    """A vhost stops tracing, the writer process ends, tracing starts again with a new one:
+    the channel, consumer and queue that lived through it are named right (they gave back
+    ids that the new writer process would not know)."""
+    with run_broker(trace_enabled=True, trace_dir=str(trace_dir)) as broker:
+        tracing = broker.server.broker.tracing
+        vhost = broker.server.broker.vhosts["/"]
+        conn = connect(broker)
+        ch = conn.channel()
+        ch.queue_declare("live", durable=True)
+        got: list[int] = []
+        ch.basic_consume("live", lambda c, m, p, b: got.append(m.delivery_tag), consumer_tag="k")
+        for round_ in (1, 2):
+            ch.basic_publish("", "live", b"x")
+            while len(got) < round_:
+                conn.process_data_events(0.05)
+            ch.basic_ack(got[-1])
+            ch.basic_publish("", "live", b"y")  # delivered, and acked after the restart
+            while len(got) < round_ + 1:
+                conn.process_data_events(0.05)
+            if round_ == 1:
+                broker.call(lambda: tracing.disable(vhost))
+                broker.call(tracing.close)
+                broker.call(lambda: tracing.enable(vhost))
+                ch.basic_ack(got[-1])
+                got.pop()
+        ch.basic_ack(got[-1])
+        conn.close()
+        events = read_trace(broker, trace_dir)
+    assert [e["ev"] for e in events if e["ev"].startswith("trace_")] == [
+        "trace_started",
+        "trace_stopped",
+        "trace_started",
+    ]
+    after = events[[e["ev"] for e in events].index("trace_started", 1) :]
+    routed = of(after, "routed")
+    assert [(e["queues"], e["rk"]) for e in routed] == [(["live"], "live")] * 2
+    published = of(after, "published")
+    first_conn = of(events, "published")[0]["conn"]
+    assert {(e["conn"], e["ch"]) for e in published} == {(first_conn, ch.channel_number)}
+    delivered = of(after, "delivered")
+    assert [(e["queue"], e["consumer"], e["msg"]) for e in delivered] == [
+        ("live", "k", e["msg"]) for e in published
+    ]
+    assert [e["msg"] for e in of(after, "acked")] == [e["msg"] for e in published]
+
+
 def test_config_keys() -> None:
     settings = parse_config(
         "trace.enabled = true\ntrace.dir = /var/log/warren-trace\ntrace.vhosts = /, orders\n"
