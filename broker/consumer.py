@@ -13,7 +13,6 @@ if TYPE_CHECKING:
 
 class Consumer:
     __slots__ = (
-        "__weakref__",  # the trace writer's set of objects with an id
         "arguments",
         "channel",
         "exclusive",
