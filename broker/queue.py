@@ -788,7 +788,8 @@ class Queue:
     def restore_messages(
         self, records: list[StoredMessage], now_wall: float, now_mono: float
     ) -> list[Message]:
-        """Take back persistent messages after a restart, in publish order.
+        """Take back persistent messages after a restart, in publish order (in several calls
+        for a long queue: each goes on where the last stopped).
 
         TTLs keep counting from the original publish; delivered ones come back
         redelivered; those waiting for a retry wait out the rest of their delay.
@@ -825,6 +826,12 @@ class Queue:
                 self.stats.persistent_bytes += size
                 ready_count += 1
                 continue
+            if not record.decoded:  # only its place was read (for a queue that packs)
+                assert store is not None
+                length = record.body_offset + record.body_size - record.record_start
+                whole = store.read_record(record.segment, record.record_start, length)
+                whole.body, whole.delivered = None, record.delivered
+                record = whole
             msg = Message(record.exchange, record.routing_key, record.properties, body or b"")
             msg.store_id = record.msg_id
             msg.store_segment, msg.store_offset = record.segment, record.body_offset
@@ -863,8 +870,12 @@ class Queue:
                     expired.append(msg)
                 else:
                     self._track_expiry(msg)
-        self.ready_count = ready_count
-        self._expired_at_start = expired
+        self.ready_count += ready_count
+        earlier: list[Message] | None = getattr(self, "_expired_at_start", None)
+        if earlier:
+            earlier.extend(expired)
+        else:
+            self._expired_at_start = expired
         return restored
 
     def expire_restored(self) -> None:
