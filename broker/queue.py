@@ -153,6 +153,14 @@ class Queue:
         self.consumers: list[Consumer] = []
         self.exclusive_consumer: Consumer | None = None
         self._rr = 0
+        # Plain dispatch (no priorities, no single active consumer) offers messages to the
+        # consumers of ``_turns`` in turn; one found at its limit (prefetch, a paused socket,
+        # a timeout) waits in ``_blocked`` until a settle of its own delivery or a change
+        # that may concern any consumer (dispatch()) brings it back: a delivery costs the
+        # same however many consumers wait at their limit (RabbitMQ's blocked consumers).
+        self._turns: deque[Consumer] = deque()
+        self._blocked: dict[Consumer, None] = {}
+        self._rescan = True  # dispatch() rechecks the blocked ones (dispatch_settled: not)
         self._next_seq = 0
         self.deleted = False
         self.stats = QueueStats()
@@ -300,7 +308,7 @@ class Queue:
         self.ready_count += 1
         self.ready_bytes += len(msg.body)
         if self.consumers:
-            self.dispatch()  # a consumer that can take it gets it before any limit applies
+            self._deliver()  # a consumer that can take it gets it before any limit applies
         if self._limited:
             self._drop_head_over_limit()
         if ttl is not None:
@@ -417,7 +425,7 @@ class Queue:
             self.ready_bytes += len(msg.body)
             if msg.expires_at is not None:
                 self._track_expiry(msg)
-        self.dispatch()
+        self._deliver()
 
     # ---- out ----
 
@@ -457,27 +465,53 @@ class Queue:
         self.message_store.read_ahead(itertools.chain((head,), self.ready))
 
     def dispatch(self) -> None:
-        """Hand ready messages to consumers with capacity, round-robin."""
+        """Hand ready messages to consumers with capacity, round-robin: capacity may have
+        come back for any consumer (qos, flow, a drained socket, the end of a timeout), so
+        the blocked ones are offered messages again."""
+        if self._blocked and self._rescan:
+            self._turns.extend(self._blocked)
+            self._blocked.clear()
+        self._deliver()
+
+    def dispatch_settled(self) -> None:
+        """Deliveries were settled (the channel has no global prefetch): only their
+        consumers gained room, and they are back in turn already (_unblock)."""
+        self._rescan = False
+        try:
+            self.dispatch()  # a stream's own (broker/stream.py)
+        finally:
+            self._rescan = True
+
+    def _unblock(self, consumer: Consumer | None) -> None:
+        """One of ``consumer``'s deliveries is settled: it may take more. (With a channel-wide
+        limit, the room is any of the channel's consumers': dispatch() offers it in turn.)"""
+        if (
+            consumer is not None and consumer in self._blocked
+            and not consumer.channel.prefetch_global
+        ):  # fmt: skip
+            del self._blocked[consumer]
+            self._turns.append(consumer)
+
+    def _deliver(self) -> None:
         if not self._plain_dispatch:
             self._dispatch_ordered()
             return
-        consumers = self.consumers
-        while self.ready_count and consumers:
-            n = len(consumers)
-            for _ in range(n):
-                consumer = consumers[self._rr % n]
-                self._rr += 1
-                if consumer.channel.can_deliver(consumer):
-                    break
-            else:
-                self.use.blocked(self)
-                return
+        turns = self._turns
+        while self.ready_count and turns:
+            consumer = turns[0]
+            if not consumer.channel.can_deliver(consumer):
+                turns.popleft()
+                self._blocked[consumer] = None
+                continue
             if self.idle:
                 self.use.unblocked(self)
             msg = self._pop_ready()
             if msg is None:
                 return
+            turns.rotate(-1)  # its turn is over (before the delivery, which may cancel it)
             consumer.channel.deliver(consumer, msg)
+        if self.ready_count and self.consumers and not turns:
+            self.use.blocked(self)
 
     def _dispatch_ordered(self) -> None:
         """Consumer priorities and single active consumer.
@@ -523,6 +557,8 @@ class Queue:
 
     def settled(self, msg: Message) -> None:
         """Acked (or delivered with no-ack): the message is done."""
+        if self._blocked:
+            self._unblock(msg.consumer)
         if msg.state == UNACKED:
             self._gone(msg)
             self.unacked_count -= 1
@@ -532,6 +568,8 @@ class Queue:
 
     def rejected(self, msg: Message) -> None:
         """basic.reject or basic.nack without requeue: dead-letter it (or drop it)."""
+        if self._blocked:
+            self._unblock(msg.consumer)
         if msg.state != UNACKED:
             return
         self._gone(msg)
@@ -545,6 +583,9 @@ class Queue:
         ``failed`` is False for consumer-timeout returns, which do not count as a failed
         delivery attempt (RabbitMQ 4.3).
         """
+        if self._blocked:
+            for msg in msgs:
+                self._unblock(msg.consumer)
         live = [m for m in msgs if m.state == UNACKED]
         self.unacked_count -= len(live)
         if self.deleted:
@@ -608,7 +649,7 @@ class Queue:
             released = True
         self._delayed.rearm()
         if released:
-            self.dispatch()
+            self._deliver()
 
     def _count_failed_delivery(self, msgs: list[Message]) -> list[Message]:
         """Quorum semantics: a failed delivery counts; past the limit it is dead-lettered."""
@@ -668,17 +709,22 @@ class Queue:
         self._plain_dispatch = not self.single_active_consumer and all(
             c.priority == consumer.priority for c in self.consumers
         )
+        self._turns.append(consumer)
         if consumer.exclusive:
             self.exclusive_consumer = consumer
         self._had_consumers = True
         self._unused_timer.cancel()
-        self.dispatch()
+        self._deliver()
 
     def remove_consumer(self, consumer: Consumer) -> None:
         try:
             self.consumers.remove(consumer)
         except ValueError:
             return
+        if consumer in self._blocked:
+            del self._blocked[consumer]
+        else:
+            self._turns.remove(consumer)
         if self.exclusive_consumer is consumer:
             self.exclusive_consumer = None
         if not self._plain_dispatch and not self.single_active_consumer:
