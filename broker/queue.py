@@ -964,6 +964,8 @@ class Queue:
         self._expiry.cancel()
         self._unused_timer.cancel()
         self.purge()
+        self._turns.clear()  # the consumers go (vhost.delete_queue cancels them)
+        self._blocked.clear()
 
 
 def fan_out(queues: list[Queue], msg: Message, ttl: int | None) -> int:
