@@ -4,8 +4,9 @@ queues are declared, bound and deleted: Warren and RabbitMQ side by side (issue 
     python tests/benchmarks/scale_curves.py [all|consumers|queues|channels|churn]
         [--seconds 5] [--runs 2] [--rabbit-url amqp://guest:guest@127.0.0.1:5672/]
 
-starts a fresh Warren (``--config tests/rabbitmq-3.x.conf``, no HTTP ports, on a free
-port; or ``--warren-url`` for one already running), alternates the brokers run by run
+starts a fresh Warren (``--config tests/rabbitmq-3.x.conf``, on a free port, its management
+API on another, no Prometheus port; or ``--warren-url`` and ``--warren-api`` for one already
+running), alternates the brokers run by run
 (who goes first alternates too) and prints a table of the medians and the ratio
 Warren/RabbitMQ with the load average.
 
@@ -24,12 +25,16 @@ delivered (and acked) per second over ``--seconds``.
     blocked N    one queue, N consumers at their limit (prefetch 1, never acked), one
                  publisher publishing as fast as the broker takes it
     churn N      one connection: N queue.declare, N queue.bind (amq.direct), N
-                 queue.unbind, N queue.delete, pipelined 100 deep: operations per second
+                 queue.unbind, N queue.delete, pipelined 100 deep: operations per second;
+                 before the unbinds, 100 policies (one queue each) set and cleared one
+                 management API request at a time (Warren's on a free port; RabbitMQ's at
+                 --rabbit-api)
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import multiprocessing as mp
@@ -40,6 +45,7 @@ import statistics
 import struct
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +68,7 @@ CONNECTIONS = 4  # client processes for the consumers and queues curves
 WINDOW = 2000  # messages in flight per publishing process
 PREFETCH = 100
 DEPTH = 100  # pipelined set-up and churn operations
+POLICIES = 100  # set and cleared in the churn curve
 ACK = struct.Struct(">BHIHHQBB")
 DELIVER_TAG = struct.Struct(">Q")
 
@@ -235,7 +242,46 @@ def throughput(url: str, curve: str, n: int, seconds: float, prefetch: int) -> f
     return done / took
 
 
-def churn(url: str, n: int) -> dict[str, float]:
+def http(api: str, method: str, path: str, body: dict[str, Any] | None = None) -> None:
+    """One management API request (guest/guest); an error status raises."""
+    request = urllib.request.Request(
+        api + path, method=method, data=None if body is None else json.dumps(body).encode(),
+        headers={"content-type": "application/json",
+                 "authorization": "Basic " + base64.b64encode(b"guest:guest").decode()},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        reply.read()
+
+
+def wait_for_api(api: str, tries: int = 300) -> None:
+    for _ in range(tries):
+        try:
+            http(api, "GET", "/api/overview")
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"no management API at {api}")
+
+
+def policies(api: str, names: list[str]) -> dict[str, float]:
+    """POLICIES policies set and cleared one request at a time, each matching one of the
+    queues (all ``names`` exist meanwhile): what a policy change costs beside N queues."""
+    rates = {}
+    for phase in ("policy set", "policy clear"):
+        start = time.monotonic()
+        for i in range(POLICIES):
+            path = f"/api/policies/%2F/scale-policy-{i}"
+            if phase == "policy set":
+                http(api, "PUT", path, {"pattern": f"^{names[i * len(names) // POLICIES]}$",
+                                        "definition": {"max-length": 1000},
+                                        "apply-to": "queues", "priority": 0})  # fmt: skip
+            else:
+                http(api, "DELETE", path)
+        rates[phase] = POLICIES / (time.monotonic() - start)
+    return rates
+
+
+def churn(url: str, n: int, api: str | None) -> dict[str, float]:
     """Operations per second of each phase."""
     client = Client(url, 1, "churn")
     names = [f"scale-churn-{i}" for i in range(n)]
@@ -249,6 +295,8 @@ def churn(url: str, n: int) -> dict[str, float]:
     ]  # fmt: skip
     rates = {}
     for name, methods, reply in phases:
+        if name == "unbind" and api:
+            rates.update(policies(api, names))
         start = time.monotonic()
         client.pipeline([(1, m) for m in methods], reply)
         rates[name] = n / (time.monotonic() - start)
@@ -285,7 +333,8 @@ def blocked(url: str, n: int, seconds: float) -> float:
 
 def measure(url: str, curve: str, n: int, args: argparse.Namespace) -> dict[str, float]:
     if curve == "churn":
-        return churn(url, n)
+        api = args.warren_api if url != args.rabbit_url else args.rabbit_api
+        return churn(url, n, api if args.rabbit_api else None)
     if curve == "blocked":
         return {"msg/s": blocked(url, n, args.seconds)}
     return {"msg/s": throughput(url, curve, n, args.seconds, args.prefetch)}
@@ -337,14 +386,30 @@ def main() -> int:
     parser.add_argument("--prefetch", type=int, default=PREFETCH, help="per consumer")
     parser.add_argument("--rabbit-url", default=RABBIT_URL)
     parser.add_argument("--warren-url", help="a Warren already running (default: start one)")
+    parser.add_argument("--warren-api", help="its management API, http://host:port")
+    parser.add_argument(
+        "--rabbit-api",
+        default="http://127.0.0.1:15672",
+        help="RabbitMQ's management API ('' to skip the policy churn)",
+    )
     args = parser.parse_args()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if args.rabbit_api and args.curve in ("all", "churn"):
+        try:
+            wait_for_api(args.rabbit_api, tries=1)
+        except (OSError, SystemExit):
+            print(f"no management API at {args.rabbit_api}: no policy churn", file=sys.stderr)
+            args.rabbit_api = ""
     if args.warren_url:
         rows = run(args, args.warren_url)
     else:
-        port = free_port()
+        port, http_port = free_port(), free_port()
         config = str(Path(__file__).parents[1] / "rabbitmq-3.x.conf")
-        with warren(port, ["--config", config]):
+        if args.rabbit_api:
+            args.warren_api = f"http://127.0.0.1:{http_port}"
+        with warren(port, ["--config", config], management_port=str(http_port)):
+            if args.warren_api:
+                wait_for_api(args.warren_api)  # it listens after the ready line
             rows = run(args, f"amqp://guest:guest@127.0.0.1:{port}/")
     print(f"{started} to {time.strftime('%H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs")
     print(table(rows))
