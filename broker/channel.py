@@ -592,11 +592,16 @@ class Channel:
                 queue.dispatch()
 
     def _redispatch(self, queues: list[Queue]) -> None:
-        if self.prefetch_global:
+        """Deliveries on ``queues`` were settled: their consumers may take more."""
+        if self.prefetch_global:  # room on the channel: any consumer of it may take more
             queues = list(dict.fromkeys([*queues, *(c.queue for c in self.consumers.values())]))
+            for queue in queues:
+                if queue.consumers and not queue.deleted:
+                    queue.dispatch()
+            return
         for queue in queues:
             if queue.consumers and not queue.deleted:
-                queue.dispatch()
+                queue.dispatch_settled()
 
     # ---- consumers ----
 

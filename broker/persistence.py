@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 
 FREEZE_AFTER = 100_000  # recovered messages
+RESTORE_CHUNK = 65536  # recovered records handed to their queues at once
 # held messages of a durable x-delayed-message exchange are logged under this id + its row id,
 # apart from queue ids (broker/exchange_plugins.py)
 DELAYED_ID_BASE = 1 << 31
@@ -197,17 +198,43 @@ class Persistence:
             if target is not None:
                 host.bind(source, target, routing_key, arguments, persist=False)
         self.messages.page_limit = broker.settings.queue_body_memory_limit
-        stored = self.messages.recover()
-        now_wall, now_mono = broker.clock.wall(), broker.clock.now()
-        by_queue: dict[Queue, list[Any]] = {}
         delayed: dict[int, Any] = {
             getattr(ex, "store_id", 0): ex
             for host in broker.vhosts.values()
             for ex in host.exchanges.values()
             if getattr(ex, "store_id", 0)
         }
+        # a queue that can pack its paged-out messages (broker/paged.py) takes those past its
+        # memory limit as places in the log; so are those of a queue gone (only counted)
+        packers = {
+            queue_id for queue_id, queue in queues_by_id.items()
+            if not queue.max_priority and not isinstance(queue, StreamQueue)
+        }  # fmt: skip
+
+        def packs(queue_id: int) -> bool:
+            return queue_id in packers or (
+                queue_id not in queues_by_id and queue_id not in delayed
+            )  # fmt: skip
+
+        stored = self.messages.recover(packs)
+        now_wall, now_mono = broker.clock.wall(), broker.clock.now()
+        # each owner takes its messages in chunks, so that no more than RESTORE_CHUNK records
+        # are out of the store's index at once
+        by_queue: dict[Queue, list[Any]] = {}
         by_exchange: dict[Any, list[Any]] = {}
-        orphans = []
+        taken: dict[Queue, None] = {}
+        orphans: dict[int, int] = {}  # segment -> messages of queues gone in it
+        waiting = 0
+
+        def hand_over() -> None:
+            for queue, records in by_queue.items():
+                self.messages.adopt(queue.restore_messages(records, now_wall, now_mono))
+                taken[queue] = None
+            for exchange, records in by_exchange.items():
+                self.messages.adopt(exchange.restore_messages(records, now_wall))
+            by_queue.clear()
+            by_exchange.clear()
+
         for record in stored:
             owner = queues_by_id.get(record.queue_id)
             if owner is not None:
@@ -215,18 +242,19 @@ class Persistence:
             elif (held_by := delayed.get(record.queue_id)) is not None:
                 by_exchange.setdefault(held_by, []).append(record)
             else:  # its queue was deleted: the message goes with it
-                orphans.append(record)
-        del stored
-        for queue, records in by_queue.items():
-            self.messages.adopt(queue.restore_messages(records, now_wall, now_mono))
-        for exchange, records in by_exchange.items():
-            self.messages.adopt(exchange.restore_messages(records, now_wall))
+                orphans[record.segment] = orphans.get(record.segment, 0) + 1
+                continue
+            waiting += 1
+            if waiting >= RESTORE_CHUNK:
+                hand_over()
+                waiting = 0
+        hand_over()
         self.messages.finish_recovery(orphans)
-        self._restored_queues = list(by_queue)
+        self._restored_queues = list(taken)
         self.log.info(
             "store recovered",
             queues=len(queues_by_id), messages=len(self.messages.messages),
-            paged_out=sum(q.paged_count for q in by_queue),
+            paged_out=sum(q.paged_count for q in taken),
             seconds=round(time.monotonic() - started, 3),
         )  # fmt: skip
 

@@ -156,6 +156,14 @@ class Queue:
         self.consumers: list[Consumer] = []
         self.exclusive_consumer: Consumer | None = None
         self._rr = 0
+        # Plain dispatch (no priorities, no single active consumer) offers messages to the
+        # consumers of ``_turns`` in turn; one found at its limit (prefetch, a paused socket,
+        # a timeout) waits in ``_blocked`` until a settle of its own delivery or a change
+        # that may concern any consumer (dispatch()) brings it back: a delivery costs the
+        # same however many consumers wait at their limit (RabbitMQ's blocked consumers).
+        self._turns: deque[Consumer] = deque()
+        self._blocked: dict[Consumer, None] = {}
+        self._rescan = True  # dispatch() rechecks the blocked ones (dispatch_settled: not)
         self._next_seq = 0
         self.deleted = False
         self.stats = QueueStats()
@@ -303,7 +311,7 @@ class Queue:
         self.ready_count += 1
         self.ready_bytes += len(msg.body)
         if self.consumers:
-            self.dispatch()  # a consumer that can take it gets it before any limit applies
+            self._deliver()  # a consumer that can take it gets it before any limit applies
         if self._limited:
             self._drop_head_over_limit()
         if ttl is not None:
@@ -420,7 +428,7 @@ class Queue:
             self.ready_bytes += len(msg.body)
             if msg.expires_at is not None:
                 self._track_expiry(msg)
-        self.dispatch()
+        self._deliver()
 
     # ---- out ----
 
@@ -460,27 +468,53 @@ class Queue:
         self.message_store.read_ahead(itertools.chain((head,), self.ready))
 
     def dispatch(self) -> None:
-        """Hand ready messages to consumers with capacity, round-robin."""
+        """Hand ready messages to consumers with capacity, round-robin: capacity may have
+        come back for any consumer (qos, flow, a drained socket, the end of a timeout), so
+        the blocked ones are offered messages again."""
+        if self._blocked and self._rescan:
+            self._turns.extend(self._blocked)
+            self._blocked.clear()
+        self._deliver()
+
+    def dispatch_settled(self) -> None:
+        """Deliveries were settled (the channel has no global prefetch): only their
+        consumers gained room, and they are back in turn already (_unblock)."""
+        self._rescan = False
+        try:
+            self.dispatch()  # a stream's own (broker/stream.py)
+        finally:
+            self._rescan = True
+
+    def _unblock(self, consumer: Consumer | None) -> None:
+        """One of ``consumer``'s deliveries is settled: it may take more. (With a channel-wide
+        limit, the room is any of the channel's consumers': dispatch() offers it in turn.)"""
+        if (
+            consumer is not None and consumer in self._blocked
+            and not consumer.channel.prefetch_global
+        ):  # fmt: skip
+            del self._blocked[consumer]
+            self._turns.append(consumer)
+
+    def _deliver(self) -> None:
         if not self._plain_dispatch:
             self._dispatch_ordered()
             return
-        consumers = self.consumers
-        while self.ready_count and consumers:
-            n = len(consumers)
-            for _ in range(n):
-                consumer = consumers[self._rr % n]
-                self._rr += 1
-                if consumer.channel.can_deliver(consumer):
-                    break
-            else:
-                self.use.blocked(self)
-                return
+        turns = self._turns
+        while self.ready_count and turns:
+            consumer = turns[0]
+            if not consumer.channel.can_deliver(consumer):
+                turns.popleft()
+                self._blocked[consumer] = None
+                continue
             if self.idle:
                 self.use.unblocked(self)
             msg = self._pop_ready()
             if msg is None:
                 return
+            turns.rotate(-1)  # its turn is over (before the delivery, which may cancel it)
             consumer.channel.deliver(consumer, msg)
+        if self.ready_count and self.consumers and not turns:
+            self.use.blocked(self)
 
     def _dispatch_ordered(self) -> None:
         """Consumer priorities and single active consumer.
@@ -526,6 +560,8 @@ class Queue:
 
     def settled(self, msg: Message) -> None:
         """Acked (or delivered with no-ack): the message is done."""
+        if self._blocked:
+            self._unblock(msg.consumer)
         if msg.state == UNACKED:
             self._gone(msg)
             self.unacked_count -= 1
@@ -535,6 +571,8 @@ class Queue:
 
     def rejected(self, msg: Message) -> None:
         """basic.reject or basic.nack without requeue: dead-letter it (or drop it)."""
+        if self._blocked:
+            self._unblock(msg.consumer)
         if msg.state != UNACKED:
             return
         self._gone(msg)
@@ -548,6 +586,9 @@ class Queue:
         ``failed`` is False for consumer-timeout returns, which do not count as a failed
         delivery attempt (RabbitMQ 4.3).
         """
+        if self._blocked:
+            for msg in msgs:
+                self._unblock(msg.consumer)
         live = [m for m in msgs if m.state == UNACKED]
         self.unacked_count -= len(live)
         if self.deleted:
@@ -611,7 +652,7 @@ class Queue:
             released = True
         self._delayed.rearm()
         if released:
-            self.dispatch()
+            self._deliver()
 
     def _count_failed_delivery(self, msgs: list[Message]) -> list[Message]:
         """Quorum semantics: a failed delivery counts; past the limit it is dead-lettered."""
@@ -671,17 +712,22 @@ class Queue:
         self._plain_dispatch = not self.single_active_consumer and all(
             c.priority == consumer.priority for c in self.consumers
         )
+        self._turns.append(consumer)
         if consumer.exclusive:
             self.exclusive_consumer = consumer
         self._had_consumers = True
         self._unused_timer.cancel()
-        self.dispatch()
+        self._deliver()
 
     def remove_consumer(self, consumer: Consumer) -> None:
         try:
             self.consumers.remove(consumer)
         except ValueError:
             return
+        if consumer in self._blocked:
+            del self._blocked[consumer]
+        else:
+            self._turns.remove(consumer)
         if self.exclusive_consumer is consumer:
             self.exclusive_consumer = None
         if not self._plain_dispatch and not self.single_active_consumer:
@@ -791,7 +837,8 @@ class Queue:
     def restore_messages(
         self, records: list[StoredMessage], now_wall: float, now_mono: float
     ) -> list[Message]:
-        """Take back persistent messages after a restart, in publish order.
+        """Take back persistent messages after a restart, in publish order (in several calls
+        for a long queue: each goes on where the last stopped).
 
         TTLs keep counting from the original publish; delivered ones come back
         redelivered; those waiting for a retry wait out the rest of their delay.
@@ -828,6 +875,12 @@ class Queue:
                 self.stats.persistent_bytes += size
                 ready_count += 1
                 continue
+            if not record.decoded:  # only its place was read (for a queue that packs)
+                assert store is not None
+                length = record.body_offset + record.body_size - record.record_start
+                whole = store.read_record(record.segment, record.record_start, length)
+                whole.body, whole.delivered = None, record.delivered
+                record = whole
             msg = Message(record.exchange, record.routing_key, record.properties, body or b"")
             msg.store_id = record.msg_id
             msg.store_segment, msg.store_offset = record.segment, record.body_offset
@@ -866,8 +919,12 @@ class Queue:
                     expired.append(msg)
                 else:
                     self._track_expiry(msg)
-        self.ready_count = ready_count
-        self._expired_at_start = expired
+        self.ready_count += ready_count
+        earlier: list[Message] | None = getattr(self, "_expired_at_start", None)
+        if earlier:
+            earlier.extend(expired)
+        else:
+            self._expired_at_start = expired
         return restored
 
     def expire_restored(self) -> None:
@@ -910,6 +967,8 @@ class Queue:
         self._expiry.cancel()
         self._unused_timer.cancel()
         self.purge()
+        self._turns.clear()  # the consumers go (vhost.delete_queue cancels them)
+        self._blocked.clear()
 
 
 def fan_out(queues: list[Queue], msg: Message, ttl: int | None) -> int:

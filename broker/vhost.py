@@ -441,21 +441,32 @@ class VirtualHost:
         self.policies[policy.name] = policy
         if persist and self.persistence is not None:
             self.persistence.policy_saved(policy)
-        self._reapply_policies()
+        self._reapply_policies(policy.name, policy)
 
     def clear_policy(self, name: str) -> bool:
         removed = self.policies.pop(name, None) is not None
         if removed:
             if self.persistence is not None:
                 self.persistence.policy_deleted(self.name, name)
-            self._reapply_policies()
+            self._reapply_policies(name, None)
         return removed
 
-    def _reapply_policies(self) -> None:
+    def _reapply_policies(self, name: str, new: Policy | None) -> None:
+        """Policy ``name`` was set to ``new`` (None: cleared). Only a queue or exchange that it
+        governed, or that ``new`` matches, can get another policy: the others are left alone,
+        so a change costs one pattern match per queue, not one per queue and policy."""
         for queue in list(self.queues.values()):
-            self._apply_policy(queue)
+            current = queue.policy
+            if (current is not None and current.name == name) or (
+                new is not None and new.applies_to_queue(queue.name, queue.queue_type)
+            ):
+                self._apply_policy(queue)
         for exchange in self.exchanges.values():
-            self._apply_exchange_policy(exchange)
+            current = exchange.policy
+            if (current is not None and current.name == name) or (
+                new is not None and new.applies_to_exchange(exchange.name)
+            ):
+                self._apply_exchange_policy(exchange)
 
     def _apply_policy(self, queue: Queue) -> None:
         policy = pick(self.policies, lambda p: p.applies_to_queue(queue.name, queue.queue_type))

@@ -181,6 +181,36 @@ def test_highest_priority_policy_applies_alone(
     assert client.drain(1, q) == [b"2", b"3", b"4"]  # not combined: only the high one
 
 
+def test_a_policy_change_moves_exactly_the_queues_it_concerns(
+    policies: Policies, client: RawClient, janitor: Janitor, qname: str
+) -> None:
+    # Warren re-evaluates only the queues the changed policy governed or now matches
+    # (vhost._reapply_policies); each step checks a queue it should and one it should not move
+    a = declare(client, janitor, f"{qname}.a")
+    b = declare(client, janitor, f"{qname}.b")
+    both = f"^{qname.replace('.', '[.]')}[.]"
+    policies.set(f"{qname}.low", both, {"max-length": 1}, priority=1)
+    policies.set(f"{qname}.high", only(a), {"max-length": 3}, priority=5)
+
+    def holds(queue: str, limit: int) -> bool:
+        publish(client, queue, *[b"m"] * 4)
+        return message_count(client, queue) == limit
+
+    eventually(lambda: holds(a, 3), what="a under the high policy")
+    eventually(lambda: holds(b, 1), what="b under the low one")
+    policies.clear(f"{qname}.high")  # the low one governs a again
+    eventually(lambda: holds(a, 1), what="a back under the low policy")
+    policies.set(f"{qname}.low", only(b), {"max-length": 2}, priority=1)  # moved off a
+    eventually(lambda: holds(b, 2), what="b under the changed policy")
+
+    def grows() -> bool:
+        before = message_count(client, a)
+        publish(client, a, b"m")
+        return message_count(client, a) > before
+
+    eventually(grows, what="a without a policy")
+
+
 # -- dead-lettering -----------------------------------------------------------------------------
 
 

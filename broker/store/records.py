@@ -93,6 +93,9 @@ class PublishRecord:
     trace_id: int
     segment: int = 0  # the segment file holding it (set by the store)
     record_start: int = 0  # where the whole record starts in that file (set by the store)
+    # False: only its place was read (a packed message: no deadline, count or retry state);
+    # exchange, routing key and properties are empty here (MessageStore.read_record)
+    decoded: bool = True
 
 
 def publish_header_size(exchange: int, routing_key: int, properties: int) -> int:
@@ -145,6 +148,24 @@ def decode_publish(
         exchange, routing_key, data[off - plen : off], data[off:end] if keep_body else None,
         end - off, off, trace_id,
     )  # fmt: skip
+
+
+def publish_place(data: bytes, start: int, end: int, kind: int) -> tuple[int, bool, int, int]:
+    """(id, plain, flags, body start) of a PUBLISH or PUBLISH_V1 payload at ``data[start:end]``,
+    without decoding its names and properties; plain: no deadline, delivery count, retries
+    or retry time."""
+    if kind == PUBLISH:
+        msg_id, _, expires, count, retries, retry_at, flags, _ = _publish.unpack_from(data, start)
+        off = start + _publish.size
+    else:
+        msg_id, _, expires, count, retries, retry_at, flags = _publish_v1.unpack_from(data, start)
+        off = start + _publish_v1.size
+    off += 1 + data[off]
+    off += 1 + data[off]
+    off += 4 + _u32.unpack_from(data, off)[0]
+    if off > end:
+        raise ValueError("publish record truncated")
+    return msg_id, not (expires or count or retries or retry_at), flags, off
 
 
 def queue_of(data: bytes, start: int) -> int:

@@ -23,13 +23,16 @@ import shutil
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from warren.broker.message import READY, Message, page_out, unpage
-from warren.broker.paged import REDELIVERED, PagedRun
+from warren.broker.paged import MESSAGE_MEMORY, REDELIVERED, PagedRun
 from warren.broker.stats import IOStats
 from warren.broker.store import records
+from warren.broker.store.recovery import DECODED, Block, RecoveryIndex
+from warren.broker.store.recovery import DELIVERED as DELIVERED_FLAG
+from warren.broker.store.recovery import STATE as STATE_FLAG
 
 if TYPE_CHECKING:
     from warren.broker.exchange_plugins import DelayedMessageExchange
@@ -305,23 +308,32 @@ class MessageStore:
 
     # ---- start-up ----
 
-    def recover(self) -> list[StoredMessage]:
+    def recover(self, packs: Callable[[int], bool] | None = None) -> Iterator[StoredMessage]:
         """Read every segment, oldest first; a torn or corrupt tail is cut off with a warning.
+        Returns the live messages in publish order, as the queues take them back.
 
-        Bodies are kept in memory up to ``page_limit`` bytes a queue (the oldest
-        first: the head of the queue); past it only their place in the file is.
+        Bodies are kept in memory up to ``page_limit`` a queue (counting each message's
+        overhead, as a running queue does; the oldest first: the head of the queue); past
+        it only their place in the file is. Of a queue that ``packs`` (its store id) and
+        of a queue gone, a plain message past the limit is read no further than its place
+        (its record has ``decoded`` False): the index holds 33 bytes for it, no object.
         """
         segments = sorted(
             int(name[:-4]) for name in os.listdir(self.directory)
             if name.endswith(".seg") and name[:-4].isdigit()
         )  # fmt: skip
-        found: dict[int, records.PublishRecord] = {}
-        kept: dict[int, int] = {}  # queue id -> body bytes kept in memory
+        index = RecoveryIndex()
+        decoded: dict[int, records.PublishRecord] = {}
+        states: dict[int, tuple[int, int, float]] = {}  # of packed ones: read again at the end
+        packing: dict[int, bool] = {}  # queue id -> packs
+        kept: dict[int, int] = {}  # queue id -> memory its in-memory messages take
+        live = self._live
         limit = self.page_limit if self.page_limit is not None else 1 << 62
         publish, publish_v1 = records.PUBLISH, records.PUBLISH_V1
         remove, delivered, state = records.REMOVE, records.DELIVERED, records.STATE
-        decode_publish, decode_id, queue_of = (
-            records.decode_publish, records.decode_id, records.queue_of
+        was_delivered = records.FLAG_DELIVERED
+        decode_publish, decode_id, queue_of, place = (
+            records.decode_publish, records.decode_id, records.queue_of, records.publish_place
         )  # fmt: skip
         names: dict[bytes, str] = {}
         for segment in segments:
@@ -337,37 +349,63 @@ class MessageStore:
             for end, kind, start in records.read_records(data):
                 if kind in (publish, publish_v1):
                     queue_id = queue_of(data, start)
+                    msg_id = decode_id(data, start)
+                    if msg_id <= index.top and (old := index.find(msg_id)) is not None:
+                        self._forget_recovered(index, old, decoded, states, kept)
                     in_ram = kept.get(queue_id, 0)
+                    record_start = start - records.HEADER_SIZE - 1
+                    if in_ram >= limit:
+                        packs_it = packing.get(queue_id)
+                        if packs_it is None:
+                            packs_it = packing[queue_id] = packs is not None and packs(queue_id)
+                        if packs_it:
+                            msg_id, plain, flags, body_at = place(data, start, end, kind)
+                            if plain:
+                                index.add(
+                                    msg_id, queue_id, segment, record_start, end - record_start,
+                                    end - body_at, DELIVERED_FLAG if flags & was_delivered else 0,
+                                )  # fmt: skip
+                                live[segment] = live.get(segment, 0) + 1
+                                continue
                     record = decode_publish(data, start, end, kind, in_ram < limit, names)
                     if record.properties == last_properties:  # share runs of equal properties
                         record.properties = last_properties
                     last_properties = record.properties
                     record.segment = segment
                     record.body_offset = end - record.body_size
-                    record.record_start = start - records.HEADER_SIZE - 1
+                    record.record_start = record_start
                     if record.body is not None:
-                        kept[queue_id] = in_ram + record.body_size
-                    old = found.get(record.msg_id)  # a compacted copy replaces the original
-                    if old is not None and old.body is not None:
-                        kept[queue_id] -= old.body_size
-                    found[record.msg_id] = record
+                        kept[queue_id] = in_ram + record.body_size + MESSAGE_MEMORY
+                    decoded[msg_id] = record
+                    index.add(
+                        msg_id, queue_id, segment, record_start, end - record_start,
+                        record.body_size, DECODED,
+                    )  # fmt: skip
+                    live[segment] = live.get(segment, 0) + 1
                 elif kind == remove:
-                    old = found.pop(decode_id(data, start), None)
-                    if old is not None and old.body is not None:
-                        kept[old.queue_id] -= old.body_size
+                    found = index.find(decode_id(data, start))
+                    if found is not None:
+                        self._forget_recovered(index, found, decoded, states, kept)
                 elif kind == delivered:
-                    rec = found.get(decode_id(data, start))
-                    if rec is not None:
-                        rec.delivered = True
+                    found = index.find(decode_id(data, start))
+                    if found is not None:
+                        block, i = found
+                        block.flags[i] |= DELIVERED_FLAG
+                        if block.flags[i] & DECODED:
+                            decoded[block.ids[i]].delivered = True
                 elif kind == state:
                     msg_id, count, retries, retry_at = records.decode_state(data, start)
-                    rec = found.get(msg_id)
-                    if rec is not None:
-                        rec.delivery_count, rec.retries, rec.retry_at_wall = (
-                            count,
-                            retries,
-                            retry_at,
-                        )
+                    found = index.find(msg_id)
+                    if found is not None:
+                        block, i = found
+                        if block.flags[i] & DECODED:
+                            rec = decoded[msg_id]
+                            rec.delivery_count, rec.retries, rec.retry_at_wall = (
+                                count, retries, retry_at
+                            )  # fmt: skip
+                        else:
+                            block.flags[i] |= STATE_FLAG
+                            states[msg_id] = (count, retries, retry_at)
             if end < len(data):
                 self.log.warning(
                     "message store: dropped a torn or corrupt tail",
@@ -377,24 +415,83 @@ class MessageStore:
                 )
                 with open(path, "r+b") as fh:
                     fh.truncate(end)
-        live, total = self._live, self._total
-        for record in found.values():
-            segment = record.segment
-            live[segment] = live.get(segment, 0) + 1
-            total[segment] = total.get(segment, 0) + 1
-        if found:
-            self._next_id = self.first_id = max(found) + 1
+        for segment in [segment for segment, count in live.items() if count <= 0]:
+            del live[segment]
+        self._total.update(live)
+        top = index.max_live()
+        if top:
+            self._next_id = self.first_id = top + 1
         self._segment = (segments[-1] + 1) if segments else 1
-        return [found[msg_id] for msg_id in sorted(found)]
+        return self._recovered(index, decoded, states)
+
+    def _forget_recovered(
+        self,
+        index: RecoveryIndex,
+        entry: tuple[Block, int],
+        decoded: dict[int, records.PublishRecord],
+        states: dict[int, tuple[int, int, float]],
+        kept: dict[int, int],
+    ) -> None:
+        """A message read at start-up is removed (or a compacted copy replaces it)."""
+        block, i = entry
+        msg_id = block.ids[i]
+        flags = block.flags[i]
+        if flags & DECODED:
+            old = decoded.pop(msg_id)
+            if old.body is not None:
+                kept[old.queue_id] -= old.body_size + MESSAGE_MEMORY
+        elif flags & STATE_FLAG:
+            del states[msg_id]
+        self._live[block.segments[i]] -= 1
+        index.drop(block, i)
+
+    def _recovered(
+        self,
+        index: RecoveryIndex,
+        decoded: dict[int, records.PublishRecord],
+        states: dict[int, tuple[int, int, float]],
+    ) -> Iterator[StoredMessage]:
+        names: dict[bytes, str] = {}
+        for block, i in index.entries():
+            msg_id, flags = block.ids[i], block.flags[i]
+            if flags & DECODED:
+                yield decoded.pop(msg_id)
+                continue
+            segment, start, length, size = (
+                block.segments[i], block.starts[i], block.lengths[i], block.sizes[i]
+            )  # fmt: skip
+            if flags & STATE_FLAG:  # no longer plain: the queue needs all of it
+                record = self.read_record(segment, start, length, names)
+                record.body = None
+                record.delivery_count, record.retries, record.retry_at_wall = states.pop(msg_id)
+                record.delivered = bool(flags & DELIVERED_FLAG)
+                yield record
+                continue
+            yield records.PublishRecord(
+                msg_id, block.queues[i], 0.0, 0, 0, 0.0, bool(flags & DELIVERED_FLAG), "", "",
+                b"", None, size, start + length - size, 0, segment, start, False,
+            )  # fmt: skip
+
+    def read_record(
+        self, segment: int, start: int, length: int, names: dict[bytes, str] | None = None
+    ) -> StoredMessage:
+        """The whole publish record of ``length`` bytes at ``start`` in ``segment``."""
+        record = records.decode_record(
+            self.read_body(segment, start, length), 0, length, {} if names is None else names
+        )
+        record.segment, record.record_start = segment, start
+        record.body_offset += start
+        return record
 
     def adopt(self, msgs: list[Message]) -> None:
         """Recovered messages are live again in their queue (which set their place in the log)."""
         self.messages.update({msg.store_id: msg for msg in msgs})
 
-    def finish_recovery(self, orphans: list[StoredMessage]) -> None:
-        """Messages whose queue is gone are dropped from the counts (their files age out)."""
-        for record in orphans:
-            self._live[record.segment] -= 1
+    def finish_recovery(self, orphans: dict[int, int]) -> None:
+        """Messages whose queue is gone (so many a segment) are dropped from the counts (their
+        files age out)."""
+        for segment, count in orphans.items():
+            self._live[segment] -= count
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop

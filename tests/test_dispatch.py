@@ -1,0 +1,144 @@
+"""Round-robin dispatch when many consumers wait at their prefetch limit.
+
+A consumer found at its limit waits aside (broker/queue.py: Queue._blocked) until a
+settle of one of its own deliveries, or a change that may concern any consumer (qos,
+a drained socket, a channel-wide limit), brings it back in turn. These tests check
+what a client sees: the order in which consumers get messages, that one whose
+delivery is acked gets the next, and that none is left waiting while it has room.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pika
+import pytest
+from pika.adapters.blocking_connection import BlockingChannel
+
+N = 60
+
+
+def consume_all(ch: BlockingChannel, queue: str, count: int, prefetch: int) -> list[list[Any]]:
+    """``count`` consumers of ``queue`` on ``ch``, each with ``prefetch``; what each receives."""
+    got: list[list[Any]] = [[] for _ in range(count)]
+    ch.basic_qos(prefetch_count=prefetch)
+    for i in range(count):
+
+        def on_message(_ch: Any, method: Any, _props: Any, body: bytes, i: int = i) -> None:
+            got[i].append((int(body), method.delivery_tag))
+
+        ch.basic_consume(queue, on_message, consumer_tag=f"c{i}")
+    return got
+
+
+def wait_for(conn: pika.BlockingConnection, done: Any) -> None:
+    for _ in range(200):
+        if done():
+            return
+        conn.process_data_events(time_limit=0.05)
+    raise AssertionError("no delivery came")
+
+
+def ready(conn: pika.BlockingConnection, queue: str) -> int:
+    """Messages ready in ``queue``; the broker handled every frame sent on ``conn`` before."""
+    ch = conn.channel()
+    count = ch.queue_declare(queue, passive=True).method.message_count
+    ch.close()
+    return int(count)
+
+
+@pytest.fixture(scope="module")
+def global_qos_url(amqp_url: str) -> Iterator[str]:
+    """A broker where basic.qos global=true limits the channel (RabbitMQ 3.x; 4.3 needs
+    deprecated_features.permit.global_qos = true, tests/test_deprecated_features.py)."""
+    if os.environ.get("WARREN_TEST_URL"):  # RabbitMQ 3.10 has it anyway
+        yield amqp_url
+        return
+    from warren.broker.testkit import run_broker
+
+    with run_broker(deprecated_features_permit=(("global_qos", True),)) as broker:
+        yield broker.url
+
+
+def test_consumers_at_their_limit_get_the_next_message_as_they_ack(amqp_url: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    ch = conn.channel()
+    queue = ch.queue_declare("", exclusive=True).method.queue
+    got = consume_all(ch, queue, N, prefetch=1)
+    for i in range(3 * N):
+        ch.basic_publish("", queue, str(i).encode())
+    # one each, in the order they subscribed; the rest waits: everybody is at the limit
+    wait_for(conn, lambda: all(got))
+    assert [g[0][0] for g in got] == list(range(N))
+    assert ready(conn, queue) == 2 * N
+    # an ack brings back that consumer alone: the next message is its, whoever waits
+    acked = set()
+    for n, i in enumerate([37, 5, 59, 0]):
+        ch.basic_ack(got[i][-1][1])
+        acked.add(got[i][-1][1])
+        wait_for(conn, lambda i=i: len(got[i]) == 2)
+        assert got[i][-1][0] == N + n
+        assert ready(conn, queue) == 2 * N - n - 1
+    # acks from every consumer: each gets one more until the queue is empty
+    while sum(map(len, got)) < 3 * N:
+        total = sum(map(len, got))
+        tags = [g[-1][1] for g in got if g[-1][1] not in acked]
+        for tag in tags:
+            ch.basic_ack(tag)
+        acked.update(tags)
+        expected = min(3 * N, total + len(tags))
+        wait_for(conn, lambda expected=expected: sum(map(len, got)) == expected)
+    assert sorted(m for g in got for m, _ in g) == list(range(3 * N))
+    conn.close()
+
+
+def test_round_robin_over_the_consumers_with_room(amqp_url: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    ch = conn.channel()
+    queue = ch.queue_declare("", exclusive=True).method.queue
+    got = consume_all(ch, queue, 4, prefetch=1000)
+    for i in range(40):
+        ch.basic_publish("", queue, str(i).encode())
+    wait_for(conn, lambda: sum(map(len, got)) == 40)
+    assert [[m for m, _ in g] for g in got] == [list(range(i, 40, 4)) for i in range(4)]
+    conn.close()
+
+
+def test_a_channel_wide_limit_gives_its_room_to_the_next_consumer_in_turn(
+    global_qos_url: str,
+) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(global_qos_url))
+    ch = conn.channel()
+    queue = ch.queue_declare("", exclusive=True).method.queue
+    got = consume_all(ch, queue, 3, prefetch=0)
+    ch.basic_qos(prefetch_count=2, global_qos=True)  # shared by the channel's consumers
+    for i in range(10):
+        ch.basic_publish("", queue, str(i).encode())
+    wait_for(conn, lambda: len(got[0]) == 1 and len(got[1]) == 1)
+    assert ready(conn, queue) == 8 and not got[2]
+    ch.basic_ack(got[0][0][1])  # c0's ack makes room on the channel: c2's turn, not c0's
+    wait_for(conn, lambda: len(got[2]) == 1)
+    assert got[2][0][0] == 2 and len(got[0]) == 1
+    ch.basic_ack(got[1][0][1])
+    wait_for(conn, lambda: len(got[0]) == 2)
+    assert got[0][1][0] == 3
+    conn.close()
+
+
+def test_raising_the_limit_brings_back_every_waiting_consumer(global_qos_url: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(global_qos_url))
+    ch = conn.channel()
+    queue = ch.queue_declare("", exclusive=True).method.queue
+    ch.basic_qos(prefetch_count=1, global_qos=True)
+    got = consume_all(ch, queue, 5, prefetch=0)
+    ch.basic_qos(prefetch_count=1, global_qos=True)
+    for i in range(20):
+        ch.basic_publish("", queue, str(i).encode())
+    wait_for(conn, lambda: sum(map(len, got)) == 1)
+    assert ready(conn, queue) == 19
+    ch.basic_qos(prefetch_count=20, global_qos=True)  # room for all: nobody is left aside
+    wait_for(conn, lambda: sum(map(len, got)) == 20)
+    assert all(len(g) == 4 for g in got), [len(g) for g in got]
+    conn.close()
