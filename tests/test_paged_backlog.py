@@ -46,7 +46,8 @@ def queue_state(running: RunningBroker, name: str) -> tuple[int, int, int]:
     def read() -> tuple[int, int, int]:
         queue: Any = running.server.broker.vhosts["/"].queues[name]
         gc.collect()
-        alive = sum(1 for o in gc.get_objects() if type(o) is Message)
+        # paged-out messages of TTL and priority queues are Messages too: counted apart
+        alive = sum(1 for o in gc.get_objects() if type(o) is Message and o.paged_size < 0)
         return queue.ready_count, queue.paged_count, alive
 
     return running.call(read)
