@@ -17,10 +17,10 @@ from typing import Any
 
 from setuptools import setup
 
-# The message path: framing, routing, queues, channels and the messages themselves.
-# Subclasses are compiled with their bases; broker/stream.py's StreamQueue, interpreted,
-# subclasses Queue (allow_interpreted_subclasses). Not compiled: the store (threads), the
-# tracing modules, timers (the test kit's ManualLoop subclasses them), management.
+# The message path: framing, routing, queues, streams, channels, the messages themselves
+# and the tracing hooks. Subclasses are compiled with their bases (Queue also admits
+# interpreted ones). Not compiled: the store (threads), the trace writer, timers (the test
+# kit's ManualLoop subclasses them), management.
 COMPILED = [
     "warren/protocol/constants.py",
     "warren/protocol/errors.py",
@@ -41,6 +41,8 @@ COMPILED = [
     "warren/broker/stats.py",
     "warren/broker/message.py",
     "warren/broker/stream.py",
+    "warren/broker/tracing.py",
+    "warren/broker/recorder.py",
 ]
 
 # mypyc trusts every annotation it sees and checks values against them at run time.

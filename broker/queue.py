@@ -114,7 +114,7 @@ def retry_policy(args: dict[str, Any], definition: dict[str, Any]) -> RetryPolic
     )
 
 
-# broker/stream.py's StreamQueue, interpreted, is a Queue (in the compiled build too)
+# subclasses need not be compiled with it (a build that leaves broker/stream.py out)
 @mypyc_attr(allow_interpreted_subclasses=True)
 class Queue:
     def __init__(
