@@ -35,7 +35,7 @@ from warren.protocol.constants import (
 )
 from warren.protocol.errors import AMQPError, ChannelError, ConnectionError_, truncate_reply_text
 from warren.protocol.frames import HEARTBEAT_FRAME
-from warren.protocol.methods import make
+from warren.protocol.methods import BasicAck, make
 from warren.protocol.tables import TableError, decode_table
 
 if TYPE_CHECKING:
@@ -327,13 +327,20 @@ class Connection:
             self._continue()
 
     def _channel_event(self, channel_id: int, method: Any) -> None:
-        handler = HANDLERS.get(type(method))
+        kind = type(method)
+        handler = HANDLERS.get(kind)
         if handler is not None:
             # the protocol passes such methods only on open channels, which have their owner
             channel = self._channels[channel_id].owner
             if channel is not None:
                 try:
-                    handler(channel, method)
+                    # the two of every message called directly: natively when compiled
+                    if kind is Content:
+                        channel.on_content(method)
+                    elif kind is BasicAck:
+                        channel.on_basic_ack(method)
+                    else:
+                        handler(channel, method)
                 except ChannelError as exc:
                     self.channel_error(channel, exc.at(*_ids(method)))
                 except ConnectionError_ as conn_exc:

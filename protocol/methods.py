@@ -136,10 +136,11 @@ def decode_method(payload: bytes) -> Method:
                     names = _publish_names(payload, off)
                 bits = payload[off]
                 return BasicPublish(names[0], names[1], bool(bits & 1), bool(bits & 2), names[2])
-            if method_id in (80, 120, 90):
+            if method_id == 80 or method_id == 120 or method_id == 90:
                 if size != 13:
                     raise IndexError
-                tag, bits = _u64_bits.unpack_from(payload, 4)
+                tag: int
+                tag, bits = _u64_bits.unpack_from(payload, 4)  # bits: an int, as above
                 if method_id == 80:
                     return BasicAck(tag, bool(bits & 1))
                 if method_id == 120:
