@@ -1,7 +1,7 @@
 """The message path's own cost with tracing off and on, without sockets or other processes.
 
     python tests/benchmarks/trace_path.py [--messages 200000] [--rounds 5] [--callgrind]
-        [--confirm] [--modes off,on]
+        [--confirm] [--ack-each] [--modes off,on]
 
 One broker ``Connection`` on a uvloop loop is fed bytes as a socket would feed it:
 publishes (one 16-byte message per frame set), and the acks of a consumer with prefetch
@@ -12,6 +12,7 @@ production), and prints the microseconds per message of the loop's thread. Load 
 other processes on the machine cancels out of the ratio better than it does out of a
 throughput test, where a publisher and a consumer compete with the broker for the CPUs.
 ``--callgrind`` counts instructions instead (valgrind): slower, but exactly repeatable.
+``--ack-each`` acks every delivery with its own basic.ack (S2 and S3's shape).
 ``--confirm`` puts the publisher's channel in confirm mode (one coalesced basic.ack per
 batch); ``--modes off`` measures the untraced path only (to compare two commits).
 """
@@ -42,6 +43,7 @@ from warren.broker.timers import Timers
 from warren.config import Settings
 
 BATCH = 500  # messages per data_received: what one socket read might carry
+ACK_EACH = False  # --ack-each
 
 
 class NullTransport:
@@ -92,8 +94,12 @@ def publishes(n: int) -> bytes:
     return one * n
 
 
-def acks(first: int, n: int) -> bytes:
-    """basic.ack multiple=true every 10 tags, hand-encoded as bench.py does."""
+def acks(first: int, n: int, each: bool = False) -> bytes:
+    """basic.ack multiple=true every 10 tags, hand-encoded as bench.py does; ``each``: one
+    basic.ack per tag (S2 and S3's shape)."""
+    if each:
+        tags = range(first, first + n)
+        return b"".join(struct.pack(">BHIHHQBB", 1, 1, 13, 60, 80, t, 0, 0xCE) for t in tags)
     frames = []
     for tag in range(first + 9, first + n, 10):
         frames.append(struct.pack(">BHIHHQBB", 1, 1, 13, 60, 80, tag, 1, 0xCE))
@@ -129,8 +135,10 @@ async def run(messages: int, traced: bool, trace_dir: str, confirm: bool = False
         # the loop's turns: a publishing connection handles a share of its frames per turn
         while queue.unacked_count < BATCH:
             await asyncio.sleep(0)
-        conn.data_received(acks(tag, BATCH))
+        conn.data_received(acks(tag, BATCH, ACK_EACH))
         tag += BATCH
+        await asyncio.sleep(0)
+    while queue.unacked_count:  # single acks take more than one turn
         await asyncio.sleep(0)
     wall = time.perf_counter() - wall
     loop = time.thread_time() - loop
@@ -154,7 +162,7 @@ def instructions(mode: str, messages: int, confirm: bool) -> int:
         subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
              __file__, "--only", mode, "--messages", str(messages)]
-            + (["--confirm"] if confirm else []),
+            + (["--confirm"] if confirm else []) + (["--ack-each"] if ACK_EACH else []),
             check=True, capture_output=True,
         )  # fmt: skip
         with open(out, encoding="ascii") as f:
@@ -184,9 +192,12 @@ def main() -> int:
         "--callgrind", action="store_true", help="count instructions with valgrind instead"
     )
     parser.add_argument("--confirm", action="store_true", help="publish in confirm mode")
+    parser.add_argument("--ack-each", action="store_true", help="one basic.ack per delivery")
     parser.add_argument("--modes", default="off,on", help="with --callgrind: off, on or both")
     parser.add_argument("--only", choices=("off", "on"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global ACK_EACH
+    ACK_EACH = args.ack_each
     configure_logging("error", "plaintext", False)
     if args.callgrind:
         callgrind(args.modes.split(","), args.confirm)
