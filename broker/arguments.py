@@ -64,7 +64,7 @@ EQUIVALENCE_CHECKED: dict[str, tuple[str, ...]] = {
         *_RETRY,
         *_WARREN_RETRY,
     ),
-    "stream": (  # broker/stream.py
+    "stream": (  # broker/stream.py; RabbitMQ 4.3 rabbit_stream_queue:capabilities/0
         "x-max-length-bytes",
         "x-queue-type",
         "x-max-age",

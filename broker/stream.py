@@ -71,16 +71,6 @@ _U32 = struct.Struct(">I")
 _OFFSET_TABLE = struct.pack(">I", len(_OFFSET_ENTRY) + 8) + _OFFSET_ENTRY
 _OFFSET_TABLE_SIZE = len(_OFFSET_TABLE) + 8
 
-# the queue arguments a stream takes (RabbitMQ 4.3 rabbit_stream_queue:capabilities/0)
-STREAM_ARGUMENTS = (
-    "x-max-length-bytes",
-    "x-queue-type",
-    "x-max-age",
-    "x-stream-max-segment-size-bytes",
-    "x-stream-filter-size-bytes",
-    "x-initial-cluster-size",
-    "x-queue-leader-locator",
-)
 # arguments of other queue types: refused on a stream (rabbit_amqqueue:check_arguments_key)
 OTHER_ARGUMENTS = (
     "x-expires",
