@@ -41,6 +41,7 @@ COMPILED = [
     "warren/broker/stats.py",
     "warren/broker/message.py",
     "warren/broker/stream.py",
+    "warren/broker/trace_events.py",
     "warren/broker/tracing.py",
     "warren/broker/recorder.py",
 ]

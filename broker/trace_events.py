@@ -1,4 +1,5 @@
-"""The trace stream: what the broker's loop hands to the writer process, shared by both ends.
+"""The trace stream: what the broker's loop hands to the writer process, which writes it
+to the trace files as it is; shared by the broker and the decoder (broker/trace_format.py).
 
 The frequent events (published, delivered, acked, confirmed) travel as fixed-size binary
 records, one ``struct`` pack each (``REC_*``: a kind, the clock as a double, then native
@@ -7,54 +8,57 @@ place in the record stream (``OBJ``, index). Channels, consumers, queues and (ex
 routing key) pairs are small ids defined once in the stream (``DEFINE``, ``DEFINE_NAME``)
 and dropped when they end (``UNDEFINE``, ``FORGET``). A batch on the pipe is ``HEAD``
 (bytes of records, bytes of the marshalled side list, whether the broker waits for a
-reply), then those bytes.
+reply), then those bytes; a trace file is ``trace_format.FILE_HEAD``, then such batches.
 """
 
 from __future__ import annotations
 
 import struct
 import time
+from typing import Final
 
 # event kinds: the first item of every tuple, an index into FORMATS
-(
-    PUBLISHED,
-    ROUTED,
-    CONFIRMED,
-    DELIVERED,
-    ACKED,
-    NACKED,
-    REQUEUED,
-    RETRY,
-    DEAD,
-    ADOPTED,
-    CONSUMER_ADDED,
-    CONSUMER_TIMED_OUT,
-    CONSUMER_CANCELLED,
-    QUEUE_EXPIRED,
-    QUEUE_DELETED,
-    DELAYED,  # an x-delayed-message exchange took the message (broker/exchange_plugins.py)
-    RELEASED,  # ... and routed it when its delay was over
-    MARK,
-    DROPPED,
-    CHANNEL_CLOSED,  # not written: the writer process forgets the channel's deliveries
-    ACKS,  # in the int stream only: tags acked on a channel, written as one "acked" each
-    ACK_RANGE,  # the same for the tags first..last
-    CONFIRMS,  # in the int stream only: a publisher confirm, written as "confirmed"
-) = range(23)
-PUBLISHED1 = 23  # in the record stream only: published to exactly one queue (the usual case)
+PUBLISHED: Final = 0
+ROUTED: Final = 1
+CONFIRMED: Final = 2
+DELIVERED: Final = 3
+ACKED: Final = 4
+NACKED: Final = 5
+REQUEUED: Final = 6
+RETRY: Final = 7
+DEAD: Final = 8
+ADOPTED: Final = 9
+CONSUMER_ADDED: Final = 10
+CONSUMER_TIMED_OUT: Final = 11
+CONSUMER_CANCELLED: Final = 12
+QUEUE_EXPIRED: Final = 13
+QUEUE_DELETED: Final = 14
+DELAYED: Final = 15  # an x-delayed-message exchange took the message (broker/exchange_plugins.py)
+RELEASED: Final = 16  # ... and routed it when its delay was over
+MARK: Final = 17
+DROPPED: Final = 18
+CHANNEL_CLOSED: Final = 19  # not decoded into a line: the decoder forgets its deliveries
+ACKS: Final = 20  # in the int stream only: tags acked on a channel, written as one "acked" each
+ACK_RANGE: Final = 21  # the same for the tags first..last
+CONFIRMS: Final = 22  # in the int stream only: a publisher confirm, written as "confirmed"
+PUBLISHED1: Final = 23  # in the record stream only: published to exactly one queue (the usual case)
 # a side tuple (PROPS, trace id, property bytes) before a publish whose properties hold a
-# message-id, a correlation-id or persistence, which the writer process reads from them
-PROPS = 24
+# message-id, a correlation-id or persistence, which the decoder reads from them
+PROPS: Final = 24
 HEAD = struct.Struct("=II?")  # a batch: bytes of records, bytes of marshalled side list, sync
 # markers in the record stream: a side-list tuple follows; then, as side tuples: an object's
 # id, a name's id, all names forgotten, an object's id forgotten
-OBJ, DEFINE, DEFINE_NAME, FORGET, UNDEFINE = 100, 101, 102, 103, 104
+OBJ: Final = 100
+DEFINE: Final = 101
+DEFINE_NAME: Final = 102
+FORGET: Final = 103
+UNDEFINE: Final = 104
 # Records are packed natively: struct converts an int too big for one of CPython's
 # internal digits (a trace id) to a C long in a short loop, to a "q" through a generic
 # byte-array routine, a fifth of the speed. "l" is 8 bytes where Warren runs.
 INT = "l" if struct.calcsize("l") == 8 else "q"
 # The clock is time.monotonic(), a float: packing a double is a copy, while the int of
-# monotonic_ns() is allocated and converted digit by digit. The writer process turns it
+# monotonic_ns() is allocated and converted digit by digit. The decoder turns it
 # back into nanoseconds (exact while the machine has been up for less than 104 days, to
 # the microsecond the files hold after that).
 clock = time.monotonic

@@ -1,9 +1,13 @@
-"""The writer process: the trace stream decoded and formatted as JSON lines, in rotated files.
+"""The writer process, and the decoding of what it writes.
 
 ``python -m warren.broker.trace_format DIR ROTATE_BYTES ROTATE_SECONDS OFFSET_NS``, started by
 broker/trace_writer.py, reads batches of the stream (broker/trace_events.py) on its stdin
-and writes ``warren-trace-*.ndjson``: the lines broker/tracing.py's docstring lists. It
-runs at the lowest CPU priority, on CPU the broker leaves.
+and appends them as they came to ``warren-trace-*.wtrace`` files, rotated by size and age:
+it formats nothing, so that at full load it takes almost no CPU from the broker. It runs
+at the lowest CPU priority. The rest of the module turns the files into the JSON lines
+broker/tracing.py's docstring lists: the report job (pipeline/job.py) decodes each file
+on its own, in parallel, and ``python -m warren.broker.trace_format decode DIR`` prints a
+whole trace as JSON lines.
 """
 
 from __future__ import annotations
@@ -46,39 +50,85 @@ from warren.broker.trace_events import (
 )
 from warren.protocol.properties import TRACED_FLAGS_HI, TRACED_FLAGS_LO, split_properties
 
-DRAIN_CHUNK = 8192  # events the writer process formats per file write
 CHILD_NICENESS = 19  # the writer process runs on CPU the broker leaves: busy, it drops
+MAGIC = b"WRNTRC01"  # a trace file's first bytes (and its format's version)
+FILE_HEAD = struct.Struct("=8sqqq")
+"""magic, session (the writer process's start, ns since the epoch), the file's number in its
+session, nanoseconds from the broker's monotonic clock to the epoch"""
+SUFFIX = ".wtrace"
 
 
 class _Files:
-    """The child's side: JSON lines into files rotated by size and age."""
+    """The child's side: the batches as the broker sent them, in files rotated by size and
+    age. Each file starts with the ids it needs (a batch defining every channel, consumer,
+    queue and route alive at its start), so that it can be decoded without the others."""
 
-    def __init__(self, directory: str, rotate_bytes: int, rotate_seconds: float) -> None:
+    def __init__(
+        self, directory: str, rotate_bytes: int, rotate_seconds: float, offset: int
+    ) -> None:
         self.directory = directory
         self.rotate_bytes = rotate_bytes
         self.rotate_seconds = rotate_seconds
-        self.file: IO[str] | None = None
+        self.offset = offset
+        self.session = time.time_ns()
+        self.file: IO[bytes] | None = None
         self.size = 0
         self.opened = 0.0
         self.seq = 0
+        self.defs: dict[int, tuple[Any, ...]] = {}  # DEFINE tuples of live ids
+        self.names: dict[int, tuple[Any, ...]] = {}  # DEFINE_NAME tuples
 
-    def write(self, text: str) -> None:
+    def write(self, data: bytes, packed: bytes, side: list[Any]) -> None:
         if self.file is None or self.size >= self.rotate_bytes:
-            self.close()
+            self._open()
+        assert self.file is not None
+        self._batch(data, packed)
+        defs, names = self.defs, self.names
+        for event in side:  # the rare events only: the frequent ones are in ``data``
+            if event is None:
+                continue  # dropped by the broker (trace_writer.TraceWriter._trim)
+            what = event[0]
+            if what == DEFINE:
+                defs[event[1]] = event
+            elif what == UNDEFINE:
+                defs.pop(event[1], None)
+            elif what == DEFINE_NAME:
+                names[event[1]] = event
+            elif what == FORGET:
+                names.clear()
+
+    def _batch(self, data: bytes, packed: bytes) -> None:
+        assert self.file is not None
+        self.file.write(HEAD.pack(len(data), len(packed), False))
+        self.file.write(data)
+        self.file.write(packed)
+        self.size += HEAD.size + len(data) + len(packed)
+
+    def _open(self) -> None:
+        self.close()
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        while True:  # a writer process started in the same second may have taken the name
             self.seq += 1
-            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-            name = f"warren-trace-{stamp}-{os.getppid()}-{self.seq:04d}.ndjson"
-            self.file = open(os.path.join(self.directory, name), "a", encoding="utf-8")  # noqa: SIM115
-            self.size = 0
-            self.opened = time.monotonic()
-        self.file.write(text)
-        self.size += len(text)  # characters: close enough to bytes for rotation
+            name = f"warren-trace-{stamp}-{os.getppid()}-{self.seq:04d}{SUFFIX}"
+            try:
+                self.file = open(os.path.join(self.directory, name), "xb")  # noqa: SIM115
+                break
+            except FileExistsError:
+                continue
+        self.file.write(FILE_HEAD.pack(MAGIC, self.session, self.seq, self.offset))
+        self.size = FILE_HEAD.size
+        self.opened = time.monotonic()
+        known = [*self.defs.values(), *self.names.values()]
+        if known:
+            self._batch(
+                b"".join([REC_OBJ.pack(OBJ, i) for i in range(len(known))]), marshal.dumps(known)
+            )
 
     def tick(self) -> None:
         if self.file is not None:
             self.file.flush()
             if time.monotonic() - self.opened >= self.rotate_seconds:
-                self.close()  # the next event starts a new file
+                self.close()  # the next batch starts a new file
 
     def close(self) -> None:
         if self.file is not None:
@@ -87,7 +137,7 @@ class _Files:
 
 
 class _Decoder:
-    """The writer process's side of the stream: ints and side tuples back into JSON lines.
+    """The reading side of the stream: records and side tuples back into JSON lines.
 
     The frequent events (published, delivered, acked) are formatted here from pieces of
     JSON made once per channel, consumer, queue and route as they are defined; the rest
@@ -96,7 +146,13 @@ class _Decoder:
     only tags, into one "acked" line per message.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, session: int = 0, partial: bool = False) -> None:
+        # partial: one file of a session decoded alone (the report job decodes files in
+        # parallel). A delivery then says which channel it is on ("chan", unique in the
+        # session), and an ack whose delivery is in an earlier file comes out as
+        # {"ev":"acked","chan":..,"tag":..} for the job to join with that delivery.
+        self.partial = partial
+        self.session = session
         self.pieces: dict[int, tuple[Any, ...]] = {}  # def id -> its JSON pieces
         self.names: dict[int, tuple[str, str]] = {}
         self.routes: dict[int, str] = {}  # name id -> ',"exchange":..,"rk":..'
@@ -111,21 +167,26 @@ class _Decoder:
         elif len(definition) == 3:  # a channel: (vhost, peer, ch)
             _, peer, ch = definition
             self.pieces[n] = (vhost, f',"conn":{_peer(peer)},"ch":{ch}', (peer, ch))
-        else:  # a consumer: (vhost, queue, ctag, no_ack, peer, ch)
-            _, queue, ctag, no_ack, peer, ch = definition
+        else:  # a consumer: (vhost, queue, ctag, no_ack, peer, ch, its channel's id)
+            _, queue, ctag, no_ack, peer, ch, channel = definition
             self.pieces[n] = (
                 f',"ev":"delivered","vhost":{vhost},"msg":',
                 f',"queue":{_s(queue)},"consumer":{_s(ctag)},"tag":',
-                f',"no_ack":{_B[no_ack]},"conn":{_peer(peer)},"ch":{ch}}}\n',
+                f',"no_ack":{_B[no_ack]},"conn":{_peer(peer)},"ch":{ch}{self._chan(channel)}}}\n',
                 f',"ev":"acked","vhost":{vhost},"msg":',
                 no_ack,
                 (peer, ch),
             )
 
+    def _chan(self, channel: int) -> str:
+        """A delivery's channel, for the report job (partial decoding only)."""
+        return f',"chan":"{self.session}.{channel}"' if self.partial else ""
+
     def _delivered(self, e: tuple[Any, ...], off: int) -> Iterator[str]:
         # basic.get: (DELIVERED, t, vhost, tid, queue, ctag, tag, redelivered, count, no_ack,
-        # peer, ch)
-        yield _delivered(e, off)
+        # peer, ch, the channel's id)
+        line = _delivered(e, off)
+        yield f"{line[:-2]}{self._chan(e[12])}}}\n" if self.partial else line
         ack = f',"ev":"acked","vhost":{_s(e[2])},"msg":'
         rest = f',"queue":{_s(e[4])},"consumer":{_s(e[5])},"tag":'
         if e[9]:  # no-ack: settled as it is delivered
@@ -230,9 +291,11 @@ class _Decoder:
                 stamp = f'{{"ts":{(round(t * 1e9) + off) // 1000}'
                 for tag in tags:
                     delivery = open_tags.pop(tag, None)
-                    if delivery is not None:  # else delivered before tracing began
+                    if delivery is not None:
                         tid, ack, mid = delivery
                         yield f"{stamp}{ack}{tid}{mid}{tag}}}\n"
+                    elif self.partial:  # delivered in an earlier file (or before tracing)
+                        yield f'{stamp},"ev":"acked"{self._chan(channel_id)},"tag":{tag}}}\n'
             elif kind == CONFIRMS:
                 _, t, channel_id, first, last, ack = REC_CONFIRMS.unpack_from(data, i)
                 i += REC_CONFIRMS.size
@@ -254,9 +317,7 @@ def _child_main(argv: list[str]) -> int:
     # below the broker: on a saturated machine the broker keeps the CPU, this process falls
     # behind, the broker's buffers fill and events are dropped (and counted)
     os.nice(CHILD_NICENESS)
-    files = _Files(directory, int(rotate_bytes), float(rotate_seconds))
-    decoder = _Decoder()
-    off = int(offset)
+    files = _Files(directory, int(rotate_bytes), float(rotate_seconds), int(offset))
     source, reply = sys.stdin.buffer, sys.stdout.buffer
     while True:
         head = source.read(HEAD.size)
@@ -264,15 +325,9 @@ def _child_main(argv: list[str]) -> int:
             break  # the broker closed the pipe (or died): everything received is written
         n_data, n_side, sync = HEAD.unpack(head)
         data = source.read(n_data)
-        side = marshal.loads(source.read(n_side))
-        lines: list[str] = []
-        for line in decoder.lines(data, side, off):
-            lines.append(line)
-            if len(lines) >= DRAIN_CHUNK:
-                files.write("".join(lines))
-                lines = []
-        if lines:
-            files.write("".join(lines))
+        packed = source.read(n_side)
+        if data or n_side > _EMPTY:
+            files.write(data, packed, marshal.loads(packed))
         files.tick()
         if sync:
             reply.write(b"\x01")
@@ -281,7 +336,90 @@ def _child_main(argv: list[str]) -> int:
     return 0
 
 
-# ---- formatting (in the writer process) ----
+_EMPTY = len(marshal.dumps([]))
+
+
+# ---- reading the files (the report job, tools, tests) ----
+
+
+def _batches(data: bytes, at: int) -> Iterator[tuple[bytes, list[Any]]]:
+    """The batches of a trace file from ``at``, up to a batch cut short by a crash."""
+    n = len(data)
+    while at + HEAD.size <= n:
+        n_data, n_side, _ = HEAD.unpack_from(data, at)
+        end = at + HEAD.size + n_data + n_side
+        if end > n:
+            return
+        records = data[at + HEAD.size : at + HEAD.size + n_data]
+        yield records, marshal.loads(data[end - n_side : end])
+        at = end
+
+
+def file_lines(data: bytes, decoder: _Decoder | None = None) -> Iterator[str]:
+    """The JSON lines of one trace file's bytes, one per item. Without a ``decoder`` the
+    file is decoded alone (partially: see _Decoder). A file that is already JSON lines
+    comes out as it is."""
+    if data[: len(MAGIC)] != MAGIC:
+        yield from data.decode("utf-8", "replace").splitlines(keepends=True)
+        return
+    if len(data) < FILE_HEAD.size:
+        return
+    _, session, _, offset = FILE_HEAD.unpack_from(data)
+    if decoder is None:
+        decoder = _Decoder(session, partial=True)
+    for records, side in _batches(data, FILE_HEAD.size):
+        # one line per item (the decoder makes some two at a time)
+        yield from "".join(decoder.lines(records, side, offset)).splitlines(keepends=True)
+
+
+def trace_files(directory: str) -> list[str]:
+    """The trace files in ``directory``, each session's in the order they were written."""
+    order = []
+    for name in os.listdir(directory):
+        if not name.startswith("warren-trace-"):
+            continue
+        path = os.path.join(directory, name)
+        with open(path, "rb") as file:
+            head = file.read(FILE_HEAD.size)
+        if len(head) == FILE_HEAD.size and head[: len(MAGIC)] == MAGIC:
+            _, session, seq, _ = FILE_HEAD.unpack(head)
+            order.append(((session, seq, name), path))
+        else:
+            order.append(((0, 0, name), path))
+    return [path for _, path in sorted(order)]
+
+
+def lines(paths: Iterable[str]) -> Iterator[str]:
+    """The JSON lines of whole sessions' files (``trace_files``' order), each session
+    decoded as one stream: what the NDJSON files of earlier versions held."""
+    decoders: dict[int, _Decoder] = {}
+    for path in paths:
+        with open(path, "rb") as file:
+            data = file.read()
+        session = FILE_HEAD.unpack_from(data)[1] if data[: len(MAGIC)] == MAGIC else 0
+        decoder = decoders.get(session)
+        if decoder is None:
+            decoder = decoders[session] = _Decoder(session)
+        yield from file_lines(data, decoder)
+
+
+def events(directory: str) -> list[dict[str, Any]]:
+    """Every event in ``directory``'s trace files, as dicts (tools and tests)."""
+    return [json.loads(line) for line in lines(trace_files(directory))]
+
+
+def _decode_main(argv: list[str]) -> int:
+    """``decode PATH...``: the JSON lines of trace files (or of every one in a directory)."""
+    paths: list[str] = []
+    for path in argv:
+        paths += trace_files(path) if os.path.isdir(path) else [path]
+    out = sys.stdout
+    for line in lines(paths):
+        out.write(line)
+    return 0
+
+
+# ---- formatting (as the files are read) ----
 
 _strings: dict[str, str] = {}  # names repeat: each is JSON-encoded once
 
@@ -501,4 +639,6 @@ FORMATS: tuple[Callable[[tuple[Any, ...], int], str], ...] = (
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["decode"]:
+        sys.exit(_decode_main(sys.argv[2:]))
     sys.exit(_child_main(sys.argv[1:]))

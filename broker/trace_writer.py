@@ -67,11 +67,12 @@ _mono = time.monotonic_ns
 
 
 class TraceWriter:
-    """Ships the recorded events to a child process that writes ``warren-trace-*.ndjson``.
+    """Ships the recorded events to a child process that writes ``warren-trace-*.wtrace``.
 
     Turning an event into a JSON line costs about as much as the engine's whole handling
-    of the message, and in the broker's process it would hold the GIL the event loop
-    needs. So the broker's side only records: the frequent events (published, delivered,
+    of the message: in the broker's process it would hold the GIL the event loop needs,
+    and in a writer process it would take a core the broker and its clients need. So the
+    broker's side only records: the frequent events (published, delivered,
     acked, confirmed) as fixed-size binary records, one ``Struct.pack`` each, appended to
     ``records`` (a list append: no offset to keep, no room to test), with channels,
     consumers, queues and routes as small ids defined once in the stream
@@ -80,9 +81,9 @@ class TraceWriter:
     list, marked in their place in the record stream. Every ``FLUSH_INTERVAL`` a timer on
     the loop joins the records and writes them to ``python -m warren.broker.trace_format``
     through a non-blocking pipe, the side list ``marshal``-encoded. No thread: one would
-    take the GIL from the loop at every hand-over. The child decodes, formats (the
-    frequent events from JSON pieces made once per channel, consumer and route), writes
-    and rotates on another core, at the lowest priority. If it falls behind, the pipe
+    take the GIL from the loop at every hand-over. The child appends the batches as they
+    are to the files and rotates them, at the lowest priority; the report job decodes
+    and formats. If it falls behind, the pipe
     fills, what did not fit waits for the next tick, the records held reach their bound
     (``cap`` bytes, enforced at each tick) and the rest are dropped and counted: the
     broker never waits. Killed with the broker, the child still writes what it has
@@ -240,11 +241,11 @@ class TraceWriter:
         return self._ref(
             consumer,
             (queue.vhost.name, queue.name, consumer.tag, consumer.no_ack, channel.conn.peer,
-             channel.id),
+             channel.id, channel.trace_ref or self.channel_id(channel)),
         )  # fmt: skip
 
     def forget(self, obj: Channel | Consumer | Queue) -> None:
-        """A channel, consumer or queue ended: the writer process drops its definition (an
+        """A channel, consumer or queue ended: the decoder drops its definition (an
         event for it after all, a late confirm say, defines it again)."""
         n = obj.trace_ref
         if n:
@@ -254,7 +255,7 @@ class TraceWriter:
 
     def forget_vhost(self, vhost: VirtualHost) -> None:
         """The vhost stops tracing: its channels, consumers and queues give their ids back
-        (a later writer process would not know them)."""
+        (a later writer process's files would not define them)."""
         for channel in [c for c in self.channels.values() if c.vhost is vhost]:
             self.forget(channel)
             for consumer in channel.consumers.values():

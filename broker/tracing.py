@@ -1,4 +1,4 @@
-"""Message-lifecycle tracing: what happened to every message, as newline-delimited JSON.
+"""Message-lifecycle tracing: what happened to every message, in binary trace files.
 
 This module is the part on the event loop: the engine calls one :class:`Tracer` method
 per event, behind ``if (tracer := vhost.tracer) is not None``; ``vhost.tracer`` is None
@@ -8,11 +8,12 @@ parsed on the event loop, and nothing there waits for the disk. :class:`Tracing`
 which vhosts trace. The rest lives in three rooms: the stream's layout
 (broker/trace_events.py), the hand-over (broker/trace_writer.py: every 20 ms one
 non-blocking pipe write to a writer process), and that process
-(broker/trace_format.py: JSON lines in files rotated by size and by age). What the
+(broker/trace_format.py: the batches as they are, in files rotated by size and by age,
+decoded into JSON lines by the report job and by ``trace_format decode``). What the
 buffers cannot hold is dropped and counted, and the count goes into the trace
 (``trace_dropped``) so that the report can say what is missing.
 
-Every line has ``ts`` (microseconds since the epoch: the monotonic clock read on the
+Decoded, every line has ``ts`` (microseconds since the epoch: the monotonic clock read on the
 loop, shifted once to wall-clock time, so intervals are exact even if the system clock
 is stepped), ``ev`` and ``vhost``; message events have ``msg``, the broker-assigned id
 that fan-out copies and dead-lettered copies keep. The events and their fields:
@@ -53,7 +54,7 @@ from __future__ import annotations
 import os
 import struct
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from warren.broker.firehose import TRACE_EXCHANGE
 from warren.broker.trace_events import (
@@ -102,13 +103,14 @@ if TYPE_CHECKING:
     from warren.broker.vhost import VirtualHost
     from warren.config import Settings
 
-_mono = time.monotonic_ns  # the rare events' clock (the records' is trace_events.clock)
-_clock = clock
-_obj = REC_OBJ.pack
-_published1 = REC_PUBLISHED1.pack
-_delivered = REC_DELIVERED.pack
-_ack_range = REC_ACK_RANGE.pack
-_confirms = REC_CONFIRMS.pack
+# Final: compiled, each is a C static rather than a lookup in the module's dict
+_mono: Final = time.monotonic_ns  # the rare events' clock (the records' is trace_events.clock)
+_clock: Final = clock
+_obj: Final = REC_OBJ.pack
+_published1: Final = REC_PUBLISHED1.pack
+_delivered: Final = REC_DELIVERED.pack
+_ack_range: Final = REC_ACK_RANGE.pack
+_confirms: Final = REC_CONFIRMS.pack
 
 
 class Tracer:
@@ -164,7 +166,7 @@ class Tracer:
         except KeyError:  # the first message by this route
             route = self._w.route_id(msg)
         props = msg.properties
-        # message-id, correlation-id or persistence set: the writer process reads them (no
+        # message-id, correlation-id or persistence set: the decoder reads them (no
         # flag set: the flags' two bytes only; a set flag is followed by its field's bytes)
         if len(props) != 2 and (props[0] & TRACED_FLAGS_HI or props[1] & TRACED_FLAGS_LO):
             self._put((PROPS, tid, props))
@@ -201,14 +203,15 @@ class Tracer:
         """Delivered by basic.get (no consumer)."""
         self._put(
             (DELIVERED, _mono(), self.vhost, msg.trace_id or self._id(msg, queue.name), queue.name,
-             None, tag, msg.redelivered, msg.delivery_count, False, channel.conn.peer, channel.id)
+             None, tag, msg.redelivered, msg.delivery_count, False, channel.conn.peer, channel.id,
+             channel.trace_ref or self._w.channel_id(channel))
         )  # fmt: skip
 
     def acked(self, channel: Channel, msgs: list[Message]) -> None:
         """The deliveries with these tags on ``channel`` are acked (one basic.ack, or a commit).
 
         Only the tags, as a range when they have no gaps (a multiple ack, usually, or one
-        tag): the writer process knows each tag's delivery. No-ack deliveries are acked
+        tag): the decoder knows each tag's delivery. No-ack deliveries are acked
         there as they are delivered.
         """
         n = len(msgs)

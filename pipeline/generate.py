@@ -1,12 +1,13 @@
-"""A synthetic trace in the broker's own format, for scale runs and the job's tests.
+"""A synthetic trace, for scale runs and the job's tests.
 
     python -m warren.pipeline.generate --out /tmp/trace10m --messages 2000000   # about 10M events
 
-Lines are made by broker.tracing's formatters, so they are byte for byte what a broker
-writes. The workload: ``orders`` with three consumers of which one is slow and a fan-out
-copy to ``audit``; ``emails`` with a TTL and nacks (requeued); ``payments``, a quorum
-queue with consumer timeouts, delayed retries and a delivery limit; everything that is
-dead-lettered lands in ``dead-letters`` and is consumed there.
+Its files are JSON lines, made by broker/trace_format.py's formatters: byte for byte what a
+broker's binary trace files decode to (``python -m warren.broker.trace_format decode``),
+which the job reads as well. The workload: ``orders`` with three consumers of which one
+is slow and a fan-out copy to ``audit``; ``emails`` with a TTL and nacks (requeued);
+``payments``, a quorum queue with consumer timeouts, delayed retries and a delivery
+limit; everything that is dead-lettered lands in ``dead-letters`` and is consumed there.
 """
 
 from __future__ import annotations

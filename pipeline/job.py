@@ -12,14 +12,16 @@ Timestamps are microseconds; latencies in the tables are milliseconds.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from warren.pipeline.schema import DEAD_LETTER_REASONS, TRACE_SCHEMA
+from warren.broker import trace_format
+from warren.pipeline.schema import DEAD_LETTER_REASONS, READ_SCHEMA
 
 # order of events that share a microsecond (published and routed always do)
 RANK = {
@@ -98,19 +100,45 @@ def spark_session(
         builder = builder.config("spark.sql.shuffle.partitions", str(partitions))
         builder = builder.config("spark.ui.enabled", "false")
         builder = builder.config("spark.ui.showConsoleProgress", "false")
+        # the Python workers decode the trace files: they need warren, as this one has it
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = builder.config("spark.sql.session.timeZone", "UTC")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
 
 
+def _decode(item: tuple[str, bytes]) -> Iterator[str]:
+    return trace_format.file_lines(item[1])
+
+
 def load_events(spark: SparkSession, trace: str) -> DataFrame:
-    """Every event of the trace files in ``trace`` (a directory or one file)."""
-    reader = spark.read.schema(TRACE_SCHEMA)
-    if os.path.isdir(trace):
-        reader = reader.option("pathGlobFilter", "warren-trace-*")
-    # a line cut short by a live broker parses as nulls: dropped here
-    return reader.json(trace).filter(F.col("ev").isNotNull() & F.col("ts").isNotNull())
+    """Every event of the trace files in ``trace`` (a directory or one file).
+
+    Each file is decoded on its own, in parallel (broker/trace_format.py). An ack whose
+    delivery lies in an earlier file comes out of its file with the delivery's channel
+    and tag only, and gets the rest here from that delivery.
+    """
+    path = os.path.join(trace, "warren-trace-*") if os.path.isdir(trace) else trace
+    text = spark.sparkContext.binaryFiles(path).flatMap(_decode)
+    # a JSON file's line cut short by a live broker parses as nulls: dropped here
+    events = (
+        spark.read.schema(READ_SCHEMA)
+        .json(text)
+        .filter(F.col("ev").isNotNull() & F.col("ts").isNotNull())
+        .persist(StorageLevel.DISK_ONLY)  # decoded once, read twice below
+    )
+    ev = F.col("ev")
+    loose = (ev == "acked") & F.col("msg").isNull()
+    deliveries = events.filter((ev == "delivered") & F.col("chan").isNotNull()).select(
+        "chan", "tag", "vhost", "msg", "queue", "consumer"
+    )
+    # a tag is delivered once per channel: at most one delivery per loose ack (none if
+    # it was delivered before tracing began)
+    settled = deliveries.join(
+        F.broadcast(events.filter(loose).select("ts", "chan", "tag")), ["chan", "tag"]
+    ).select("ts", F.lit("acked").alias("ev"), "vhost", "msg", "queue", "consumer", "tag")
+    return events.filter(~loose).unionByName(settled, allowMissingColumns=True).drop("chan")
 
 
 def _count(condition: Column) -> Column:

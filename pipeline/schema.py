@@ -1,4 +1,5 @@
-"""The trace's JSON schema as Spark reads it: every field of every event, all nullable.
+"""The trace's schema as Spark reads its decoded JSON lines: every field of every event,
+all nullable.
 
 Kept in one place, and given to the reader explicitly: inferring a schema means one
 extra pass over the whole trace. The events and their fields are listed in
@@ -59,6 +60,8 @@ _FIELDS: tuple[tuple[str, object], ...] = (
 )
 
 TRACE_SCHEMA = StructType([StructField(name, kind, True) for name, kind in _FIELDS])  # type: ignore[arg-type]
+# as decoded file by file: a delivery's channel, to settle acks that fall in a later file
+READ_SCHEMA = StructType([*TRACE_SCHEMA.fields, StructField("chan", StringType(), True)])
 
 # the dead-letter reasons RabbitMQ and Warren use: one column each in the per-minute table
 DEAD_LETTER_REASONS = ("expired", "rejected", "maxlen", "delivery_limit")

@@ -342,7 +342,6 @@ def test_a_handshake_method_on_a_running_connection_is_refused(
 def test_a_closed_connection_is_not_kept_alive_by_its_timers(running: RunningBroker) -> None:
     import gc
 
-
     def alive() -> int:
         gc.collect()
         return sum(type(o) is warren.broker.connection.Connection for o in gc.get_objects())

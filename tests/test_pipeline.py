@@ -9,6 +9,7 @@ against a plain-Python computation (tests/trace_reference.py) over a generated t
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -19,6 +20,7 @@ import pika
 import pytest
 
 from tests.trace_reference import load, nearest_rank, reference
+from warren.broker import trace_format
 from warren.broker.testkit import RunningBroker, run_broker
 from warren.pipeline import cli, generate, report
 
@@ -166,8 +168,13 @@ def scenario(broker: RunningBroker) -> dict[str, Any]:
 
 def test_the_job_on_a_real_broker(spark: Any, tmp_path: Path) -> None:
     trace = tmp_path / "trace"
-    with run_broker(trace_enabled=True, trace_dir=str(trace)) as broker:
+    # small files: deliveries and their acks fall in different ones, which the job reads
+    # apart (pipeline/job.py load_events)
+    with run_broker(trace_enabled=True, trace_dir=str(trace), trace_rotate_size=1500) as broker:
         seen = scenario(broker)
+    files = list(trace.glob("warren-trace-*.wtrace"))
+    alone = [json.loads(line) for f in files for line in trace_format.file_lines(f.read_bytes())]
+    assert any(e["ev"] == "acked" and "msg" not in e for e in alone)
     out = tmp_path / "report"
     cli.run(spark, str(trace), str(out), bucket_seconds=60, max_deliveries=1)
     tables = report.read_tables(str(out))

@@ -23,6 +23,7 @@ import pytest
 from pamqp import commands
 
 from tests.amqp_raw import RawClient, build
+from warren.broker import trace_format
 from warren.broker.testkit import RunningBroker, run_broker
 from warren.config import ConfigError, parse_config
 
@@ -36,11 +37,7 @@ def read_trace(broker: RunningBroker, directory: Path) -> list[dict[str, Any]]:
 
 
 def read_lines(directory: Path) -> list[dict[str, Any]]:
-    return [
-        json.loads(line)
-        for path in sorted(directory.glob("warren-trace-*.ndjson"))
-        for line in path.read_text().splitlines()
-    ]
+    return trace_format.events(str(directory))
 
 
 def of(events: list[dict[str, Any]], ev: str, **match: Any) -> list[dict[str, Any]]:
@@ -364,19 +361,70 @@ def test_a_dead_writer_costs_the_trace_not_the_broker(trace_dir: Path) -> None:
     assert published and published[0]["size"] == len(b"before")
 
 
-def test_files_rotate_by_size_and_lines_stay_whole(trace_dir: Path) -> None:
-    with run_broker(trace_enabled=True, trace_dir=str(trace_dir), trace_rotate_size=3000) as broker:
+def test_files_rotate_by_size_and_each_decodes_alone(trace_dir: Path) -> None:
+    with run_broker(trace_enabled=True, trace_dir=str(trace_dir), trace_rotate_size=1500) as broker:
         conn = connect(broker)
         ch = conn.channel()
         ch.queue_declare("r", durable=True)
+        ch.basic_qos(prefetch_count=50)
+        tags = []
+        ch.basic_consume("r", lambda _c, method, _p, _b: tags.append(method.delivery_tag))
         for i in range(40):
             ch.basic_publish("", "r", b"x")
+            conn.process_data_events(time_limit=0)
             if i % 5 == 0:
                 broker.call(broker.server.broker.tracing.flush)
+        while len(tags) < 40:
+            conn.process_data_events(time_limit=1)
+        for tag in tags:  # the acks land in other files than most of their deliveries
+            ch.basic_ack(tag)
+            if tag % 5 == 0:
+                broker.call(broker.server.broker.tracing.flush)
         conn.close()
-        events = read_trace(broker, trace_dir)  # every line parses
-    assert len(list(trace_dir.glob("warren-trace-*.ndjson"))) > 2
-    assert len(of(events, "published")) == 40
+    whole = read_lines(trace_dir)
+    files = sorted(trace_dir.glob("warren-trace-*.wtrace"))
+    assert len(files) > 2
+    assert [len(of(whole, ev)) for ev in ("published", "delivered", "acked")] == [40, 40, 40]
+    # each file alone, as the report job reads them: its own ids at its start, and an ack
+    # of a delivery in an earlier file given as that delivery's channel and tag
+    alone = [json.loads(line) for f in files for line in trace_format.file_lines(f.read_bytes())]
+    assert any(e["ev"] == "acked" and "msg" not in e for e in alone)
+    deliveries = {(e["chan"], e["tag"]): e for e in of(alone, "delivered")}
+
+    def settled(e: dict[str, Any]) -> dict[str, Any]:
+        if e["ev"] == "acked" and "msg" not in e:
+            d = deliveries[e["chan"], e["tag"]]
+            e = {"ts": e["ts"], "ev": "acked"} | {k: d[k] for k in ("vhost", "msg", "queue")}
+            e |= {"consumer": d["consumer"], "tag": d["tag"]}
+        return {k: v for k, v in e.items() if k != "chan"}
+
+    assert [settled(e) for e in alone] == whole
+
+
+def test_decode_prints_the_lines_and_a_torn_file_reads_to_its_tear(trace_dir: Path) -> None:
+    with run_broker(trace_enabled=True, trace_dir=str(trace_dir)) as broker:
+        conn = connect(broker)
+        ch = conn.channel()
+        ch.queue_declare("d", durable=True)
+        for _ in range(5):
+            ch.basic_publish("", "d", b"x")
+            broker.call(broker.server.broker.tracing.flush)  # one batch each
+        conn.close()
+    whole = read_lines(trace_dir)
+    out = subprocess.run(
+        [sys.executable, "-m", "warren.broker.trace_format", "decode", str(trace_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert [json.loads(line) for line in out.splitlines()] == whole
+    # a crash leaves the last batch cut short: the file reads up to it
+    (path,) = trace_dir.glob("warren-trace-*.wtrace")
+    data = path.read_bytes()
+    path.write_bytes(data[:-3])
+    torn = read_lines(trace_dir)
+    assert torn == whole[: len(torn)] and len(torn) < len(whole)
+    assert len(of(torn, "published")) == 5
 
 
 def test_only_the_configured_vhosts(trace_dir: Path) -> None:

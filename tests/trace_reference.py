@@ -6,11 +6,12 @@ explicit state machine instead of window functions.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
+
+from warren.broker import trace_format
 
 ORDER = {
     "published": 0,
@@ -33,10 +34,7 @@ def nearest_rank(values: list[int], p: float) -> float:
 
 
 def load(directory: Path) -> list[dict[str, Any]]:
-    events = []
-    for path in sorted(directory.glob("warren-trace-*")):
-        events.extend(json.loads(line) for line in path.read_text().splitlines())
-    return events
+    return trace_format.events(str(directory))
 
 
 def reference(events: list[dict[str, Any]]) -> dict[str, Any]:

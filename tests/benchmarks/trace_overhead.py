@@ -78,16 +78,17 @@ def run(
 
 
 def trace_counts(directory: str) -> tuple[int, int]:
-    """(events written, events dropped) in a trace directory."""
+    """(events written, events dropped) in a trace directory (its files decoded)."""
+    from warren.broker import trace_format
+
     written = 0
     dropped: dict[str, int] = {}  # per broker process: its writer counts from 0
-    for name in os.listdir(directory):
-        pid = name.split("-")[3]  # warren-trace-<time>-<pid>-<n>.ndjson
-        with open(os.path.join(directory, name), encoding="utf-8") as f:
-            for line in f:
-                written += 1
-                if '"ev":"trace_dropped"' in line:
-                    dropped[pid] = max(dropped.get(pid, 0), json.loads(line)["dropped"])
+    for path in trace_format.trace_files(directory):
+        pid = os.path.basename(path).split("-")[3]  # warren-trace-<time>-<pid>-<n>.wtrace
+        for line in trace_format.lines([path]):
+            written += 1
+            if '"ev":"trace_dropped"' in line:
+                dropped[pid] = max(dropped.get(pid, 0), json.loads(line)["dropped"])
     return written, sum(dropped.values())
 
 
