@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from warren.broker.consumer import Consumer
     from warren.broker.message import Message
     from warren.broker.queue import Queue
+    from warren.broker.tracing import Tracer
     from warren.broker.vhost import VirtualHost
 
 FLUSH_INTERVAL = 0.02  # seconds between hand-overs: small buffers stay in the CPU caches
@@ -115,6 +116,7 @@ class TraceWriter:
         # exchange -> routing key -> id: two lookups by strings whose hash is cached,
         # cheaper than one by a tuple made for it
         self.routes: dict[str, dict[str, int]] = {}
+        self.tracers: dict[Tracer, None] = {}  # the vhosts' tracers, which keep a route too
         self.n_routes = 0
         # channels holding an id (trace_ref) from this writer, to take it back when their
         # vhost stops tracing; consumers and queues are found through the vhost's queues
@@ -194,6 +196,8 @@ class TraceWriter:
         if self.n_routes >= MAX_NAMES:  # routing keys may all differ: start again
             self.routes.clear()
             self.n_routes = 0
+            for tracer in self.tracers:
+                tracer.forget_route()
             self._define((FORGET,))
         keys = self.routes.get(msg.exchange)
         if keys is None:

@@ -116,7 +116,7 @@ _confirms: Final = REC_CONFIRMS.pack
 class Tracer:
     """One traced vhost's view of the shared writer: the methods the engine calls."""
 
-    __slots__ = ("_ids", "_records", "_routes", "_w", "firehose", "vhost")
+    __slots__ = ("_ex", "_ids", "_records", "_rk", "_route", "_routes", "_w", "firehose", "vhost")
 
     def __init__(self, writer: TraceWriter, vhost: str, firehose: Exchange) -> None:
         self._w = writer
@@ -125,9 +125,18 @@ class Tracer:
         self._records = writer.records
         self._ids = writer.ids
         self._routes = writer.routes  # never replaced, only cleared
+        # the last route's id: publishers mostly repeat their route, and the protocol
+        # layer hands out the same string objects for a repeated one (BasicPublish.ex_rk)
+        self._ex = self._rk = ""
+        self._route = 0
+        writer.tracers[self] = None  # the writer forgets the last route with its ids
         self.vhost = vhost
         # amq.rabbitmq.trace: the engine builds firehose copies only while it has bindings
         self.firehose = firehose
+
+    def forget_route(self) -> None:
+        """The writer dropped every route's id (TraceWriter.route_id)."""
+        self._route = 0
 
     def _put(self, event: tuple[Any, ...]) -> None:
         """A rare event, as a tuple on the side list, marked in its place in the stream."""
@@ -161,10 +170,15 @@ class Tracer:
     ) -> None:
         """Published and routed, in one event (the writer writes both lines)."""
         msg.trace_id = tid = next(self._ids)  # before the queues copy the message
-        try:
-            route = self._routes[msg.exchange][msg.routing_key]
-        except KeyError:  # the first message by this route
-            route = self._w.route_id(msg)
+        exchange, key = msg.exchange, msg.routing_key
+        if key is self._rk and exchange is self._ex and self._route:
+            route = self._route
+        else:
+            try:
+                route = self._routes[exchange][key]
+            except KeyError:  # the first message by this route
+                route = self._w.route_id(msg)
+            self._ex, self._rk, self._route = exchange, key, route
         props = msg.properties
         # message-id, correlation-id or persistence set: the decoder reads them (no
         # flag set: the flags' two bytes only; a set flag is followed by its field's bytes)
@@ -436,6 +450,7 @@ class Tracing:
             vhost.tracer = None
         if self.writer is not None:
             self.writer.forget_vhost(vhost)
+            self.writer.tracers.pop(tracer, None)
         self.traced.pop(vhost.name, None)
         return True
 

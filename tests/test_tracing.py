@@ -23,7 +23,7 @@ import pytest
 from pamqp import commands
 
 from tests.amqp_raw import RawClient, build
-from warren.broker import trace_format
+from warren.broker import trace_format, trace_writer
 from warren.broker.testkit import RunningBroker, run_broker
 from warren.config import ConfigError, parse_config
 
@@ -440,6 +440,39 @@ def test_only_the_configured_vhosts(trace_dir: Path) -> None:
         events = read_trace(b, trace_dir)
         assert b.call(lambda: sorted(b.server.broker.tracing.traced)) == ["orders"]
     assert {e["vhost"] for e in of(events, "published")} == {"orders"}
+
+
+def test_routes_named_right_after_the_writer_forgets_them(
+    trace_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past MAX_NAMES routes the writer forgets every route's id; a vhost's tracer that
+    kept its last route's id (Tracer.published) must forget it too."""
+    monkeypatch.setattr(trace_writer, "MAX_NAMES", 3)
+    with run_broker(trace_enabled=True, trace_dir=str(trace_dir)) as b:
+        other = b.add_vhost("other")
+        conns = {name: connect(view) for name, view in (("/", b), ("other", other))}
+        chs = {name: conn.channel() for name, conn in conns.items()}
+        for ch in chs.values():
+            for name in ("x", "r1", "r2", "r3"):
+                ch.queue_declare(name, durable=True)
+        # each step's publishes handled before the next's (a passive declare's reply)
+        chs["other"].basic_publish("", "x", b"1")  # "other" keeps x's id
+        chs["other"].queue_declare("x", passive=True)
+        for name in ("r1", "r2", "r3"):  # the third route: the writer forgets them all
+            chs["/"].basic_publish("", name, b"2")
+        chs["/"].queue_declare("x", passive=True)
+        chs["other"].basic_publish("", "x", b"3")
+        for conn in conns.values():
+            conn.close()
+        events = read_trace(b, trace_dir)
+    routed = [(e["vhost"], e["rk"], e["queues"]) for e in of(events, "routed")]
+    assert routed == [
+        ("other", "x", ["x"]),
+        ("/", "r1", ["r1"]),
+        ("/", "r2", ["r2"]),
+        ("/", "r3", ["r3"]),
+        ("other", "x", ["x"]),
+    ]
 
 
 def test_on_and_off_at_run_time(trace_dir: Path) -> None:
