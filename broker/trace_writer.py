@@ -197,7 +197,7 @@ class TraceWriter:
             self.routes.clear()
             self.n_routes = 0
             for tracer in self.tracers:
-                tracer.forget_route()
+                tracer._forget_route()
             self._define((FORGET,))
         keys = self.routes.get(msg.exchange)
         if keys is None:

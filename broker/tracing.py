@@ -134,8 +134,8 @@ class Tracer:
         # amq.rabbitmq.trace: the engine builds firehose copies only while it has bindings
         self.firehose = firehose
 
-    def forget_route(self) -> None:
-        """The writer dropped every route's id (TraceWriter.route_id)."""
+    def _forget_route(self) -> None:
+        """The writer dropped every route's id (TraceWriter.route_id calls this)."""
         self._route = 0
 
     def _put(self, event: tuple[Any, ...]) -> None:
