@@ -553,6 +553,9 @@ class Queue:
         order = self._order  # changed in place only: a delivery may add or cancel consumers
         while self.ready_count:
             if self._turns:
+                if self._plain_dispatch:  # a delivery cancelled the last of other priorities
+                    self._deliver()
+                    return
                 self._file_turns()
             if not order:
                 break
