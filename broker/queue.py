@@ -8,6 +8,7 @@ head: counts are exact at once, the deque entry goes later.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections import deque
@@ -155,7 +156,6 @@ class Queue:
         self.unacked_count = 0
         self.consumers: list[Consumer] = []
         self.exclusive_consumer: Consumer | None = None
-        self._rr = 0
         # Plain dispatch (no priorities, no single active consumer) offers messages to the
         # consumers of ``_turns`` in turn; one found at its limit (prefetch, a paused socket,
         # a timeout) waits in ``_blocked`` until a settle of its own delivery or a change
@@ -163,6 +163,18 @@ class Queue:
         # same however many consumers wait at their limit (RabbitMQ's blocked consumers).
         self._turns: deque[Consumer] = deque()
         self._blocked: dict[Consumer, None] = {}
+        # Prioritised dispatch (consumers of more than one x-priority, or single active
+        # consumer) keeps the consumers in turn by priority, in ``_levels``, and ``_order``
+        # lists the priorities that have any, lowest first; ``_turns`` then only holds the
+        # consumers that arrived or came back since the last delivery, filed by priority
+        # (_file_turns) before the next. One at its limit waits in ``_blocked`` as above, and
+        # a priority whose consumers all wait leaves ``_order``: a delivery costs the same
+        # however many wait. (RabbitMQ 4.3, rabbit_queue_consumers:deliver/6: the head of a
+        # priority queue of consumers takes the message and goes back last of its priority;
+        # block_consumer/2 moves one at its limit aside, unblock/2 joins it back last.)
+        # A consumer is in exactly one of ``_turns``, ``_levels`` and ``_blocked``.
+        self._levels: dict[int, deque[Consumer]] = {}
+        self._order: list[int] = []
         self._rescan = True  # dispatch() rechecks the blocked ones (dispatch_settled: not)
         self._next_seq = 0
         self.deleted = False
@@ -495,6 +507,20 @@ class Queue:
             del self._blocked[consumer]
             self._turns.append(consumer)
 
+    def _file_turns(self) -> None:
+        """Prioritised dispatch: the consumers of ``_turns`` take their turns, each last of
+        its priority."""
+        levels = self._levels
+        arrived = self._turns
+        while arrived:
+            consumer = arrived.popleft()
+            priority = consumer.priority
+            turns = levels.get(priority)
+            if turns is None:
+                levels[priority] = turns = deque()
+                bisect.insort(self._order, priority)
+            turns.append(consumer)
+
     def _deliver(self) -> None:
         if not self._plain_dispatch:
             self._dispatch_ordered()
@@ -517,31 +543,48 @@ class Queue:
             self.use.blocked(self)
 
     def _dispatch_ordered(self) -> None:
-        """Consumer priorities and single active consumer.
+        """Consumer priorities: the highest priority with a consumer in turn gets the
+        message, round-robin among its equals; one found at its limit waits aside
+        (``_blocked``), and its priority leaves ``_order`` once none of it is in turn."""
+        if self.single_active_consumer:
+            self._dispatch_single()
+            return
+        levels = self._levels
+        order = self._order  # changed in place only: a delivery may add or cancel consumers
+        while self.ready_count:
+            if self._turns:
+                if self._plain_dispatch:  # a delivery cancelled the last of other priorities
+                    self._deliver()
+                    return
+                self._file_turns()
+            if not order:
+                break
+            priority = order[-1]
+            turns = levels[priority]
+            consumer = turns[0]
+            if not consumer.channel.can_deliver(consumer):
+                turns.popleft()
+                self._blocked[consumer] = None
+                if not turns:
+                    del levels[priority]
+                    order.pop()
+                continue
+            if self.idle:
+                self.use.unblocked(self)
+            msg = self._pop_ready()
+            if msg is None:
+                return
+            turns.rotate(-1)  # its turn is over (before the delivery, which may cancel it)
+            consumer.channel.deliver(consumer, msg)
+        if self.ready_count and self.consumers and not order:
+            self.use.blocked(self)
 
-        ``consumers`` is sorted by priority, highest first, in registration order
-        within a priority: the highest priority with capacity gets the message,
-        round-robin among its equals. With single active consumer only the first
-        consumer is ever offered messages.
-        """
-        consumers = self.consumers[:1] if self.single_active_consumer else self.consumers
+    def _dispatch_single(self) -> None:
+        """Single active consumer: only the first consumer is ever offered messages."""
+        consumers = self.consumers
         while self.ready_count and consumers:
-            chosen = None
-            start = 0
-            while start < len(consumers) and chosen is None:
-                priority = consumers[start].priority
-                end = start
-                while end < len(consumers) and consumers[end].priority == priority:
-                    end += 1
-                group = end - start
-                for i in range(group):
-                    candidate = consumers[start + (self._rr + i) % group]
-                    if candidate.channel.can_deliver(candidate):
-                        chosen = candidate
-                        self._rr += i + 1
-                        break
-                start = end
-            if chosen is None:
+            active = consumers[0]
+            if not active.channel.can_deliver(active):
                 self.use.blocked(self)
                 return
             if self.idle:
@@ -549,7 +592,7 @@ class Queue:
             msg = self._pop_ready()
             if msg is None:
                 return
-            chosen.channel.deliver(chosen, msg)
+            active.channel.deliver(active, msg)
 
     def get(self) -> Message | None:
         """basic.get: the head message, now unacked (the channel settles it for no-ack)."""
@@ -704,14 +747,11 @@ class Queue:
     # ---- consumers ----
 
     def add_consumer(self, consumer: Consumer) -> None:
-        # highest priority first, registration order within a priority
-        index = len(self.consumers)
-        while index and self.consumers[index - 1].priority < consumer.priority:
-            index -= 1
-        self.consumers.insert(index, consumer)
-        self._plain_dispatch = not self.single_active_consumer and all(
-            c.priority == consumer.priority for c in self.consumers
-        )
+        # highest priority first, registration order within a priority (the management
+        # API's consumer lists and single active consumer read it in this order)
+        consumers = self.consumers
+        consumers.insert(bisect.bisect_right(consumers, -consumer.priority, key=_rank), consumer)
+        self._choose_dispatch()
         self._turns.append(consumer)
         if consumer.exclusive:
             self.exclusive_consumer = consumer
@@ -726,19 +766,43 @@ class Queue:
             return
         if consumer in self._blocked:
             del self._blocked[consumer]
-        else:
+        elif self._plain_dispatch:
             self._turns.remove(consumer)
+        else:
+            self._file_turns()
+            priority = consumer.priority
+            turns = self._levels[priority]
+            turns.remove(consumer)
+            if not turns:
+                del self._levels[priority]
+                self._order.remove(priority)
         if self.exclusive_consumer is consumer:
             self.exclusive_consumer = None
-        if not self._plain_dispatch and not self.single_active_consumer:
-            self._plain_dispatch = len({c.priority for c in self.consumers}) <= 1
-        elif self.single_active_consumer and self.consumers:
+        self._choose_dispatch()
+        if self.single_active_consumer and self.consumers:
             self.dispatch()  # the next consumer takes over
         if not self.consumers:
             if self.auto_delete and self._had_consumers:
                 self.vhost.delete_queue(self)
                 return
             self.touch()
+
+    def _choose_dispatch(self) -> None:
+        """Plain dispatch while the consumers share one priority and there is no single
+        active consumer, prioritised otherwise. Going prioritised, ``_turns`` is filed by
+        priority at the next delivery; going plain, the one priority left goes back first."""
+        consumers = self.consumers
+        plain = not self.single_active_consumer and (
+            not consumers or consumers[0].priority == consumers[-1].priority
+        )
+        if plain == self._plain_dispatch:
+            return
+        self._plain_dispatch = plain
+        if plain:  # one priority left, if any: its turns, then those not filed yet
+            for priority in self._order:
+                self._turns.extendleft(reversed(self._levels[priority]))
+            self._levels.clear()
+            self._order.clear()
 
     # ---- consumer timeouts ----
 
@@ -968,6 +1032,8 @@ class Queue:
         self._unused_timer.cancel()
         self.purge()
         self._turns.clear()  # the consumers go (vhost.delete_queue cancels them)
+        self._levels.clear()
+        self._order.clear()
         self._blocked.clear()
 
 
@@ -987,6 +1053,10 @@ def fan_out(queues: list[Queue], msg: Message, ttl: int | None) -> int:
         if queue.publish(copy, ttl):
             taken += 1
     return taken
+
+
+def _rank(consumer: Consumer) -> int:
+    return -consumer.priority  # self.consumers' order: highest priority first
 
 
 def _locked(entry: tuple[float, int, Message, Channel, int, int]) -> bool:

@@ -1,14 +1,17 @@
 """How throughput changes with the number of consumers, queues and channels, and how fast
 queues are declared, bound and deleted: Warren and RabbitMQ side by side (issue 24).
 
-    python tests/benchmarks/scale_curves.py [all|consumers|queues|channels|churn]
-        [--seconds 5] [--runs 2] [--rabbit-url amqp://guest:guest@127.0.0.1:5672/]
+    python tests/benchmarks/scale_curves.py [all|consumers|queues|channels|blocked|
+        blocked-priority|churn] [--seconds 5] [--runs 2]
+        [--rabbit-url amqp://guest:guest@127.0.0.1:5672/] [--baseline-url URL]
 
 starts a fresh Warren (``--config tests/rabbitmq-3.x.conf``, on a free port, its management
 API on another, no Prometheus port; or ``--warren-url`` and ``--warren-api`` for one already
 running), alternates the brokers run by run
 (who goes first alternates too) and prints a table of the medians and the ratio
-Warren/RabbitMQ with the load average.
+Warren/RabbitMQ with the load average. ``--baseline-url`` adds a third broker to the
+alternation (another Warren, e.g. the previous commit's on a port of its own): its column,
+and the ratio Warren/baseline.
 
 The load (16-byte transient messages, non-durable queues, prefetch 100 per consumer,
 manual acks: what one socket read brought, one ``multiple=true`` ack per channel) runs in
@@ -23,7 +26,12 @@ delivered (and acked) per second over ``--seconds``.
     queues N     N queues, one consumer each, published to in turn (4 connections)
     channels N   one connection, N channels, a queue and its consumer on each
     blocked N    one queue, N consumers at their limit (prefetch 1, never acked), one
-                 publisher publishing as fast as the broker takes it
+                 publisher publishing as fast as the broker takes it; also the broker's CPU
+                 µs per message, from /proc (Warren started here, ``--warren-pid``,
+                 ``--baseline-pid``; RabbitMQ: ``--rabbit-pid``, by default the one beam.smp)
+    blocked-priority N
+                 the same with consumer priorities: consumer i has x-priority i % 10 (so N = 1
+                 is one priority, Warren's plain dispatch)
     churn N      one connection: N queue.declare, N queue.bind (amq.direct), N
                  queue.unbind, N queue.delete, pipelined 100 deep: operations per second;
                  before the unbinds, 100 policies (one queue each) set and cleared one
@@ -62,6 +70,7 @@ POINTS = {
     "queues": [1, 10, 100, 1000, 10000],
     "channels": [1, 10, 100, 1000],
     "blocked": [1, 100, 1000],
+    "blocked-priority": [1, 100, 1000],
     "churn": [1000, 10000],
 }
 CONNECTIONS = 4  # client processes for the consumers and queues curves
@@ -69,6 +78,7 @@ WINDOW = 2000  # messages in flight per publishing process
 PREFETCH = 100
 DEPTH = 100  # pipelined set-up and churn operations
 POLICIES = 100  # set and cleared in the churn curve
+LEVELS = 10  # consumer priorities of the blocked-priority curve
 ACK = struct.Struct(">BHIHHQBB")
 DELIVER_TAG = struct.Struct(">Q")
 
@@ -304,20 +314,44 @@ def churn(url: str, n: int, api: str | None) -> dict[str, float]:
     return rates
 
 
-def blocked(url: str, n: int, seconds: float) -> float:
+def cpu_seconds(pid: int | None) -> float:
+    """User and system CPU time of process ``pid`` (0.0 without one)."""
+    if not pid:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def find_beam() -> int | None:
+    """The pid of the machine's one beam.smp (RabbitMQ's Erlang VM), if just one runs."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/comm"):
+        with contextlib.suppress(OSError):
+            if stat.read_text().strip() == "beam.smp":
+                pids.append(int(stat.parent.name))
+    return pids[0] if len(pids) == 1 else None
+
+
+def blocked(
+    url: str, n: int, seconds: float, pid: int | None, priorities: bool
+) -> dict[str, float]:
     """Messages per second one publisher gets into a queue whose N consumers are all at
-    their limit (prefetch 1, never acked): what each publish costs beside them."""
+    their limit (prefetch 1, never acked): what each publish costs beside them; and the
+    broker's CPU per message meanwhile (with ``pid``)."""
     queue = "scale-blocked"
     holder = Client(url, 1, "holder")
     holder.conn.rpc(commands.Queue.Declare(queue=queue), commands.Queue.DeclareOk)
     holder.conn.rpc(commands.Basic.Qos(prefetch_count=1), commands.Basic.QosOk)
     holder.pipeline(
-        [(1, commands.Basic.Consume(queue=queue, consumer_tag=f"b{i}")) for i in range(n)],
+        [(1, commands.Basic.Consume(queue=queue, consumer_tag=f"b{i}",
+                                    arguments={"x-priority": i % LEVELS} if priorities else {}))
+         for i in range(n)],
         commands.Basic.ConsumeOk,
-    )
+    )  # fmt: skip
     publisher = Client(url, 1, "publisher")
     batch = publish_frames(1, queue) * 200
     sent = 0
+    cpu = cpu_seconds(pid)
     start = time.monotonic()
     while time.monotonic() - start < seconds:
         publisher.conn.sock.sendall(batch)
@@ -325,18 +359,24 @@ def blocked(url: str, n: int, seconds: float) -> float:
     # the broker has taken every publish once it answers a request sent after them
     publisher.conn.rpc(commands.Queue.Declare(queue=queue, passive=True), commands.Queue.DeclareOk)
     took = time.monotonic() - start
+    cpu = cpu_seconds(pid) - cpu
     holder.conn.sock.close()
     publisher.conn.rpc(commands.Queue.Delete(queue=queue), commands.Queue.DeleteOk)
     publisher.conn.close()
-    return sent / took
+    out = {"msg/s": sent / took}
+    if pid:
+        out["CPU µs/msg"] = cpu * 1e6 / sent
+    return out
 
 
-def measure(url: str, curve: str, n: int, args: argparse.Namespace) -> dict[str, float]:
+def measure(
+    url: str, curve: str, n: int, args: argparse.Namespace, pid: int | None
+) -> dict[str, float]:
     if curve == "churn":
         api = args.warren_api if url != args.rabbit_url else args.rabbit_api
         return churn(url, n, api if args.rabbit_api else None)
-    if curve == "blocked":
-        return {"msg/s": blocked(url, n, args.seconds)}
+    if curve in ("blocked", "blocked-priority"):
+        return blocked(url, n, args.seconds, pid, curve == "blocked-priority")
     return {"msg/s": throughput(url, curve, n, args.seconds, args.prefetch)}
 
 
@@ -346,34 +386,57 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run(args: argparse.Namespace, warren_url: str) -> list[dict[str, Any]]:
+def figure(value: float) -> float:
+    return round(value, 1) if value < 100 else round(value)
+
+
+def run(args: argparse.Namespace, warren_url: str, warren_pid: int | None) -> list[dict[str, Any]]:
     rows = []
     curves = list(POINTS) if args.curve == "all" else [args.curve]
+    brokers = [("warren", warren_url, warren_pid), ("rabbitmq", args.rabbit_url, args.rabbit_pid)]
+    if args.baseline_url:
+        brokers.append(("baseline", args.baseline_url, args.baseline_pid))
     for curve in curves:
         points = [int(p) for p in args.points.split(",")] if args.points else POINTS[curve]
         for n in points:
-            results: dict[str, list[dict[str, float]]] = {"warren": [], "rabbitmq": []}
+            results: dict[str, list[dict[str, float]]] = {who: [] for who, _, _ in brokers}
             for r in range(args.runs):
-                order = [("warren", warren_url), ("rabbitmq", args.rabbit_url)]
-                for who, url in order if r % 2 == 0 else order[::-1]:
-                    results[who].append(measure(url, curve, n, args))
+                for who, url, pid in brokers if r % 2 == 0 else brokers[::-1]:
+                    results[who].append(measure(url, curve, n, args, pid))
             for key in results["warren"][0]:
-                ours = statistics.median(x[key] for x in results["warren"])
-                theirs = statistics.median(x[key] for x in results["rabbitmq"])
-                row = {"curve": curve, "n": n, "figure": key, "warren": round(ours),
-                       "rabbitmq": round(theirs), "ratio": round(ours / theirs, 2),
-                       "load": round(os.getloadavg()[0], 1)}  # fmt: skip
+                medians = {who: statistics.median(x[key] for x in results[who] if key in x)
+                           for who in results if all(key in x for x in results[who])}  # fmt: skip
+                ours, theirs = medians["warren"], medians.get("rabbitmq")
+                row: dict[str, Any] = {"curve": curve, "n": n, "figure": key,
+                                       "warren": figure(ours)}  # fmt: skip
+                row["rabbitmq"] = None if theirs is None else figure(theirs)
+                row["ratio"] = round(ours / theirs, 2) if theirs else None
+                if args.baseline_url:
+                    before = medians.get("baseline")
+                    row["baseline"] = None if before is None else figure(before)
+                    row["vs baseline"] = round(ours / before, 2) if before else None
+                row["load"] = round(os.getloadavg()[0], 1)
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
     return rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| curve | N | figure | Warren | RabbitMQ | ratio | load |",
-             "|---|---:|---|---:|---:|---:|---:|"]  # fmt: skip
+    baseline = any("baseline" in r for r in rows)
+    head = "| curve | N | figure | Warren | RabbitMQ | ratio |"
+    rule = "|---|---:|---|---:|---:|---:|"
+    if baseline:
+        head, rule = head + " baseline | Warren/baseline |", rule + "---:|---:|"
+    lines = [head + " load |", rule + "---:|"]
     for r in rows:
-        lines.append(f"| {r['curve']} | {r['n']:,} | {r['figure']} | {r['warren']:,} | "
-                     f"{r['rabbitmq']:,} | {r['ratio']} | {r['load']} |")  # fmt: skip
+        cells = [r["curve"], f"{r['n']:,}", r["figure"], r["warren"], r["rabbitmq"], r["ratio"]]
+        if baseline:
+            cells += [r.get("baseline"), r.get("vs baseline")]
+        cells.append(r["load"])
+        lines.append(
+            "| " + " | ".join("-" if c is None else f"{c:,}" if isinstance(c, int) else str(c)
+                              for c in cells) + " |"
+        )  # fmt: skip
     return "\n".join(lines)
 
 
@@ -387,6 +450,10 @@ def main() -> int:
     parser.add_argument("--rabbit-url", default=RABBIT_URL)
     parser.add_argument("--warren-url", help="a Warren already running (default: start one)")
     parser.add_argument("--warren-api", help="its management API, http://host:port")
+    parser.add_argument("--warren-pid", type=int, help="its process (blocked: CPU per message)")
+    parser.add_argument("--baseline-url", help="another Warren measured alongside (its column)")
+    parser.add_argument("--baseline-pid", type=int, help="its process")
+    parser.add_argument("--rabbit-pid", type=int, help="RabbitMQ's beam.smp (default: found)")
     parser.add_argument(
         "--rabbit-api",
         default="http://127.0.0.1:15672",
@@ -400,17 +467,19 @@ def main() -> int:
         except (OSError, SystemExit):
             print(f"no management API at {args.rabbit_api}: no policy churn", file=sys.stderr)
             args.rabbit_api = ""
+    if args.rabbit_pid is None:
+        args.rabbit_pid = find_beam()
     if args.warren_url:
-        rows = run(args, args.warren_url)
+        rows = run(args, args.warren_url, args.warren_pid)
     else:
         port, http_port = free_port(), free_port()
         config = str(Path(__file__).parents[1] / "rabbitmq-3.x.conf")
         if args.rabbit_api:
             args.warren_api = f"http://127.0.0.1:{http_port}"
-        with warren(port, ["--config", config], management_port=str(http_port)):
+        with warren(port, ["--config", config], management_port=str(http_port)) as proc:
             if args.warren_api:
                 wait_for_api(args.warren_api)  # it listens after the ready line
-            rows = run(args, f"amqp://guest:guest@127.0.0.1:{port}/")
+            rows = run(args, f"amqp://guest:guest@127.0.0.1:{port}/", proc.pid)
     print(f"{started} to {time.strftime('%H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs")
     print(table(rows))
     return 0
