@@ -43,6 +43,7 @@ COMPILED = [
     "warren/broker/stream.py",
     "warren/broker/tracing.py",
     "warren/broker/recorder.py",
+    "warren/broker/store/records.py",
 ]
 
 # mypyc trusts every annotation it sees and checks values against them at run time.
