@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from warren.broker.message import READY, Message, page_out, unpage
+from warren.broker.message import READY, UNACKED, Message, page_out, unpage
 from warren.broker.paged import MESSAGE_MEMORY, REDELIVERED, PagedRun
 from warren.broker.stats import IOStats
 from warren.broker.store import records
@@ -49,6 +49,8 @@ READ_AHEAD_COUNT = 1024
 READ_GAP = 64 * 1024  # other records between two bodies that one read still spans
 _FADVISE = hasattr(os, "posix_fadvise")
 MAX_READERS = 32  # segment files held open for reading bodies back
+UNWRITTEN = 1 << 62  # store_offset of a message whose publish record is not written yet
+GRACE = 1  # handoffs a delivered, unconfirmed message's publish record waits for its ack
 
 
 # a message read back at start-up, for its queue to take in again
@@ -300,6 +302,22 @@ class MessageStore:
         # the writer thread's failure: nothing is written any more, confirms are nacked
         self.error: BaseException | None = None
         self.on_failure: Callable[[BaseException], None] | None = None  # the broker's alarm
+        # Messages published since the last handoff, by id: [msg, queue id, expires (wall),
+        # publishing channel or None, its confirm's seq, handoffs left to wait]. Their
+        # records are encoded at the handoff, so one removed before it (acked, expired,
+        # purged) never reaches the disk, and its confirm needs no write: RabbitMQ's
+        # msg_store skips a write whose remove came first and confirms the message
+        # (rabbit_msg_store, "flying" writes; rabbit_variable_queue:msgs_written_to_disk/3
+        # with `ignored`, remove_vhost_msgs_by_id/2).
+        self._fresh: dict[int, list[Any]] = {}
+        self.confirm_owner: Any = None  # the channel routing a publish it must confirm
+        self.confirm_seq = 0  # ... and that publish's seq
+        self.fresh_owned = 0  # fresh messages published with an owner (so many confirms)
+        self.fresh_elided = 0  # ... removed while their publish was still being routed
+        self._owners: list[tuple[Any, int]] = []  # (channel, seq) of the open batch's publishes
+        self._settle: deque[tuple[int, list[tuple[Any, int]]]] = deque()  # (batch, owners)
+        self._handed = -1  # the last batch handed to the writer: none while it writes one
+        self._flush_all = False  # the next handoff keeps nothing back (tx.commit)
 
     @property
     def messages_written(self) -> int:
@@ -505,27 +523,78 @@ class MessageStore:
     # ---- the message path ----
 
     def _append(self, record: bytes) -> None:
-        """Buffer a record; the buffer becomes one batch at the end of this loop turn."""
+        """Buffer a record for the open batch."""
         self._buffer.append(record)
         self._segment_bytes += len(record)
         if not self._handoff_scheduled:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        """Hand the open batch over at the end of this loop turn, or, while the writer
+        writes one, once it is done (_on_synced): one wake-up of the writer per round,
+        and the longer a record waits, the likelier its message is gone before it."""
+        if not self._handoff_scheduled and self._handed <= self.synced_batch:
             self._handoff_scheduled = True
             assert self._loop is not None
             self._loop.call_soon(self._handoff)
 
+    def _emit(self, entry: list[Any]) -> None:
+        """A fresh message's publish record joins the open batch."""
+        msg: Message = entry[0]
+        self._append_publish(entry[1], msg, entry[2], msg.redelivered or msg.state != READY)
+        if entry[3] is not None:
+            self._owners.append((entry[3], entry[4]))
+
+    def _emit_fresh(self) -> bool:
+        """Encode the fresh messages' records; one delivered and waiting for its ack, with a
+        confirm waiting for it, is kept back GRACE handoffs (its ack will likely make the
+        write needless). True if one was kept back."""
+        fresh = self._fresh
+        if self._flush_all or self._writer is None:
+            self._flush_all = False
+            self._fresh = {}
+            for entry in fresh.values():
+                self._emit(entry)
+            return False
+        kept: dict[int, list[Any]] = {}
+        for msg_id, entry in fresh.items():
+            if entry[3] is not None and (kept or (entry[5] and entry[0].state == UNACKED)):
+                # the ones after a kept one wait too: ids then reach the log in ascending
+                # order, which keeps recovery's index (RecoveryIndex) a few large blocks
+                if not kept or entry[0].state == UNACKED:
+                    entry[5] -= entry[5] > 0
+                kept[msg_id] = entry
+            else:
+                self._emit(entry)
+        self._fresh = kept
+        return bool(kept)
+
     def _handoff(self) -> None:
         self._handoff_scheduled = False
         writer = self._writer
-        if (not self._buffer and not self._external) or writer is None:
+        if writer is None:
             return  # records made after close() are lost, as in a crash at that moment
+        kept = False
+        if self._fresh and writer.error is None:
+            kept = self._emit_fresh()
+            if kept and not self._buffer and not self._external:
+                self._schedule()  # nothing to write now: look again next loop turn
+                return
+        if not self._buffer and not self._external:
+            return
         if writer.error is not None:
             # nothing is written any more; _writer_failed told those who wait
             self._buffer.clear()
+            self._owners.clear()
             for log in self._external:
                 log.take_chunk(self.open_batch)  # lost, as in a crash at this moment
             self._external.clear()
             return
         external = None
+        self._handed = self.open_batch
+        if self._owners:
+            self._settle.append((self.open_batch, self._owners))
+            self._owners = []
         if self._external:
             external = [log.take_chunk(self.open_batch) for log in self._external]
             self._external_batches.append((self.open_batch, self._external))
@@ -550,21 +619,32 @@ class MessageStore:
             self._collect_garbage()
 
     def publish(self, queue_id: int, msg: Message, expires_wall: float) -> None:
+        """Store ``msg``: its record is written with the open batch (see _fresh)."""
         msg_id = self._next_id
         self._next_id += 1
         self.published += 1
         msg.store_id = msg_id
+        msg.store_segment = 0  # none yet: never a segment's to compact
+        msg.store_offset = UNWRITTEN
         self.messages[msg_id] = msg
-        self._append_publish(queue_id, msg, expires_wall)
+        owner = self.confirm_owner
+        if owner is not None:
+            self.fresh_owned += 1
+            self._fresh[msg_id] = [msg, queue_id, expires_wall, owner, self.confirm_seq, GRACE]
+        else:
+            self._fresh[msg_id] = [msg, queue_id, expires_wall, None, 0, 0]
+        self._schedule()
 
-    def _append_publish(self, queue_id: int, msg: Message, expires_wall: float) -> None:
+    def _append_publish(
+        self, queue_id: int, msg: Message, expires_wall: float, delivered: bool
+    ) -> None:
         body = msg.body  # first: a paged-out body is read from where the message still is
         segment = msg.store_segment = self._segment
         self._live[segment] = self._live.get(segment, 0) + 1
         self._total[segment] = self._total.get(segment, 0) + 1
         record = records.encode_publish(
             msg.store_id, queue_id, expires_wall, msg.delivery_count, msg.retries, 0.0,
-            msg.redelivered, msg.exchange.encode("utf-8", "surrogateescape"),
+            delivered, msg.exchange.encode("utf-8", "surrogateescape"),
             msg.routing_key.encode("utf-8", "surrogateescape"), msg.properties, body,
             msg.trace_id,
         )  # fmt: skip
@@ -578,42 +658,61 @@ class MessageStore:
         msg.store_id = 0
         if self.holders:
             self.holders.pop(msg_id, None)
+        if self._fresh and self._elided(msg_id, msg):
+            return
         self._append(records.encode_remove(msg_id))
         segment = msg.store_segment
         live = self._live[segment] = self._live[segment] - 1
         if live < self._total[segment] * COMPACT_BELOW and segment == min(self._live):
             self._collect_garbage()
 
+    def _elided(self, msg_id: int, msg: Message) -> bool:
+        """``msg`` leaves before its record was written: it never will be, and its confirm
+        (if one waits) needs no write."""
+        entry = self._fresh.pop(msg_id, None)
+        if entry is None:
+            return False
+        msg.store_offset = 0
+        owner = entry[3]
+        if owner is not None:
+            if owner is self.confirm_owner and entry[4] == self.confirm_seq:
+                self.fresh_elided += 1  # the channel still routes it: it counts these
+            else:
+                owner.store_settled(entry[4])
+        return True
+
     def forget(self, msg: Message) -> None:
         """The message's queue is gone: no record needed, it no longer counts as live."""
         msg_id = msg.store_id
         if msg_id and self.messages.pop(msg_id, None) is not None:
             msg.store_id = 0
-            self._live[msg.store_segment] -= 1
             if self.holders:
                 self.holders.pop(msg_id, None)
+            if not (self._fresh and self._elided(msg_id, msg)):
+                self._live[msg.store_segment] -= 1
 
     def hold(self, msg: Message, holder: DelayedMessageExchange) -> None:
         """``msg`` (stored) waits in ``holder``, a delayed exchange, instead of a queue."""
         self.holders[msg.store_id] = holder
 
     def delivered(self, msg: Message) -> None:
-        if msg.store_id:
-            self._append(records.encode_delivered(msg.store_id))
+        msg_id = msg.store_id
+        if msg_id and msg_id not in self._fresh:  # a fresh one's record will say so
+            self._append(records.encode_delivered(msg_id))
 
     def state(self, msg: Message, retry_at_wall: float) -> None:
         if msg.store_id:
+            entry = self._fresh.pop(msg.store_id, None)
+            if entry is not None:  # its publish record goes first
+                self._emit(entry)
             self._append(
                 records.encode_state(msg.store_id, msg.delivery_count, msg.retries, retry_at_wall)
             )
 
     def external_pending(self, log: Any) -> None:
-        """``log`` has data for this loop turn: ``log.take_chunk(batch)`` joins the batch."""
+        """``log`` has data for the open batch: ``log.take_chunk(batch)`` joins it."""
         self._external.append(log)
-        if not self._handoff_scheduled:
-            self._handoff_scheduled = True
-            assert self._loop is not None
-            self._loop.call_soon(self._handoff)
+        self._schedule()
 
     def remove_tree(self, path: str, handle: Any = None) -> None:
         """Delete a directory once everything queued for the writer before is written;
@@ -638,7 +737,13 @@ class MessageStore:
         if self.error is not None:
             callback(False)
             return
-        batch = self.open_batch if self._buffer or self._external else self.open_batch - 1
+        if self._fresh:
+            self._flush_all = True  # kept back for an ack no longer: the commit waits for it
+            self._schedule()
+        batch = (
+            self.open_batch if self._buffer or self._external or self._fresh
+            else self.open_batch - 1
+        )  # fmt: skip
         if batch <= self.synced_batch and not self._after_sync:
             callback(True)
         else:
@@ -650,6 +755,15 @@ class MessageStore:
 
     def _on_synced(self, batch: int) -> None:
         self.synced_batch = batch
+        if (
+            (self._buffer or self._fresh or self._external)
+            and not self._handoff_scheduled and self._handed <= batch
+        ):  # fmt: skip
+            self._handoff()  # what came while the writer wrote: its next round
+        settle = self._settle
+        while settle and settle[0][0] <= batch:
+            for owner, seq in settle.popleft()[1]:
+                owner.store_settled(seq)
         external = self._external_batches
         while external and external[0][0] <= batch:
             for log in external.popleft()[1]:
@@ -716,8 +830,10 @@ class MessageStore:
         while todo:
             msg = todo[0]
             segment = msg.store_segment
-            if segment > written_segment or (
-                segment == written_segment and msg.store_offset >= written_end
+            if (
+                msg.store_offset == UNWRITTEN
+                or segment > written_segment
+                or (segment == written_segment and msg.store_offset >= written_end)
             ):
                 return
             todo.popleft()
@@ -742,7 +858,11 @@ class MessageStore:
         while pending:
             msg = pending[0]
             segment, offset = msg.store_segment, msg.store_offset
-            if segment > written_segment or (segment == written_segment and offset >= written_end):
+            if (
+                offset == UNWRITTEN
+                or segment > written_segment
+                or (segment == written_segment and offset >= written_end)
+            ):
                 return
             pending.popleft()
             body = msg.body
@@ -988,7 +1108,7 @@ class MessageStore:
             # a paged-out body comes back for the copy (at most half a segment's worth) and
             # leaves again once the copy is written: nothing points into the old file then
             paged = msg.paged_size >= 0
-            self._append_publish(queue_id, msg, expires_wall)
+            self._append_publish(queue_id, msg, expires_wall, msg.redelivered)
             if paged:
                 self.page_later(msg)
         packed = 0
@@ -1036,6 +1156,7 @@ class MessageStore:
         """Flush what is buffered and stop the writer (clean shutdown)."""
         if self._writer is None:
             return
+        self._flush_all = True
         self._handoff()
         for fd in self._readers.values():
             os.close(fd)
