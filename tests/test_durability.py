@@ -283,6 +283,67 @@ def test_kill_9_loses_no_confirmed_message(tmp_path: Path, round_: int) -> None:
     assert len(snapshot) > 0, "the publisher never got a confirm before the kill"
 
 
+def consumer_until_killed(url: str, acked: set[int], kept: set[int]) -> None:
+    """Ack every delivery of crash.q but every fifth (RabbitMQ's own consumers' pace)."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    ch.queue_declare("crash.q", durable=True)
+    ch.basic_qos(prefetch_count=50)
+    try:
+        for method, _, body in ch.consume("crash.q"):
+            n = int(body)
+            if n % 5:
+                ch.basic_ack(method.delivery_tag)
+                acked.add(n)
+            else:
+                kept.add(n)
+    except (pika.exceptions.AMQPError, OSError):
+        pass
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_kill_9_with_a_consumer_keeps_every_confirmed_unacked_message(
+    tmp_path: Path, round_: int
+) -> None:
+    """Messages acked before their write never reach the disk and are confirmed at the ack;
+    whatever the moment of a kill -9, each confirmed message the consumer did not ack
+    comes back, once, in order."""
+    import threading
+
+    data = str(tmp_path)
+    port = free_port()
+    url = f"amqp://guest:guest@127.0.0.1:{port}/"
+    proc = start_server(data, port)
+    confirmed: list[int] = []
+    acked: set[int] = set()
+    kept: set[int] = set()
+    consumer = threading.Thread(target=consumer_until_killed, args=(url, acked, kept))
+    consumer.start()
+    publisher = threading.Thread(target=publisher_until_killed, args=(url, confirmed, 30.0))
+    publisher.start()
+    deadline = time.monotonic() + 60
+    while len(confirmed) < 20 and publisher.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(random.Random(round_).uniform(0.0, 0.4))
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    publisher.join(10)
+    consumer.join(10)
+    proc = start_server(data, port)
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        bodies = [int(b) for b, _ in drain(conn.channel(), "crash.q")]
+        conn.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+    assert len(bodies) == len(set(bodies)), "a message came back twice"
+    assert bodies == sorted(bodies)
+    lost = set(confirmed) - acked - set(bodies)
+    assert not lost, f"lost confirmed unacked messages: {sorted(lost)[:5]}"
+    assert kept & set(confirmed), "the consumer kept no confirmed message before the kill"
+
+
 def churn(url: str, rounds: int, keep_every: int, confirmed: list[int] | None = None) -> None:
     """Publish to a queue that is drained at once and, now and then, to one that keeps."""
     conn = pika.BlockingConnection(pika.URLParameters(url))
