@@ -412,14 +412,19 @@ class Channel:
                 # the copies stored now settle this confirm one by one (MessageStore._fresh)
                 store.confirm_owner, store.confirm_seq = self, seq
                 owned, elided = store.fresh_owned, store.fresh_elided
-            if len(queues) == 1:  # the usual case, without fan_out's call (hot path)
+                try:
+                    if len(queues) == 1:
+                        accepted = queues[0].publish(msg, ttl)
+                    else:
+                        accepted = fan_out(queues, msg, ttl) == len(queues)
+                finally:
+                    store.confirm_owner = None
+                owned = store.fresh_owned - owned
+                elided = store.fresh_elided - elided
+            elif len(queues) == 1:  # the usual case, without fan_out's call (hot path)
                 accepted = queues[0].publish(msg, ttl)
             else:
                 accepted = fan_out(queues, msg, ttl) == len(queues)
-            if seq and store is not None:
-                store.confirm_owner = None
-                owned = store.fresh_owned - owned
-                elided = store.fresh_elided - elided
         elif mandatory:
             self.stats.unroutable_returned += 1
             exchange.unroutable_returned += 1

@@ -117,6 +117,7 @@ class MessageStore:
         self.confirm_seq = 0  # ... and that publish's seq
         self.fresh_owned = 0  # fresh messages published with an owner (so many confirms)
         self.fresh_elided = 0  # ... removed while their publish was still being routed
+        self.never_written = 0  # messages gone before their record was written
         self._owners: list[tuple[Any, int]] = []  # (channel, seq) of the open batch's publishes
         self._settle: deque[tuple[int, list[tuple[Any, int]]]] = deque()  # (batch, owners)
         self._handed = -1  # the last batch handed to the writer: none while it writes one
@@ -125,7 +126,7 @@ class MessageStore:
     @property
     def messages_written(self) -> int:
         """Publish records this run wrote (msg_store_write_total): one id each."""
-        return self._next_id - self.first_id
+        return self._next_id - self.first_id - self.never_written
 
     # ---- start-up ----
 
@@ -474,6 +475,7 @@ class MessageStore:
         if entry is None:
             return False
         msg.store_offset = 0
+        self.never_written += 1
         owner = entry[3]
         if owner is not None:
             if owner is self.confirm_owner and entry[4] == self.confirm_seq:
