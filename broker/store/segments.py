@@ -46,7 +46,12 @@ READ_GAP = 64 * 1024  # other records between two bodies that one read still spa
 _FADVISE = hasattr(os, "posix_fadvise")
 MAX_READERS = 32  # segment files held open for reading bodies back
 UNWRITTEN = 1 << 60  # store_offset of a message whose publish record is not written yet
-GRACE = 1  # handoffs a delivered, unconfirmed message's publish record waits for its ack
+# a delivered message whose confirm waits is written after GRACE more handoffs if its ack
+# has not come by then; a handoff comes at most once per writer round (an fsync), at the end
+# of a loop turn while the writer is idle, or KEEP_BACK seconds after the last one when
+# nothing else waits to be written
+GRACE = 4
+KEEP_BACK = 0.0005
 
 
 # a message read back at start-up, for its queue to take in again
@@ -348,9 +353,9 @@ class MessageStore:
             self._owners.append((entry[3], entry[4]))
 
     def _emit_fresh(self) -> bool:
-        """Encode the fresh messages' records; one delivered and waiting for its ack, with a
-        confirm waiting for it, is kept back GRACE handoffs (its ack will likely make the
-        write needless). True if one was kept back."""
+        """Encode the fresh messages' records; one delivered with a confirm waiting for it is
+        kept back GRACE handoffs (its ack will likely make the write needless), and those
+        after it with it. True if one was kept back."""
         fresh = self._fresh
         if self._flush_all or self._writer is None:
             self._flush_all = False
@@ -360,11 +365,15 @@ class MessageStore:
             return False
         kept: dict[int, list[Any]] = {}
         for msg_id, entry in fresh.items():
-            if entry[3] is not None and (kept or (entry[5] and entry[0].state == UNACKED)):
+            if entry[3] is None:
+                self._emit(entry)
+                continue
+            if entry[5] and entry[0].state == UNACKED:
+                entry[5] -= 1
+                kept[msg_id] = entry
+            elif kept:
                 # the ones after a kept one wait too: ids then reach the log in ascending
                 # order, which keeps recovery's index (RecoveryIndex) a few large blocks
-                if not kept or entry[0].state == UNACKED:
-                    entry[5] -= entry[5] > 0
                 kept[msg_id] = entry
             else:
                 self._emit(entry)
@@ -380,7 +389,10 @@ class MessageStore:
         if self._fresh and writer.error is None:
             kept = self._emit_fresh()
             if kept and not self._buffer and not self._external:
-                self._schedule()  # nothing to write now: look again next loop turn
+                # nothing to write now: look again shortly (the writer is idle)
+                self._handoff_scheduled = True
+                assert self._loop is not None
+                self._loop.call_later(KEEP_BACK, self._handoff)
                 return
         if not self._buffer and not self._external:
             return
