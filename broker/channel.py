@@ -473,6 +473,16 @@ class Channel:
         if not self.closed:
             self._settled(self.confirms.settled(seq))
 
+    def store_settled_all(self, seqs: list[int]) -> None:
+        """Stored copies of ``seqs`` are on disk (one batch's)."""
+        if not self.closed:
+            confirms = self.confirms
+            due = False
+            for seq in seqs:
+                if confirms.settled(seq):
+                    due = True
+            self._settled(due)
+
     def _settled(self, due: bool) -> None:
         confirms = self.confirms
         if due:

@@ -127,6 +127,12 @@ class MessageStore:
         self._settle: deque[tuple[int, list[tuple[Any, int]]]] = deque()  # (batch, owners)
         self._handed = -1  # the last batch handed to the writer: none while it writes one
         self._flush_all = False  # the next handoff keeps nothing back (tx.commit)
+        self._new_fresh = False  # messages published since the last handoff
+
+    @property
+    def all_handed(self) -> bool:
+        """Everything appended is with the writer, but the records kept back for an ack."""
+        return not (self._buffer or self._external or self._new_fresh)
 
     @property
     def messages_written(self) -> int:
@@ -387,6 +393,7 @@ class MessageStore:
             return  # records made after close() are lost, as in a crash at that moment
         kept = False
         if self._fresh and writer.error is None:
+            self._new_fresh = False
             kept = self._emit_fresh()
             if kept and not self._buffer and not self._external:
                 # nothing to write now: look again shortly (the writer is idle)
@@ -441,6 +448,7 @@ class MessageStore:
         msg.store_segment = 0  # none yet: never a segment's to compact
         msg.store_offset = UNWRITTEN
         self.messages[msg_id] = msg
+        self._new_fresh = True
         owner = self.confirm_owner
         if owner is not None:
             self.fresh_owned += 1
@@ -576,9 +584,17 @@ class MessageStore:
         ):  # fmt: skip
             self._handoff()  # what came while the writer wrote: its next round
         settle = self._settle
-        while settle and settle[0][0] <= batch:
-            for owner, seq in settle.popleft()[1]:
-                owner.store_settled(seq)
+        if settle and settle[0][0] <= batch:
+            # each channel told once, so its acks for the batch go out as one frame
+            seqs: dict[Any, list[int]] = {}
+            while settle and settle[0][0] <= batch:
+                for owner, seq in settle.popleft()[1]:
+                    if owner in seqs:
+                        seqs[owner].append(seq)
+                    else:
+                        seqs[owner] = [seq]
+            for owner, settled in seqs.items():
+                owner.store_settled_all(settled)
         external = self._external_batches
         while external and external[0][0] <= batch:
             for log in external.popleft()[1]:
