@@ -17,10 +17,11 @@ from typing import Any
 
 from setuptools import setup
 
-# The message path: framing, routing, queues, streams, channels, the messages themselves
-# and the tracing hooks. Subclasses are compiled with their bases (Queue also admits
-# interpreted ones). Not compiled: the store (threads), the trace writer, timers (the test
-# kit's ManualLoop subclasses them), management.
+# The message path: framing, routing, queues, streams, channels, the messages themselves,
+# the tracing hooks and the message store's loop side. Subclasses are compiled with their
+# bases (Queue also admits interpreted ones). Not compiled: the store's threads
+# (broker/store/writer.py), the trace writer, timers (the test kit's ManualLoop subclasses
+# them), management.
 COMPILED = [
     "warren/protocol/constants.py",
     "warren/protocol/errors.py",
@@ -44,6 +45,8 @@ COMPILED = [
     "warren/broker/trace_events.py",
     "warren/broker/tracing.py",
     "warren/broker/recorder.py",
+    "warren/broker/store/records.py",
+    "warren/broker/store/segments.py",
 ]
 
 # mypyc trusts every annotation it sees and checks values against them at run time.

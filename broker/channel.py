@@ -405,9 +405,23 @@ class Channel:
         if delay:
             exchange.hold(msg, ttl, delay)
         accepted = True
+        owned = elided = 0
         if queues:
             self.stats.routed += 1
-            if len(queues) == 1:  # the usual case, without fan_out's call (hot path)
+            if seq and store is not None:
+                # the copies stored now settle this confirm one by one (MessageStore._fresh)
+                store.confirm_owner, store.confirm_seq = self, seq
+                owned, elided = store.fresh_owned, store.fresh_elided
+                try:
+                    if len(queues) == 1:
+                        accepted = queues[0].publish(msg, ttl)
+                    else:
+                        accepted = fan_out(queues, msg, ttl) == len(queues)
+                finally:
+                    store.confirm_owner = None
+                owned = store.fresh_owned - owned
+                elided = store.fresh_elided - elided
+            elif len(queues) == 1:  # the usual case, without fan_out's call (hot path)
                 accepted = queues[0].publish(msg, ttl)
             else:
                 accepted = fan_out(queues, msg, ttl) == len(queues)
@@ -429,16 +443,21 @@ class Channel:
             if not accepted:
                 self.confirms.nacked(seq)  # RabbitMQ too nacks at once, acks the rest later
                 self.flush_confirms()
-            elif store is not None and store.published != stored_before:
-                self._wait_for_disk(store, seq)
+            elif store is not None and (
+                store.published - stored_before != owned or owned != elided
+            ):
+                self._wait_for_disk(store, seq, store.published - stored_before != owned,
+                                    owned - elided)  # fmt: skip
             else:
                 self.confirms.accepted(seq)  # waits behind earlier publishes' disk writes
                 self.conn.pending_confirms.add(self)
 
-    def _wait_for_disk(self, store: MessageStore, seq: int) -> None:
-        """The confirm of ``seq`` (and of everything after it) waits for the open batch's fsync."""
+    def _wait_for_disk(self, store: MessageStore, seq: int, batch: bool, copies: int) -> None:
+        """The confirm of ``seq`` (and of everything after it) waits for the open batch's
+        fsync (``batch``: records not settled one by one, a stream's chunk), and for each
+        of ``copies`` to be written or gone (store_settled)."""
         confirms = self.confirms
-        confirms.wait_disk(seq, store.open_batch)
+        confirms.wait_disk(seq, store.open_batch if batch else -1, copies)
         store.waiters.add(self)
         limit = self._max_unconfirmed
         # waiting() is at most the unconfirmed count: mostly that bound settles it
@@ -447,8 +466,26 @@ class Channel:
 
     def store_synced(self, batch: int) -> None:
         """The store made batches up to ``batch`` durable: confirm what waited for them."""
+        self._settled(self.confirms.synced(batch))
+
+    def store_settled(self, seq: int) -> None:
+        """A stored copy of ``seq`` is on disk, or gone from its queue unwritten."""
+        if not self.closed:
+            self._settled(self.confirms.settled(seq))
+
+    def store_settled_all(self, seqs: list[int]) -> None:
+        """Stored copies of ``seqs`` are on disk (one batch's)."""
+        if not self.closed:
+            confirms = self.confirms
+            due = False
+            for seq in seqs:
+                if confirms.settled(seq):
+                    due = True
+            self._settled(due)
+
+    def _settled(self, due: bool) -> None:
         confirms = self.confirms
-        if confirms.synced(batch):
+        if due:
             self.conn.pending_confirms.add(self)
             self.conn.schedule_flush()
             limit = self._max_unconfirmed

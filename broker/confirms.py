@@ -3,8 +3,10 @@
 Everything that decides the order of basic.ack and basic.nack lives here:
 
 * a publish is confirmed once every queue took it, and once it is on disk if a
-  queue stored it: ``accepted(seq)`` or ``wait_disk(seq, batch)``, then
-  ``synced(batch)`` when the store's fsync of that batch returns;
+  queue stored it: ``accepted(seq)`` or ``wait_disk(seq, batch, copies)``, then
+  ``synced(batch)`` when the store's fsync of that batch returns, and ``settled(seq)``
+  for each stored copy once it is on disk or gone from its queue unwritten (acked
+  before its write: RabbitMQ confirms it then too);
 * an ack says ``multiple=true`` whenever it covers more than one publish, so
   acks coalesce: one frame per loop turn for a whole window;
 * a refused publish is nacked at once (``nacked(seq)``), even while earlier
@@ -28,13 +30,15 @@ NACK = False
 
 
 class Confirms:
-    __slots__ = ("_disk", "_nacked", "_out", "confirmed", "ready", "seq")
+    __slots__ = ("_disk", "_nacked", "_out", "_synced", "confirmed", "ready", "seq")
 
     def __init__(self) -> None:
         self.seq = 0  # the last publish's sequence number
         self.confirmed = 0  # every publish up to here was acked or nacked to the client
         self.ready = 0  # every publish up to here may be acked (save the nacked ones)
-        self._disk: deque[tuple[int, int]] = deque()  # (last seq, store batch) waiting
+        # waiting, in order: [first seq, last seq, store batch (-1: none), copies unsettled]
+        self._disk: deque[list[int]] = deque()
+        self._synced = -1  # the store's last batch on disk
         self._nacked: list[int] = []  # nacked ahead of publishes waiting for the disk
         self._out: list[tuple[bool, int, int]] = []  # frames owed ahead of the acks, in order
 
@@ -59,27 +63,43 @@ class Confirms:
     def accepted(self, seq: int) -> None:
         """Every queue took ``seq`` and none has to store it."""
         if self._disk:
-            self._wait(seq, self._disk[-1][1])  # its ack would cover those still waiting
+            self._disk[-1][1] = seq  # its ack would cover those still waiting
         else:
             self.ready = seq
 
-    def wait_disk(self, seq: int, batch: int) -> None:
-        """``seq`` (and everything before it) is confirmed once ``batch`` is on disk."""
-        self._wait(seq, batch)
-
-    def _wait(self, seq: int, batch: int) -> None:
+    def wait_disk(self, seq: int, batch: int, copies: int = 0) -> None:
+        """``seq`` (and everything before it) is confirmed once ``batch`` is on disk (-1:
+        no batch) and ``settled(seq)`` came for each of its ``copies``."""
         disk = self._disk
-        if disk and disk[-1][1] == batch:
-            disk[-1] = (seq, batch)
+        if not copies and disk and disk[-1][2] == batch and not disk[-1][3]:
+            disk[-1][1] = seq
         else:
-            disk.append((seq, batch))
+            disk.append([seq, seq, batch, copies])
 
     def synced(self, batch: int) -> bool:
         """The store made batches up to ``batch`` durable; True if acks became due."""
+        self._synced = batch
+        return self._advance()
+
+    def settled(self, seq: int) -> bool:
+        """One stored copy of ``seq`` is on disk, or left its queue before it was written;
+        True if acks became due."""
+        for entry in self._disk:
+            if entry[0] <= seq <= entry[1]:
+                entry[3] -= 1
+                return not entry[3] and self._advance()
+        return False  # nacked already (the store failed)
+
+    def _advance(self) -> bool:
         disk = self._disk
+        synced = self._synced
         upto = 0
-        while disk and disk[0][1] <= batch:
-            upto = disk.popleft()[0]
+        while disk:
+            head = disk[0]
+            if head[3] or head[2] > synced:
+                break
+            upto = head[1]
+            disk.popleft()
         if upto > self.ready:
             self.ready = upto
             return True
@@ -100,7 +120,7 @@ class Confirms:
         self._out.extend(self._acks())
         disk = self._disk
         while disk:
-            last = disk.popleft()[0]
+            last = disk.popleft()[1]
             first = self.confirmed + 1
             for nacked in [n for n in self._nacked if n <= last]:
                 if nacked > first:

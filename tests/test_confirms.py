@@ -88,6 +88,41 @@ def test_a_failed_disk_nacks_what_waited_around_earlier_nacks() -> None:
     assert c.unconfirmed == 0 and not c.waiting_for_disk
 
 
+def test_stored_copies_settle_a_publish_one_by_one_without_a_batch() -> None:
+    # a persistent message acked before its record was written is confirmed then, without
+    # a write, as RabbitMQ confirms one whose msg_store write a remove made needless
+    # (rabbit_msg_store's flying writes, rabbit_variable_queue:msgs_written_to_disk/3)
+    c = Confirms()
+    c.wait_disk(c.published(), -1, 2)  # 1: fanned out to two durable queues
+    c.wait_disk(c.published(), -1, 1)  # 2
+    assert not c.settled(2)  # its ack would cover 1, which still waits
+    assert not c.settled(1)
+    assert c.due() == []
+    assert c.settled(1)
+    assert c.due() == [(ACK, 1, 2)]
+    assert not c.waiting_for_disk
+
+
+def test_a_publish_with_a_batch_and_copies_waits_for_both() -> None:
+    c = Confirms()
+    c.wait_disk(c.published(), 4, 1)  # a stream's chunk in batch 4 and a classic queue's copy
+    assert not c.settled(1)
+    assert c.synced(4)
+    assert c.due() == [(ACK, 1, 1)]
+
+
+def test_a_settle_after_the_disk_failed_touches_no_later_publish() -> None:
+    c = Confirms()
+    c.wait_disk(c.published(), -1, 1)
+    c.disk_failed()
+    assert c.due() == [(NACK, 1, 1)]
+    c.wait_disk(c.published(), -1, 1)
+    assert not c.settled(1)  # the late settle of 1 leaves 2 waiting
+    assert c.due() == []
+    assert c.settled(2)
+    assert c.due() == [(ACK, 2, 2)]
+
+
 # Every sequence of events: each publish is confirmed exactly once, in tag order, an ack never
 # covers a nacked publish or one whose batch is not on disk, and nothing is left once all synced.
 EVENTS = st.lists(
@@ -95,6 +130,8 @@ EVENTS = st.lists(
         st.tuples(st.just("accepted"), st.just(0)),
         st.tuples(st.just("nacked"), st.just(0)),
         st.tuples(st.just("disk"), st.integers(0, 2)),  # batch offset from the open one
+        st.tuples(st.just("copies"), st.integers(1, 3)),  # stored copies settled one by one
+        st.tuples(st.just("settle"), st.integers(0, 5)),  # one copy of an unsettled publish
         st.tuples(st.just("synced"), st.integers(0, 3)),
         st.tuples(st.just("due"), st.just(0)),
     ),
@@ -113,6 +150,7 @@ def test_every_publish_is_confirmed_once_and_acks_wait_for_their_disk(
     batch_of: dict[int, int] = {}
     nacked: set[int] = set()
     settled: dict[int, bool] = {}
+    copies: dict[int, int] = {}  # seq -> copies not yet settled
 
     def collect() -> None:
         """What a client makes of the frames: multiple=true settles every outstanding tag."""
@@ -127,6 +165,7 @@ def test_every_publish_is_confirmed_once_and_acks_wait_for_their_disk(
                     assert seq not in nacked, "an ack covered a refused publish"
                     # on disk: its own batch and every batch before it
                     assert all(b <= synced for s, b in batch_of.items() if s <= seq)
+                    assert not any(n for s, n in copies.items() if s <= seq), "a copy unsettled"
 
     for kind, arg in events:
         if kind == "accepted":
@@ -140,6 +179,16 @@ def test_every_publish_is_confirmed_once_and_acks_wait_for_their_disk(
             seq = c.published()
             batch_of[seq] = open_batch
             c.wait_disk(seq, open_batch)
+        elif kind == "copies":
+            seq = c.published()
+            copies[seq] = arg
+            c.wait_disk(seq, -1, arg)
+        elif kind == "settle":
+            waiting = [s for s, n in copies.items() if n]
+            if waiting:
+                seq = waiting[arg % len(waiting)]
+                copies[seq] -= 1
+                c.settled(seq)
         elif kind == "synced":
             synced = min(open_batch, synced + 1 + arg)
             c.synced(synced)
@@ -147,6 +196,10 @@ def test_every_publish_is_confirmed_once_and_acks_wait_for_their_disk(
             collect()
     c.synced(open_batch)
     synced = open_batch
+    for seq, n in copies.items():
+        for _ in range(n):
+            copies[seq] -= 1
+            c.settled(seq)
     collect()
     assert sorted(settled) == list(range(1, c.seq + 1))
     assert {s for s, ack in settled.items() if not ack} == nacked

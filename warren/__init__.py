@@ -18,10 +18,10 @@ def compiled_modules() -> list[str]:
     .py file of the same name in the same folder, so being there is being used."""
     here = os.path.dirname(__file__)
     found = []
-    for package in ("protocol", "broker", "config"):
+    for package in ("protocol", "broker", "broker/store", "config"):
         for name in os.listdir(os.path.join(here, package)):
             for suffix in EXTENSION_SUFFIXES:
                 if name.endswith(suffix):
-                    found.append(f"{package}.{name[: -len(suffix)]}")
+                    found.append(f"{package.replace('/', '.')}.{name[: -len(suffix)]}")
                     break
     return sorted(found)

@@ -16,29 +16,25 @@ REMOVE record can only ever refer to a message in its own or an older segment.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import queue
 import shutil
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from warren.broker.message import READY, Message, page_out, unpage
+from warren.broker.message import READY, UNACKED, Message, page_out, unpage
 from warren.broker.paged import MESSAGE_MEMORY, REDELIVERED, PagedRun
 from warren.broker.stats import IOStats
 from warren.broker.store import records
 from warren.broker.store.recovery import DECODED, Block, RecoveryIndex
 from warren.broker.store.recovery import DELIVERED as DELIVERED_FLAG
 from warren.broker.store.recovery import STATE as STATE_FLAG
+from warren.broker.store.writer import Writer, segment_name
 
 if TYPE_CHECKING:
     from warren.broker.exchange_plugins import DelayedMessageExchange
     from warren.broker.vhost import VirtualHost
-
-T = TypeVar("T")
 
 SEGMENT_SIZE = 16 * 1024 * 1024
 COMPACT_BELOW = 0.5  # live share under which the oldest segment is rewritten
@@ -49,203 +45,17 @@ READ_AHEAD_COUNT = 1024
 READ_GAP = 64 * 1024  # other records between two bodies that one read still spans
 _FADVISE = hasattr(os, "posix_fadvise")
 MAX_READERS = 32  # segment files held open for reading bodies back
+UNWRITTEN = 1 << 60  # store_offset of a message whose publish record is not written yet
+# a delivered message whose confirm waits is written after GRACE more handoffs if its ack
+# has not come by then; a handoff comes at most once per writer round (an fsync), at the end
+# of a loop turn while the writer is idle, or KEEP_BACK seconds after the last one when
+# nothing else waits to be written
+GRACE = 4
+KEEP_BACK = 0.0005
 
 
 # a message read back at start-up, for its queue to take in again
 StoredMessage = records.PublishRecord
-
-
-def _segment_name(number: int) -> str:
-    return f"{number:010d}.seg"
-
-
-class _Writer(threading.Thread):
-    """Writes batches in order, one fsync per round of batches, then reports on the loop
-    (a round of stream chunks only: reported once written, synced by the _Syncer)."""
-
-    def __init__(
-        self,
-        directory: str,
-        loop: asyncio.AbstractEventLoop,
-        synced: Callable[[int], None],
-        sync: bool,
-        failed: Callable[[BaseException], None],
-    ) -> None:
-        super().__init__(name="warren-store-writer", daemon=True)
-        self.directory = directory
-        self.loop = loop
-        self.synced = synced
-        self.failed = failed
-        self.sync = sync
-        self.jobs: queue.SimpleQueue[tuple[str, int, Any, int]] = queue.SimpleQueue()
-        self._syncer = _Syncer(self._syncer_failed)
-        self.files: dict[int, Any] = {}
-        self.error: BaseException | None = None
-        self.io = IOStats()  # the store's, shared: counted here per write and fsync
-
-    def _file(self, segment: int) -> Any:
-        handle = self.files.get(segment)
-        if handle is None:
-            path = os.path.join(self.directory, _segment_name(segment))
-            handle = self.files[segment] = open(path, "ab", buffering=0)  # noqa: SIM115
-        return handle
-
-    def _syncer_failed(self, exc: BaseException) -> None:
-        self.error = exc
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self.failed, exc)
-
-    def run(self) -> None:
-        if self.sync:
-            self._syncer.start()
-        try:
-            self._run()
-        except BaseException as exc:  # surfaced by the store on the loop
-            self.error = exc
-            with contextlib.suppress(RuntimeError):  # the loop may be closed already
-                self.loop.call_soon_threadsafe(self.failed, exc)
-
-    def _run(self) -> None:
-        io = self.io
-        while True:
-            jobs = _round(self.jobs)
-            written: set[int] = set()
-            last_batch = -1
-            unlinks: list[int] = []
-            others: list[Any] = []  # files of other logs (streams) written in this round
-            closing: list[Any] = []
-            stop = False
-            for kind, segment, data, batch in jobs:
-                if kind == "write":
-                    started = time.perf_counter()
-                    io.write_ops += _write_all(self._file(segment), data)
-                    io.write_bytes += len(data)
-                    io.write_time += time.perf_counter() - started
-                    written.add(segment)
-                    last_batch = max(last_batch, batch)
-                elif kind == "external":  # [(file, bytes, close once synced)], or with records
-                    if segment:  # the store's records of the same batch: (records, [...])
-                        data, external = data
-                        io.write_ops += _write_all(self._file(segment), data)
-                        io.write_bytes += len(data)
-                        written.add(segment)
-                        data = external
-                    for handle, chunk, close in data:
-                        started = time.perf_counter()
-                        io.write_ops += _write_all(handle, chunk)
-                        io.write_bytes += len(chunk)
-                        io.write_time += time.perf_counter() - started
-                        if handle not in others:
-                            others.append(handle)
-                        if close:
-                            closing.append(handle)
-                    last_batch = max(last_batch, batch)
-                elif kind == "rmtree":
-                    shutil.rmtree(data, ignore_errors=True)
-                elif kind == "unlink":
-                    unlinks.append(segment)
-                elif kind == "stop":
-                    stop = True
-            reported = False
-            if self.sync and not written and (others or closing):
-                # only stream chunks this round: confirmed once handed to the operating system
-                # (they survive kill -9), as osiris confirms (osiris_writer:handle_batch/2 and
-                # osiris_log:write_chunk/6 never sync); the syncer thread fdatasyncs them at
-                # once while this thread writes the next round
-                if last_batch >= 0:
-                    self.loop.call_soon_threadsafe(self.synced, last_batch)
-                    reported = True
-                self._syncer.jobs.put(others)
-                others = []
-                # a file done with (a full segment, a deleted stream) is synced and closed
-                # here, now (its descriptor goes with its directory), under the syncer's lock
-                with self._syncer.lock:
-                    for handle in closing:
-                        os.fdatasync(handle.fileno())
-                        handle.close()
-                io.sync_ops += len(closing)  # the syncer's are not counted: off the confirm path
-                closing = []
-            if self.sync and (written or others):
-                started = time.perf_counter()
-                for segment in written:
-                    os.fsync(self.files[segment].fileno())
-                for handle in others:
-                    # appends only: fdatasync also makes the new size durable (POSIX), at a
-                    # fraction of fsync's cost (ext4 here: 0.3 ms against 1.6 ms)
-                    os.fdatasync(handle.fileno())
-                io.sync_ops += len(written) + len(others)
-                io.sync_time += time.perf_counter() - started
-            if closing:
-                with self._syncer.lock:  # it may have the file in a round still to sync
-                    for handle in closing:
-                        handle.close()
-            for segment in unlinks:
-                handle = self.files.pop(segment, None)
-                if handle is not None:
-                    handle.close()
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self.directory, _segment_name(segment)))
-            # keep only the newest file open
-            for segment in sorted(self.files)[:-1]:
-                self.files.pop(segment).close()
-            if last_batch >= 0 and not reported:
-                self.loop.call_soon_threadsafe(self.synced, last_batch)
-            if stop:
-                if self.sync:
-                    self._syncer.jobs.put(None)
-                    self._syncer.join()
-                for handle in self.files.values():
-                    handle.close()
-                return
-
-
-class _Syncer(threading.Thread):
-    """fdatasyncs stream files the writer has written and confirmed (see _Writer._run), all
-    that queued up in one round; the writer closes a file only under ``lock``."""
-
-    def __init__(self, failed: Callable[[BaseException], None]) -> None:
-        super().__init__(name="warren-store-syncer", daemon=True)
-        self.jobs: queue.SimpleQueue[list[Any] | None] = queue.SimpleQueue()
-        self.lock = threading.Lock()
-        self.failed = failed
-
-    def run(self) -> None:
-        try:
-            while True:
-                jobs = _round(self.jobs)
-                handles: dict[Any, None] = {}
-                for job in jobs:
-                    if job is not None:
-                        handles.update(dict.fromkeys(job))
-                for handle in handles:
-                    with self.lock:
-                        if not handle.closed:  # else the writer synced it before closing
-                            os.fdatasync(handle.fileno())
-                if None in jobs:
-                    return
-        except BaseException as exc:  # surfaced by the store on the loop
-            self.failed(exc)
-
-
-def _round(jobs: queue.SimpleQueue[T]) -> list[T]:
-    """The next job, waited for, and every job queued behind it: one round of work."""
-    taken = [jobs.get()]
-    while True:
-        try:
-            taken.append(jobs.get_nowait())
-        except queue.Empty:
-            return taken
-
-
-def _write_all(handle: Any, data: bytes) -> int:
-    """An unbuffered write may take only part of the data (a file size limit, a signal).
-    Returns the number of write calls."""
-    view = memoryview(data)
-    calls = 0
-    while view:
-        view = view[handle.write(view) :]
-        calls += 1
-    return calls
 
 
 class MessageStore:
@@ -271,7 +81,7 @@ class MessageStore:
         self.open_batch = 0  # the batch that records appended now will belong to
         self.synced_batch = -1
         self.waiters: set[Any] = set()  # channels with confirms waiting for a batch
-        self._writer: _Writer | None = None
+        self._writer: Writer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._compacting: dict[int, int] = {}  # segment being compacted -> batch of its copies
         self._after_sync: deque[tuple[int, Callable[[bool], None]]] = deque()  # (batch, callback)
@@ -300,11 +110,34 @@ class MessageStore:
         # the writer thread's failure: nothing is written any more, confirms are nacked
         self.error: BaseException | None = None
         self.on_failure: Callable[[BaseException], None] | None = None  # the broker's alarm
+        # Messages published since the last handoff, by id: [msg, queue id, expires (wall),
+        # publishing channel or None, its confirm's seq, handoffs left to wait]. Their
+        # records are encoded at the handoff, so one removed before it (acked, expired,
+        # purged) never reaches the disk, and its confirm needs no write: RabbitMQ's
+        # msg_store skips a write whose remove came first and confirms the message
+        # (rabbit_msg_store, "flying" writes; rabbit_variable_queue:msgs_written_to_disk/3
+        # with `ignored`, remove_vhost_msgs_by_id/2).
+        self._fresh: dict[int, list[Any]] = {}
+        self.confirm_owner: Any = None  # the channel routing a publish it must confirm
+        self.confirm_seq = 0  # ... and that publish's seq
+        self.fresh_owned = 0  # fresh messages published with an owner (so many confirms)
+        self.fresh_elided = 0  # ... removed while their publish was still being routed
+        self.never_written = 0  # messages gone before their record was written
+        self._owners: list[tuple[Any, int]] = []  # (channel, seq) of the open batch's publishes
+        self._settle: deque[tuple[int, list[tuple[Any, int]]]] = deque()  # (batch, owners)
+        self._handed = -1  # the last batch handed to the writer: none while it writes one
+        self._flush_all = False  # the next handoff keeps nothing back (tx.commit)
+        self._new_fresh = False  # messages published since the last handoff
+
+    @property
+    def all_handed(self) -> bool:
+        """Everything appended is with the writer, but the records kept back for an ack."""
+        return not (self._buffer or self._external or self._new_fresh)
 
     @property
     def messages_written(self) -> int:
         """Publish records this run wrote (msg_store_write_total): one id each."""
-        return self._next_id - self.first_id
+        return self._next_id - self.first_id - self.never_written
 
     # ---- start-up ----
 
@@ -337,7 +170,7 @@ class MessageStore:
         )  # fmt: skip
         names: dict[bytes, str] = {}
         for segment in segments:
-            path = os.path.join(self.directory, _segment_name(segment))
+            path = os.path.join(self.directory, segment_name(segment))
             started = time.perf_counter()
             with open(path, "rb") as fh:
                 data = fh.read()
@@ -495,9 +328,7 @@ class MessageStore:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._writer = _Writer(
-            self.directory, loop, self._on_synced, self.sync, self._writer_failed
-        )
+        self._writer = Writer(self.directory, loop, self._on_synced, self.sync, self._writer_failed)
         self._writer.io = self.io
         self._writer.start()
         self._collect_garbage()  # what recovery found dead goes now that the writer runs
@@ -505,27 +336,86 @@ class MessageStore:
     # ---- the message path ----
 
     def _append(self, record: bytes) -> None:
-        """Buffer a record; the buffer becomes one batch at the end of this loop turn."""
+        """Buffer a record for the open batch."""
         self._buffer.append(record)
         self._segment_bytes += len(record)
         if not self._handoff_scheduled:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        """Hand the open batch over at the end of this loop turn, or, while the writer
+        writes one, once it is done (_on_synced): one wake-up of the writer per round,
+        and the longer a record waits, the likelier its message is gone before it."""
+        if not self._handoff_scheduled and self._handed <= self.synced_batch:
             self._handoff_scheduled = True
             assert self._loop is not None
             self._loop.call_soon(self._handoff)
 
+    def _emit(self, entry: list[Any]) -> None:
+        """A fresh message's publish record joins the open batch."""
+        msg: Message = entry[0]
+        self._append_publish(entry[1], msg, entry[2], msg.redelivered or msg.state != READY)
+        if entry[3] is not None:
+            self._owners.append((entry[3], entry[4]))
+
+    def _emit_fresh(self) -> bool:
+        """Encode the fresh messages' records; one delivered with a confirm waiting for it is
+        kept back GRACE handoffs (its ack will likely make the write needless), and those
+        after it with it. True if one was kept back."""
+        fresh = self._fresh
+        if self._flush_all or self._writer is None:
+            self._flush_all = False
+            self._fresh = {}
+            for entry in fresh.values():
+                self._emit(entry)
+            return False
+        kept: dict[int, list[Any]] = {}
+        for msg_id, entry in fresh.items():
+            if entry[3] is None:
+                self._emit(entry)
+                continue
+            if entry[5] and entry[0].state == UNACKED:
+                entry[5] -= 1
+                kept[msg_id] = entry
+            elif kept:
+                # the ones after a kept one wait too: ids then reach the log in ascending
+                # order, which keeps recovery's index (RecoveryIndex) a few large blocks
+                kept[msg_id] = entry
+            else:
+                self._emit(entry)
+        self._fresh = kept
+        return bool(kept)
+
     def _handoff(self) -> None:
         self._handoff_scheduled = False
         writer = self._writer
-        if (not self._buffer and not self._external) or writer is None:
+        if writer is None:
             return  # records made after close() are lost, as in a crash at that moment
+        kept = False
+        if self._fresh and writer.error is None:
+            self._new_fresh = False
+            kept = self._emit_fresh()
+            if kept and not self._buffer and not self._external:
+                # nothing to write now: look again shortly (the writer is idle)
+                self._handoff_scheduled = True
+                assert self._loop is not None
+                self._loop.call_later(KEEP_BACK, self._handoff)
+                return
+        if not self._buffer and not self._external:
+            return
         if writer.error is not None:
             # nothing is written any more; _writer_failed told those who wait
             self._buffer.clear()
+            self._owners.clear()
             for log in self._external:
                 log.take_chunk(self.open_batch)  # lost, as in a crash at this moment
             self._external.clear()
             return
         external = None
+        self._handed = self.open_batch
+        if self._owners:
+            self._settle.append((self.open_batch, self._owners))
+            self._owners = []
         if self._external:
             external = [log.take_chunk(self.open_batch) for log in self._external]
             self._external_batches.append((self.open_batch, self._external))
@@ -550,21 +440,33 @@ class MessageStore:
             self._collect_garbage()
 
     def publish(self, queue_id: int, msg: Message, expires_wall: float) -> None:
+        """Store ``msg``: its record is written with the open batch (see _fresh)."""
         msg_id = self._next_id
         self._next_id += 1
         self.published += 1
         msg.store_id = msg_id
+        msg.store_segment = 0  # none yet: never a segment's to compact
+        msg.store_offset = UNWRITTEN
         self.messages[msg_id] = msg
-        self._append_publish(queue_id, msg, expires_wall)
+        self._new_fresh = True
+        owner = self.confirm_owner
+        if owner is not None:
+            self.fresh_owned += 1
+            self._fresh[msg_id] = [msg, queue_id, expires_wall, owner, self.confirm_seq, GRACE]
+        else:
+            self._fresh[msg_id] = [msg, queue_id, expires_wall, None, 0, 0]
+        self._schedule()
 
-    def _append_publish(self, queue_id: int, msg: Message, expires_wall: float) -> None:
+    def _append_publish(
+        self, queue_id: int, msg: Message, expires_wall: float, delivered: bool
+    ) -> None:
         body = msg.body  # first: a paged-out body is read from where the message still is
         segment = msg.store_segment = self._segment
         self._live[segment] = self._live.get(segment, 0) + 1
         self._total[segment] = self._total.get(segment, 0) + 1
         record = records.encode_publish(
             msg.store_id, queue_id, expires_wall, msg.delivery_count, msg.retries, 0.0,
-            msg.redelivered, msg.exchange.encode("utf-8", "surrogateescape"),
+            delivered, msg.exchange.encode("utf-8", "surrogateescape"),
             msg.routing_key.encode("utf-8", "surrogateescape"), msg.properties, body,
             msg.trace_id,
         )  # fmt: skip
@@ -578,42 +480,62 @@ class MessageStore:
         msg.store_id = 0
         if self.holders:
             self.holders.pop(msg_id, None)
+        if self._fresh and self._elided(msg_id, msg):
+            return
         self._append(records.encode_remove(msg_id))
         segment = msg.store_segment
         live = self._live[segment] = self._live[segment] - 1
         if live < self._total[segment] * COMPACT_BELOW and segment == min(self._live):
             self._collect_garbage()
 
+    def _elided(self, msg_id: int, msg: Message) -> bool:
+        """``msg`` leaves before its record was written: it never will be, and its confirm
+        (if one waits) needs no write."""
+        entry = self._fresh.pop(msg_id, None)
+        if entry is None:
+            return False
+        msg.store_offset = 0
+        self.never_written += 1
+        owner = entry[3]
+        if owner is not None:
+            if owner is self.confirm_owner and entry[4] == self.confirm_seq:
+                self.fresh_elided += 1  # the channel still routes it: it counts these
+            else:
+                owner.store_settled(entry[4])
+        return True
+
     def forget(self, msg: Message) -> None:
         """The message's queue is gone: no record needed, it no longer counts as live."""
         msg_id = msg.store_id
         if msg_id and self.messages.pop(msg_id, None) is not None:
             msg.store_id = 0
-            self._live[msg.store_segment] -= 1
             if self.holders:
                 self.holders.pop(msg_id, None)
+            if not (self._fresh and self._elided(msg_id, msg)):
+                self._live[msg.store_segment] -= 1
 
     def hold(self, msg: Message, holder: DelayedMessageExchange) -> None:
         """``msg`` (stored) waits in ``holder``, a delayed exchange, instead of a queue."""
         self.holders[msg.store_id] = holder
 
     def delivered(self, msg: Message) -> None:
-        if msg.store_id:
-            self._append(records.encode_delivered(msg.store_id))
+        msg_id = msg.store_id
+        if msg_id and msg_id not in self._fresh:  # a fresh one's record will say so
+            self._append(records.encode_delivered(msg_id))
 
     def state(self, msg: Message, retry_at_wall: float) -> None:
         if msg.store_id:
+            entry = self._fresh.pop(msg.store_id, None)
+            if entry is not None:  # its publish record goes first
+                self._emit(entry)
             self._append(
                 records.encode_state(msg.store_id, msg.delivery_count, msg.retries, retry_at_wall)
             )
 
     def external_pending(self, log: Any) -> None:
-        """``log`` has data for this loop turn: ``log.take_chunk(batch)`` joins the batch."""
+        """``log`` has data for the open batch: ``log.take_chunk(batch)`` joins it."""
         self._external.append(log)
-        if not self._handoff_scheduled:
-            self._handoff_scheduled = True
-            assert self._loop is not None
-            self._loop.call_soon(self._handoff)
+        self._schedule()
 
     def remove_tree(self, path: str, handle: Any = None) -> None:
         """Delete a directory once everything queued for the writer before is written;
@@ -638,7 +560,13 @@ class MessageStore:
         if self.error is not None:
             callback(False)
             return
-        batch = self.open_batch if self._buffer or self._external else self.open_batch - 1
+        if self._fresh:
+            self._flush_all = True  # kept back for an ack no longer: the commit waits for it
+            self._schedule()
+        batch = (
+            self.open_batch if self._buffer or self._external or self._fresh
+            else self.open_batch - 1
+        )  # fmt: skip
         if batch <= self.synced_batch and not self._after_sync:
             callback(True)
         else:
@@ -650,6 +578,23 @@ class MessageStore:
 
     def _on_synced(self, batch: int) -> None:
         self.synced_batch = batch
+        if (
+            (self._buffer or self._fresh or self._external)
+            and not self._handoff_scheduled and self._handed <= batch
+        ):  # fmt: skip
+            self._handoff()  # what came while the writer wrote: its next round
+        settle = self._settle
+        if settle and settle[0][0] <= batch:
+            # each channel told once, so its acks for the batch go out as one frame
+            seqs: dict[Any, list[int]] = {}
+            while settle and settle[0][0] <= batch:
+                for owner, seq in settle.popleft()[1]:
+                    if owner in seqs:
+                        seqs[owner].append(seq)
+                    else:
+                        seqs[owner] = [seq]
+            for owner, settled in seqs.items():
+                owner.store_settled_all(settled)
         external = self._external_batches
         while external and external[0][0] <= batch:
             for log in external.popleft()[1]:
@@ -716,8 +661,10 @@ class MessageStore:
         while todo:
             msg = todo[0]
             segment = msg.store_segment
-            if segment > written_segment or (
-                segment == written_segment and msg.store_offset >= written_end
+            if (
+                msg.store_offset == UNWRITTEN
+                or segment > written_segment
+                or (segment == written_segment and msg.store_offset >= written_end)
             ):
                 return
             todo.popleft()
@@ -742,7 +689,11 @@ class MessageStore:
         while pending:
             msg = pending[0]
             segment, offset = msg.store_segment, msg.store_offset
-            if segment > written_segment or (segment == written_segment and offset >= written_end):
+            if (
+                offset == UNWRITTEN
+                or segment > written_segment
+                or (segment == written_segment and offset >= written_end)
+            ):
                 return
             pending.popleft()
             body = msg.body
@@ -860,7 +811,7 @@ class MessageStore:
             if len(self._readers) >= MAX_READERS:
                 for other in list(self._readers)[: MAX_READERS // 2]:
                     os.close(self._readers.pop(other))
-            path = os.path.join(self.directory, _segment_name(segment))
+            path = os.path.join(self.directory, segment_name(segment))
             fd = self._readers[segment] = os.open(path, os.O_RDONLY)
             if segment in self._opened:
                 self.io.reopen_ops += 1  # closed for the MAX_READERS bound, needed again
@@ -988,7 +939,7 @@ class MessageStore:
             # a paged-out body comes back for the copy (at most half a segment's worth) and
             # leaves again once the copy is written: nothing points into the old file then
             paged = msg.paged_size >= 0
-            self._append_publish(queue_id, msg, expires_wall)
+            self._append_publish(queue_id, msg, expires_wall, msg.redelivered)
             if paged:
                 self.page_later(msg)
         packed = 0
@@ -1036,6 +987,7 @@ class MessageStore:
         """Flush what is buffered and stop the writer (clean shutdown)."""
         if self._writer is None:
             return
+        self._flush_all = True
         self._handoff()
         for fd in self._readers.values():
             os.close(fd)

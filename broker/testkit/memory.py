@@ -437,13 +437,18 @@ class MemoryBroker:
         return fired
 
     def sync(self, timeout: float = SYNC_TIMEOUT) -> None:
-        """Let the message store's writer report every batch handed to it (fsync done)."""
+        """Let the message store's writer report every batch handed to it (fsync done),
+        and those the store held back while it wrote (not records kept back for an ack:
+        :meth:`advance` the clock for those)."""
         persistence = self.broker.persistence
         assert persistence is not None, "sync needs a data_dir"
         store = persistence.messages
         self.run()
         self.clock.deliver_from_threads(
-            lambda: store.synced_batch >= store.open_batch - 1 or store.error is not None,
+            lambda: (
+                (store.synced_batch >= store.open_batch - 1 and store.all_handed)
+                or store.error is not None
+            ),
             timeout,
         )
         self.run()
