@@ -363,7 +363,7 @@ def file_lines(data: bytes, decoder: _Decoder | None = None) -> Iterator[str]:
         yield from data.decode("utf-8", "replace").splitlines(keepends=True)
         return
     if len(data) < FILE_HEAD.size:
-        return
+        return  # a crash as the file was opened
     _, session, _, offset = FILE_HEAD.unpack_from(data)
     if decoder is None:
         decoder = _Decoder(session, partial=True)
@@ -391,12 +391,13 @@ def trace_files(directory: str) -> list[str]:
 
 def lines(paths: Iterable[str]) -> Iterator[str]:
     """The JSON lines of whole sessions' files (``trace_files``' order), each session
-    decoded as one stream: what the NDJSON files of earlier versions held."""
+    decoded as one stream (an ack always finds its delivery)."""
     decoders: dict[int, _Decoder] = {}
     for path in paths:
         with open(path, "rb") as file:
             data = file.read()
-        session = FILE_HEAD.unpack_from(data)[1] if data[: len(MAGIC)] == MAGIC else 0
+        binary = data[: len(MAGIC)] == MAGIC and len(data) >= FILE_HEAD.size
+        session = FILE_HEAD.unpack_from(data)[1] if binary else 0
         decoder = decoders.get(session)
         if decoder is None:
             decoder = decoders[session] = _Decoder(session)

@@ -425,6 +425,8 @@ def test_decode_prints_the_lines_and_a_torn_file_reads_to_its_tear(trace_dir: Pa
     torn = read_lines(trace_dir)
     assert torn == whole[: len(torn)] and len(torn) < len(whole)
     assert len(of(torn, "published")) == 5
+    path.write_bytes(data[:20])  # cut inside the file's header
+    assert read_lines(trace_dir) == []
 
 
 def test_only_the_configured_vhosts(trace_dir: Path) -> None:
