@@ -569,6 +569,8 @@ class Queue:
                     del levels[priority]
                     order.pop()
                 continue
+            # the same steps as _deliver's, inline in both: a shared helper would be one
+            # more call per message on the plain path
             if self.idle:
                 self.use.unblocked(self)
             msg = self._pop_ready()
