@@ -2,8 +2,8 @@
 to the trace files as it is; shared by the broker and the decoder (broker/trace_format.py).
 
 The frequent events (published, delivered, acked, confirmed) travel as fixed-size binary
-records, one ``struct`` pack each (``REC_*``: a kind, the clock as a double, then native
-longs, flags last as bytes); the rare ones as tuples on a side list, marked in their
+records (``REC_*``: a kind, the clock as a double, then 64-bit integers, a flag last as a
+byte, little-endian); the rare ones as tuples on a side list, marked in their
 place in the record stream (``OBJ``, index). Channels, consumers, queues and (exchange,
 routing key) pairs are small ids defined once in the stream (``DEFINE``, ``DEFINE_NAME``)
 and dropped when they end (``UNDEFINE``, ``FORGET``). A batch on the pipe is ``HEAD``
@@ -14,7 +14,9 @@ reply), then those bytes; a trace file is ``trace_format.FILE_HEAD``, then such 
 from __future__ import annotations
 
 import struct
+import sys
 import time
+from collections.abc import Iterator
 from typing import Final
 
 # event kinds: the first item of every tuple, an index into FORMATS
@@ -53,30 +55,41 @@ DEFINE: Final = 101
 DEFINE_NAME: Final = 102
 FORGET: Final = 103
 UNDEFINE: Final = 104
-# Records are packed natively: struct converts an int too big for one of CPython's
-# internal digits (a trace id) to a C long in a short loop, to a "q" through a generic
-# byte-array routine, a fifth of the speed. "l" is 8 bytes where Warren runs.
-INT = "l" if struct.calcsize("l") == 8 else "q"
-# The clock is time.monotonic(), a float: packing a double is a copy, while the int of
-# monotonic_ns() is allocated and converted digit by digit. The decoder turns it
-# back into nanoseconds (exact while the machine has been up for less than 104 days, to
-# the microsecond the files hold after that).
+# Records are little-endian 64-bit integers and doubles, then a flag byte, unpadded: the
+# broker writes them a field at a time into a ``librt.strings.BytesWriter``
+# (broker/tracing.py), which the compiled build turns into stores into the buffer, with
+# no Python object made for a record or its fields.
+INT = "q"
+# The clock is time.monotonic(), a float; the decoder turns it back into nanoseconds
+# (exact while the machine has been up for less than 104 days, to the microsecond the
+# files hold after that).
 clock = time.monotonic
-REC_PUBLISHED1 = struct.Struct(f"{INT}d6{INT}?")
+REC_PUBLISHED1 = struct.Struct("<qd6q?")
 """kind, t, trace id, channel, route, size, seq, queue, mandatory"""
-REC_PUBLISHED = struct.Struct(f"{INT}d5{INT}?{INT}")
-"""kind, t, trace id, channel, route, size, seq, mandatory, count; then count queues"""
-REC_DELIVERED = struct.Struct(f"{INT}d4{INT}?")
+REC_PUBLISHED = struct.Struct("<qd6q?")
+"""kind, t, trace id, channel, route, size, seq, count, mandatory; then count queues"""
+REC_DELIVERED = struct.Struct("<qd4q?")
 """kind, t, trace id, consumer, tag, delivery count, redelivered"""
-REC_ACK_RANGE = struct.Struct(f"{INT}d3{INT}")
+REC_ACK_RANGE = struct.Struct("<qd3q")
 """kind, t, channel, first tag, last tag: every tag first..last acked"""
-REC_ACKS = struct.Struct(f"{INT}d2{INT}")
+REC_ACKS = struct.Struct("<qd2q")
 """kind, t, channel, n; then n tags"""
-REC_CONFIRMS = struct.Struct(f"{INT}d3{INT}?")
+REC_CONFIRMS = struct.Struct("<qd3q?")
 """kind, t, channel, first, last, ack (false: a nack)"""
-REC_OBJ = struct.Struct(f"2{INT}")
+REC_OBJ = struct.Struct("<2q")
 """OBJ, index into the side list"""
-REC_KIND = struct.Struct(INT)
+REC_KIND = struct.Struct("<q")
+# struct packs an int too big for one of CPython's internal digits (a trace id) into a
+# native long in a short loop, into a "<q" through a generic byte-array routine, at a fifth
+# of the speed: the interpreted broker packs with native longs where they are these bytes.
+NATIVE = sys.byteorder == "little" and struct.calcsize("l") == 8
+
+
+def packer(record: struct.Struct) -> struct.Struct:
+    """``record``'s layout, for packing on the interpreted build (broker/tracing.py)."""
+    return struct.Struct(record.format.replace("<", "@").replace("q", "l")) if NATIVE else record
+
+
 RECORDS = {
     PUBLISHED1: REC_PUBLISHED1,
     PUBLISHED: REC_PUBLISHED,
@@ -86,4 +99,17 @@ RECORDS = {
     CONFIRMS: REC_CONFIRMS,
     OBJ: REC_OBJ,
 }
-ROOM = max(r.size for r in RECORDS.values())  # the fixed records' largest (80 bytes)
+
+
+def walk(data: bytes, at: int) -> Iterator[tuple[int, int, int]]:
+    """Kind, start and end of each record in ``data`` from offset ``at`` on."""
+    n = len(data)
+    while at < n:
+        kind = REC_KIND.unpack_from(data, at)[0]
+        end = at + RECORDS[kind].size
+        if kind == PUBLISHED:
+            end += 8 * REC_PUBLISHED.unpack_from(data, at)[7]
+        elif kind == ACKS:
+            end += 8 * REC_ACKS.unpack_from(data, at)[3]
+        yield kind, at, end
+        at = end

@@ -32,7 +32,6 @@ from warren.broker.trace_events import (
     DELIVERED,
     FORGET,
     HEAD,
-    INT,
     NACKED,
     OBJ,
     PROPS,
@@ -51,7 +50,7 @@ from warren.broker.trace_events import (
 from warren.protocol.properties import TRACED_FLAGS_HI, TRACED_FLAGS_LO, split_properties
 
 CHILD_NICENESS = 19  # the writer process runs on CPU the broker leaves: busy, it drops
-MAGIC = b"WRNTRC01"  # a trace file's first bytes (and its format's version)
+MAGIC = b"WRNTRC02"  # a trace file's first bytes: the format's name, then its version
 FILE_HEAD = struct.Struct("=8sqqq")
 """magic, session (the writer process's start, ns since the epoch), the file's number in its
 session, nanoseconds from the broker's monotonic clock to the epoch"""
@@ -256,11 +255,11 @@ class _Decoder:
                     i += REC_PUBLISHED1.size
                     queues = f"[{pieces[queue][0]}]"
                 else:
-                    _, t, tid, channel_id, route, size, seq, mandatory, count = (
+                    _, t, tid, channel_id, route, size, seq, count, mandatory = (
                         REC_PUBLISHED.unpack_from(data, i)
                     )
                     i += REC_PUBLISHED.size
-                    ids = struct.unpack_from(f"{count}{INT}", data, i)
+                    ids = struct.unpack_from(f"<{count}q", data, i)
                     i += 8 * count
                     queues = "[" + ",".join(pieces[q][0] for q in ids) + "]"
                 vhost, conn, _ = pieces[channel_id]
@@ -285,7 +284,7 @@ class _Decoder:
                 else:
                     _, t, channel_id, count = REC_ACKS.unpack_from(data, i)
                     i += REC_ACKS.size
-                    tags = struct.unpack_from(f"{count}{INT}", data, i)
+                    tags = struct.unpack_from(f"<{count}q", data, i)
                     i += 8 * count
                 open_tags = unacked.get(pieces[channel_id][2], {})
                 stamp = f'{{"ts":{(round(t * 1e9) + off) // 1000}'
@@ -360,6 +359,8 @@ def file_lines(data: bytes, decoder: _Decoder | None = None) -> Iterator[str]:
     file is decoded alone (partially: see _Decoder). A file that is already JSON lines
     comes out as it is."""
     if data[: len(MAGIC)] != MAGIC:
+        if data[:6] == MAGIC[:6]:
+            raise ValueError(f"trace file format {data[6:8]!r}: this Warren reads {MAGIC[6:]!r}")
         yield from data.decode("utf-8", "replace").splitlines(keepends=True)
         return
     if len(data) < FILE_HEAD.size:

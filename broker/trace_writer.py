@@ -15,13 +15,13 @@ import itertools
 import marshal
 import os
 import select
-import struct
 import subprocess
 import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from librt.strings import BytesWriter
 
 from warren.broker.trace_events import (
     ACK_RANGE,
@@ -32,19 +32,15 @@ from warren.broker.trace_events import (
     DROPPED,
     FORGET,
     HEAD,
-    INT,
     OBJ,
     PROPS,
     PUBLISHED,
     PUBLISHED1,
     REC_ACK_RANGE,
     REC_ACKS,
-    REC_KIND,
     REC_OBJ,
-    REC_PUBLISHED,
-    ROOM,
     UNDEFINE,
-    clock,
+    walk,
 )
 
 if TYPE_CHECKING:
@@ -74,13 +70,12 @@ class TraceWriter:
     of the message: in the broker's process it would hold the GIL the event loop needs,
     and in a writer process it would take a core the broker and its clients need. So the
     broker's side only records: the frequent events (published, delivered,
-    acked, confirmed) as fixed-size binary records, one ``Struct.pack`` each, appended to
-    ``records`` (a list append: no offset to keep, no room to test), with channels,
+    acked, confirmed) as fixed-size binary records written into ``records``, with channels,
     consumers, queues and routes as small ids defined once in the stream
     (``channel_id``...; ``forget`` drops one when its object ends, so that the writer
     process does not keep every channel ever opened), the rare events as tuples on a side
     list, marked in their place in the record stream. Every ``FLUSH_INTERVAL`` a timer on
-    the loop joins the records and writes them to ``python -m warren.broker.trace_format``
+    the loop takes the records and writes them to ``python -m warren.broker.trace_format``
     through a non-blocking pipe, the side list ``marshal``-encoded. No thread: one would
     take the GIL from the loop at every hand-over. The child appends the batches as they
     are to the files and rotates them, at the lowest priority; the report job decodes
@@ -103,13 +98,12 @@ class TraceWriter:
         self.rotate_bytes = rotate_bytes
         self.rotate_seconds = rotate_seconds
         self.cap = capacity * 64  # bytes held: a frequent event's record is 40 to 73
-        # The records since the last hand-over, one bytes object each; the list is never
-        # replaced (the tracers hold its append), only emptied at each hand-over.
-        self.records: list[bytes] = []
-        self.big = 0  # bytes of variable-length records beyond ROOM each (long ack lists)
-        # records[:n] add up to size bytes, at most cap: a writer that is behind has its
-        # new records checked at each tick, not all it holds
-        self._checked = (0, 0)
+        # The records since the last hand-over; never replaced (the tracers hold it), only
+        # emptied at each hand-over.
+        self.records = BytesWriter()
+        # records up to this offset are kept whatever comes: a writer that is behind has
+        # its new records checked at each tick, not all it holds
+        self._checked = 0
         self.side: list[Any] = []  # the same: never replaced
         # ids grow from the start time in microseconds: unique across restarts
         self.ids = itertools.count(time.time_ns() // 1000)
@@ -135,60 +129,53 @@ class TraceWriter:
 
     def held(self) -> int:
         """Bytes recorded and not yet handed over."""
-        return sum(map(len, self.records))
-
-    def write(self, data: bytes) -> None:
-        """A record of any length (long ack lists, fan-out publishes)."""
-        self.records.append(data)
-        self.big += len(data)
+        return len(self.records)
 
     def _trim(self) -> None:
         """Hold at most ``cap`` bytes of records: drop and count the events past it, but
         keep what gives or takes back an id (later events name it)."""
         records, cap = self.records, self.cap
-        start, size = self._checked
-        if size + (len(records) - start) * ROOM + self.big <= cap:
-            return  # the usual case: no need to add up the sizes
-        cut = start
-        for record in records[start:]:
-            if size + len(record) > cap:
-                break
-            size += len(record)
-            cut += 1
-        else:
-            self._checked, self.big = (cut, size), 0
-            return
+        if len(records) <= cap:
+            return  # the usual case
+        data = records.getvalue()
         side = self.side
-        kept = records[:cut]
+        keep = self._checked  # data[:keep] stays
+        kept: list[bytes] = []  # and these records past it
         dropped = 0
-        for record in records[cut:]:
-            kind = REC_KIND.unpack_from(record)[0]
+        dropping = False
+        for kind, start, end in walk(data, keep):
+            if not dropping:
+                if end <= cap:
+                    keep = end
+                    continue
+                dropping = True
             if kind == OBJ:
-                index = REC_OBJ.unpack(record)[1]
+                index = REC_OBJ.unpack_from(data, start)[1]
                 event = side[index]
                 if event[0] in _KEEP:
-                    kept.append(record)
-                    size += len(record)
+                    kept.append(data[start:end])
                     continue
                 side[index] = None  # its tuple is not sent either
                 dropped += _EVENTS.get(event[0], 1)
             elif kind in (PUBLISHED1, PUBLISHED):
                 dropped += 2
             elif kind == ACK_RANGE:
-                _, _, _, first, last = REC_ACK_RANGE.unpack(record)
+                _, _, _, first, last = REC_ACK_RANGE.unpack_from(data, start)
                 dropped += last - first + 1
             elif kind == ACKS:
-                dropped += REC_ACKS.unpack_from(record)[3]
+                dropped += REC_ACKS.unpack_from(data, start)[3]
             else:
                 dropped += 1
-        records[:] = kept
-        self._checked, self.big = (len(kept), size), 0
+        records.truncate(keep)
+        for record in kept:
+            records.write(record)
+        self._checked = len(records)
         self.dropped += dropped
 
     # ---- ids for names, on the loop ----
 
     def _define(self, definition: tuple[Any, ...]) -> None:
-        self.records.append(REC_OBJ.pack(OBJ, len(self.side)))
+        self.records.write(REC_OBJ.pack(OBJ, len(self.side)))
         self.side.append(definition)
 
     def route_id(self, msg: Message) -> int:
@@ -206,26 +193,6 @@ class TraceWriter:
         self.n_routes += 1
         self._define((DEFINE_NAME, n, (msg.exchange, msg.routing_key)))
         return n
-
-    def published(
-        self,
-        channel: Channel,
-        tid: int,
-        route: int,
-        size: int,
-        seq: int,
-        mandatory: bool,
-        queues: list[Queue],
-    ) -> None:
-        """Tracer.published's record for a fan-out or an unroutable message."""
-        targets = [q.trace_ref or self.queue_id(q) for q in queues]
-        channel_id = channel.trace_ref or self.channel_id(channel)
-        self.write(
-            struct.pack(
-                f"{REC_PUBLISHED.format}{len(targets)}{INT}", PUBLISHED, clock(), tid,
-                channel_id, route, size, seq, mandatory, len(targets), *targets,
-            )
-        )  # fmt: skip
 
     def _ref(self, obj: Channel | Consumer | Queue, definition: tuple[Any, ...]) -> int:
         obj.trace_ref = n = next(self._next)
@@ -300,11 +267,11 @@ class TraceWriter:
             self._dropped_noted = self.dropped
             self._define((DROPPED, _mono(), None, self.dropped))
         records, side = self.records, self.side
-        if not records and not side and not sync:
+        if not len(records) and not side and not sync:
             return
-        data = b"".join(records)
-        records.clear()
-        self._checked, self.big = (0, 0), 0
+        data = records.getvalue()
+        records.truncate(0)
+        self._checked = 0
         packed = marshal.dumps(side)
         side.clear()
         self._unsent += [HEAD.pack(len(data), len(packed), sync), data, packed]

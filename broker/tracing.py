@@ -52,9 +52,11 @@ trace_dropped       dropped: events lost so far because the buffers were full (v
 from __future__ import annotations
 
 import os
-import struct
 import time
+import types
 from typing import TYPE_CHECKING, Any, Final
+
+from librt.strings import BytesWriter, write_f64_le, write_i64_le
 
 from warren.broker.firehose import TRACE_EXCHANGE
 from warren.broker.trace_events import (
@@ -69,7 +71,6 @@ from warren.broker.trace_events import (
     DEAD,
     DELAYED,
     DELIVERED,
-    INT,
     MARK,
     NACKED,
     OBJ,
@@ -79,16 +80,15 @@ from warren.broker.trace_events import (
     QUEUE_DELETED,
     QUEUE_EXPIRED,
     REC_ACK_RANGE,
-    REC_ACKS,
     REC_CONFIRMS,
     REC_DELIVERED,
-    REC_OBJ,
     REC_PUBLISHED1,
     RELEASED,
     REQUEUED,
     RETRY,
     ROUTED,
     clock,
+    packer,
 )
 from warren.broker.trace_writer import TraceWriter
 from warren.protocol.properties import TRACED_FLAGS_HI, TRACED_FLAGS_LO
@@ -106,11 +106,6 @@ if TYPE_CHECKING:
 # Final: compiled, each is a C static rather than a lookup in the module's dict
 _mono: Final = time.monotonic_ns  # the rare events' clock (the records' is trace_events.clock)
 _clock: Final = clock
-_obj: Final = REC_OBJ.pack
-_published1: Final = REC_PUBLISHED1.pack
-_delivered: Final = REC_DELIVERED.pack
-_ack_range: Final = REC_ACK_RANGE.pack
-_confirms: Final = REC_CONFIRMS.pack
 
 
 class Tracer:
@@ -120,9 +115,7 @@ class Tracer:
 
     def __init__(self, writer: TraceWriter, vhost: str, firehose: Exchange) -> None:
         self._w = writer
-        # the list is never replaced, only emptied; records.append(...) rather than a
-        # bound append in a slot: LOAD_METHOD specializes for a list's method, not a slot's
-        self._records = writer.records
+        self._records: BytesWriter = writer.records  # never replaced, only emptied
         self._ids = writer.ids
         self._routes = writer.routes  # never replaced, only cleared
         # the last route's id: publishers mostly repeat their route, and the protocol
@@ -141,7 +134,9 @@ class Tracer:
     def _put(self, event: tuple[Any, ...]) -> None:
         """A rare event, as a tuple on the side list, marked in its place in the stream."""
         side = self._w.side
-        self._records.append(_obj(OBJ, len(side)))
+        b = self._records
+        write_i64_le(b, OBJ)
+        write_i64_le(b, len(side))
         side.append(event)
 
     def _id(self, msg: Message, queue: str) -> int:
@@ -158,12 +153,14 @@ class Tracer:
 
     # ---- publishing ----
 
-    # published, delivered and acked run once per message at full load: each packs one
-    # fixed-size record (trace_events.REC_*) and appends it to the writer's list; every
-    # step they take is counted (tests/benchmarks/trace_path.py --callgrind). Channels,
-    # consumers and queues hold their id (trace_ref, 0 until the writer gives one): an
-    # attribute costs a fifth of a dict lookup. A new id's definition goes into the
-    # stream as the arguments are evaluated, before the record that uses it.
+    # published, delivered and acked run once per message at full load: each writes one
+    # fixed-size record (trace_events.REC_*) into the writer's buffer a field at a time;
+    # compiled, a field is a store into the buffer, with no int or bytes object made (a
+    # struct.pack took three times the instructions). Every step they take is counted
+    # (tests/benchmarks/trace_path.py --callgrind). Channels, consumers and queues hold
+    # their id (trace_ref, 0 until the writer gives one): an attribute costs a fifth of a
+    # dict lookup. Every id is found before the record starts: a new one's definition goes
+    # into the stream first.
 
     def published(
         self, channel: Channel, msg: Message, queues: list[Queue], mandatory: bool, seq: int
@@ -184,17 +181,34 @@ class Tracer:
         # flag set: the flags' two bytes only; a set flag is followed by its field's bytes)
         if len(props) != 2 and (props[0] & TRACED_FLAGS_HI or props[1] & TRACED_FLAGS_LO):
             self._put((PROPS, tid, props))
+        ch = channel.trace_ref or self._w.channel_id(channel)
+        b = self._records
         if len(queues) == 1:  # the usual case
             queue = queues[0]
-            self._records.append(
-                _published1(
-                    PUBLISHED1, _clock(), tid, channel.trace_ref or self._w.channel_id(channel),
-                    route, len(msg.body), seq, queue.trace_ref or self._w.queue_id(queue),
-                    mandatory,
-                )
-            )  # fmt: skip
+            q = queue.trace_ref or self._w.queue_id(queue)
+            write_i64_le(b, PUBLISHED1)
+            write_f64_le(b, _clock())
+            write_i64_le(b, tid)
+            write_i64_le(b, ch)
+            write_i64_le(b, route)
+            write_i64_le(b, len(msg.body))
+            write_i64_le(b, seq)
+            write_i64_le(b, q)
+            b.append(1 if mandatory else 0)
             return
-        self._w.published(channel, tid, route, len(msg.body), seq, mandatory, queues)
+        # a fan-out, or unroutable
+        targets = [q.trace_ref or self._w.queue_id(q) for q in queues]
+        write_i64_le(b, PUBLISHED)
+        write_f64_le(b, _clock())
+        write_i64_le(b, tid)
+        write_i64_le(b, ch)
+        write_i64_le(b, route)
+        write_i64_le(b, len(msg.body))
+        write_i64_le(b, seq)
+        write_i64_le(b, len(targets))
+        b.append(1 if mandatory else 0)
+        for q in targets:
+            write_i64_le(b, q)
 
     def published_by_api(self, msg: Message, queues: list[Queue]) -> None:
         """Published through the management API: no channel."""
@@ -205,13 +219,16 @@ class Tracer:
         )  # fmt: skip
 
     def delivered(self, channel: Channel, consumer: Consumer, msg: Message, tag: int) -> None:
-        self._records.append(
-            _delivered(
-                DELIVERED, _clock(), msg.trace_id or self._id(msg, consumer.queue.name),
-                consumer.trace_ref or self._w.consumer_id(consumer), tag, msg.delivery_count,
-                msg.redelivered,
-            )
-        )  # fmt: skip
+        tid = msg.trace_id or self._id(msg, consumer.queue.name)
+        ref = consumer.trace_ref or self._w.consumer_id(consumer)
+        b = self._records
+        write_i64_le(b, DELIVERED)
+        write_f64_le(b, _clock())
+        write_i64_le(b, tid)
+        write_i64_le(b, ref)
+        write_i64_le(b, tag)
+        write_i64_le(b, msg.delivery_count)
+        b.append(1 if msg.redelivered else 0)
 
     def got(self, channel: Channel, queue: Queue, msg: Message, tag: int) -> None:
         """Delivered by basic.get (no consumer)."""
@@ -233,13 +250,20 @@ class Tracer:
             return
         channel_id = channel.trace_ref or self._w.channel_id(channel)
         first, last = msgs[0].tag, msgs[-1].tag
+        b = self._records
         if last - first + 1 == n:  # tags ascend: no gaps
-            self._records.append(_ack_range(ACK_RANGE, _clock(), channel_id, first, last))
+            write_i64_le(b, ACK_RANGE)
+            write_f64_le(b, _clock())
+            write_i64_le(b, channel_id)
+            write_i64_le(b, first)
+            write_i64_le(b, last)
             return
-        tags = [m.tag for m in msgs]
-        self._w.write(
-            struct.pack(f"{REC_ACKS.format}{n}{INT}", ACKS, _clock(), channel_id, n, *tags)
-        )
+        write_i64_le(b, ACKS)
+        write_f64_le(b, _clock())
+        write_i64_le(b, channel_id)
+        write_i64_le(b, n)
+        for m in msgs:
+            write_i64_le(b, m.tag)
 
     def dead_letter_routed(self, copy: Message, targets: list[Queue]) -> None:
         """The dead-lettered copy went through the dead-letter exchange to ``targets``."""
@@ -250,12 +274,14 @@ class Tracer:
 
     def confirmed(self, channel: Channel, first: int, last: int, ack: bool) -> None:
         # as often as a few publishes each under load: a record, as the three above
-        self._records.append(
-            _confirms(
-                CONFIRMS, _clock(), channel.trace_ref or self._w.channel_id(channel), first,
-                last, ack,
-            )
-        )  # fmt: skip
+        channel_id = channel.trace_ref or self._w.channel_id(channel)
+        b = self._records
+        write_i64_le(b, CONFIRMS)
+        write_f64_le(b, _clock())
+        write_i64_le(b, channel_id)
+        write_i64_le(b, first)
+        write_i64_le(b, last)
+        b.append(1 if ack else 0)
 
     # ---- settling ----
 
@@ -369,6 +395,78 @@ class Tracer:
         self._put((MARK, _mono(), self.vhost, event))
 
 
+class InterpretedTracer(Tracer):
+    """The same records, for the interpreted build: there one ``struct.pack`` and one
+    write cost less than a call for each field (tests/benchmarks/trace_path.py --callgrind).
+    The compiled build never uses it."""
+
+    __slots__ = ()
+
+    def published(
+        self, channel: Channel, msg: Message, queues: list[Queue], mandatory: bool, seq: int
+    ) -> None:
+        if len(queues) != 1:
+            super().published(channel, msg, queues, mandatory, seq)
+            return
+        msg.trace_id = tid = next(self._ids)
+        exchange, key = msg.exchange, msg.routing_key
+        if key is self._rk and exchange is self._ex and self._route:
+            route = self._route
+        else:
+            try:
+                route = self._routes[exchange][key]
+            except KeyError:
+                route = self._w.route_id(msg)
+            self._ex, self._rk, self._route = exchange, key, route
+        props = msg.properties
+        if len(props) != 2 and (props[0] & TRACED_FLAGS_HI or props[1] & TRACED_FLAGS_LO):
+            self._put((PROPS, tid, props))
+        queue = queues[0]
+        self._records.write(
+            _published1(
+                PUBLISHED1, _clock(), tid, channel.trace_ref or self._w.channel_id(channel),
+                route, len(msg.body), seq, queue.trace_ref or self._w.queue_id(queue),
+                mandatory,
+            )
+        )  # fmt: skip
+
+    def delivered(self, channel: Channel, consumer: Consumer, msg: Message, tag: int) -> None:
+        self._records.write(
+            _delivered(
+                DELIVERED, _clock(), msg.trace_id or self._id(msg, consumer.queue.name),
+                consumer.trace_ref or self._w.consumer_id(consumer), tag, msg.delivery_count,
+                msg.redelivered,
+            )
+        )  # fmt: skip
+
+    def acked(self, channel: Channel, msgs: list[Message]) -> None:
+        n = len(msgs)
+        if n and msgs[-1].tag - msgs[0].tag + 1 == n:
+            self._records.write(
+                _ack_range(
+                    ACK_RANGE, _clock(), channel.trace_ref or self._w.channel_id(channel),
+                    msgs[0].tag, msgs[-1].tag,
+                )
+            )  # fmt: skip
+            return
+        super().acked(channel, msgs)
+
+    def confirmed(self, channel: Channel, first: int, last: int, ack: bool) -> None:
+        self._records.write(
+            _confirms(
+                CONFIRMS, _clock(), channel.trace_ref or self._w.channel_id(channel), first,
+                last, ack,
+            )
+        )  # fmt: skip
+
+
+# the interpreted build's packing (InterpretedTracer)
+_published1: Final = packer(REC_PUBLISHED1).pack
+_delivered: Final = packer(REC_DELIVERED).pack
+_ack_range: Final = packer(REC_ACK_RANGE).pack
+_confirms: Final = packer(REC_CONFIRMS).pack
+
+
 def close_why(channel: Channel) -> str:
     """Why a channel ends: connection_closed, connection_lost or channel_closed."""
     conn = channel.conn
@@ -381,6 +479,9 @@ def close_why(channel: Channel) -> str:
 
 
 # ---- which vhosts trace ----
+
+# compiled, a function is not a Python function object
+INTERPRETED: Final = isinstance(close_why, types.FunctionType)
 
 
 class Tracing:
@@ -422,7 +523,9 @@ class Tracing:
                 self.timers.loop,
             )
             self.writer.start()
-        tracer = Tracer(self.writer, vhost.name, vhost.exchanges[TRACE_EXCHANGE])
+        tracer = (InterpretedTracer if INTERPRETED else Tracer)(
+            self.writer, vhost.name, vhost.exchanges[TRACE_EXCHANGE]
+        )
         if recorder is not None:
             recorder.inner = tracer
             recorder.firehose = tracer.firehose

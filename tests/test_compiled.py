@@ -14,6 +14,7 @@ import warren.broker.channel
 import warren.broker.exchange
 import warren.broker.message
 import warren.broker.queue
+import warren.broker.tracing
 import warren.broker.vhost
 import warren.protocol.connection
 
@@ -39,6 +40,12 @@ def test_the_message_path_runs_as_the_build_says() -> None:
         assert names <= set(compiled)
     else:
         assert compiled == []
+
+
+def test_tracing_writes_records_as_the_build_does_best() -> None:
+    """Compiled, a record's fields are stores into the buffer; interpreted, one struct.pack
+    (broker/tracing.py InterpretedTracer). test_tracing.py runs on both builds."""
+    assert warren.broker.tracing.INTERPRETED != COMPILED
 
 
 def test_version_names_the_build() -> None:

@@ -1,6 +1,7 @@
 """What message-lifecycle tracing costs at full load: bench.py against Warren, tracing off and on.
 
     python tests/benchmarks/trace_overhead.py [--seconds 3] [--rounds 10] [--port N] [--same]
+        [--only TEXT]
 
 For each scenario, starts two brokers side by side (``trace.enabled = false`` / ``true``
 in a config file), and runs bench.py ``--rounds`` times against each, alternating
@@ -121,6 +122,9 @@ def main() -> int:
     )
     parser.add_argument("--port", type=int, help="first of two AMQP ports (default: any free)")
     parser.add_argument(
+        "--only", metavar="TEXT", help="the scenarios whose name contains TEXT (say: confirms)"
+    )
+    parser.add_argument(
         "--keep", action="store_true", help="keep the trace files (gigabytes) for a look"
     )
     parser.add_argument(
@@ -143,7 +147,8 @@ def main() -> int:
     rates: dict[tuple[str, str], list[float]] = {}
     cpu: dict[tuple[str, str], list[float]] = {}  # broker CPU microseconds per message
     writer_cpu: list[float] = []  # the trace writer process's, per message
-    for i, (label, flags) in enumerate(SCENARIOS):
+    scenarios = [s for s in SCENARIOS if args.only is None or args.only in s[0]]
+    for i, (label, flags) in enumerate(scenarios):
         # both brokers stay up through the scenario's rounds, which alternate between them
         # (off-on, on-off, ...): a slow spell of the machine lands on both modes alike
         with (
@@ -188,7 +193,7 @@ def main() -> int:
         "| off: broker CPU/msg | on: broker CPU/msg | CPU on/off |\n"
         "|---|---|---|---|---|---|---|---|"
     )
-    for label, _ in SCENARIOS:
+    for label, _ in scenarios:
         off = statistics.median(rates[(label, "off")])
         on = statistics.median(rates[(label, "on")])
         # a round where either broker moved nothing (a starved machine) has no ratio
