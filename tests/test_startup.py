@@ -42,13 +42,15 @@ def test_in_process_broker_accepts_connections_without_heavy_imports() -> None:
         "import socket, sys\n"
         "from warren.broker.testkit import run_broker\n"
         "with run_broker() as b, socket.create_connection((b.host, b.port), timeout=5):\n"
-        "    print(sorted({m.split('.')[0] for m in sys.modules}))\n"
+        "    print('modules:', sorted({m.split('.')[0] for m in sys.modules}))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
     )
     assert out.returncode == 0, out.stderr
-    loaded = set(ast.literal_eval(out.stdout))
+    # the broker logs to stdout too (its shutdown may close the socket after the print)
+    (line,) = [line for line in out.stdout.splitlines() if line.startswith("modules: ")]
+    loaded = set(ast.literal_eval(line.removeprefix("modules: ")))
     assert "warren" in loaded and "uvloop" in loaded
     assert not loaded & HEAVY, loaded & HEAVY
 
@@ -134,3 +136,23 @@ def test_http_endpoint_ports_from_the_command_line(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 0
+
+
+def test_gc_thresholds_from_the_environment() -> None:
+    """warren-server sets the collector's thresholds (broker/__main__.py GC_THRESHOLDS);
+    WARREN_GC_THRESHOLDS overrides them, and a bad value stops start-up with exit 2."""
+    from warren.broker.__main__ import GC_THRESHOLDS, gc_thresholds
+
+    assert gc_thresholds(None) == gc_thresholds("") == GC_THRESHOLDS
+    assert gc_thresholds("700,10,10") == (700, 10, 10)
+    for bad in ("700,10", "a,b,c", "700,10,-1"):
+        out = subprocess.run(
+            [sys.executable, "-m", "warren", "--port", "0", "--management-port", "none"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=30,
+            env={**os.environ, "WARREN_GC_THRESHOLDS": bad},
+        )
+        assert out.returncode == 2
+        assert out.stderr.startswith(f"warren-server: WARREN_GC_THRESHOLDS={bad!r}")
