@@ -74,6 +74,33 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return settings.replace(**changes) if changes else settings
 
 
+# The cyclic collector's schedule in the broker's process. Python's default (700, 10, 10)
+# collects the young generation every 700 container allocations and considers a full
+# collection every 70,000: while a backlog builds, one runs each time the heap has grown by
+# a quarter, and each walks every queued message. At 50,000 a full collection is considered
+# every 5 million allocations (a few million messages); garbage cycles (a closed
+# connection's timers, say) still go within that. Measured in
+# docs/performance.md ("Garbage collection"): a third more ingress while a backlog builds,
+# no change when messages leave as fast as they come. Not set by the test kit's
+# in-process broker, whose process is the user's. WARREN_GC_THRESHOLDS=700,10,10 puts
+# Python's default back (as RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS tunes Erlang's collector).
+GC_THRESHOLDS = (50_000, 10, 10)
+
+
+def gc_thresholds(env: str | None) -> tuple[int, int, int]:
+    if not env:
+        return GC_THRESHOLDS
+    try:
+        first, second, third = (int(part) for part in env.split(","))
+    except ValueError:
+        raise ValueError(
+            f"WARREN_GC_THRESHOLDS={env!r}: expected three integers, as in 50000,10,10"
+        ) from None
+    if min(first, second, third) < 0:
+        raise ValueError(f"WARREN_GC_THRESHOLDS={env!r}: a threshold cannot be negative")
+    return first, second, third
+
+
 async def serve(settings: Settings) -> None:
     import asyncio
     import signal
@@ -157,6 +184,14 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings_from_args(args)
     except ConfigError as exc:
         _print_config_errors(exc)
+        return 2
+    import gc
+    import os
+
+    try:
+        gc.set_threshold(*gc_thresholds(os.environ.get("WARREN_GC_THRESHOLDS")))
+    except ValueError as exc:
+        print(f"warren-server: {exc}", file=sys.stderr)
         return 2
     from warren.broker.logging import configure_logging
 

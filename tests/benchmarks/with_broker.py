@@ -23,9 +23,12 @@ from pathlib import Path
 
 @contextmanager
 def warren(
-    port: int, extra: list[str] | None = None, management_port: str = "none"
+    port: int,
+    extra: list[str] | None = None,
+    management_port: str = "none",
+    env: dict[str, str] | None = None,
 ) -> Iterator[subprocess.Popen[str]]:
-    """A fresh broker with its own temporary data directory."""
+    """A fresh broker with its own temporary data directory (``env``: added variables)."""
     data_dir = tempfile.mkdtemp(prefix="warren-bench-")
     command = [sys.executable, "-m", "warren", "--port", str(port), "--bind", "127.0.0.1"]
     # by default no HTTP ports: a RabbitMQ on the same machine may hold 15672 and 15692
@@ -42,6 +45,7 @@ def warren(
         ],
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, **env} if env else None,
     )
     try:
         assert proc.stderr is not None
