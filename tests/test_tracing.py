@@ -427,6 +427,10 @@ def test_decode_prints_the_lines_and_a_torn_file_reads_to_its_tear(trace_dir: Pa
     assert len(of(torn, "published")) == 5
     path.write_bytes(data[:20])  # cut inside the file's header
     assert read_lines(trace_dir) == []
+    # a file of another layout is refused by name, not misread
+    path.write_bytes(b"WRNTRC01" + data[8:])
+    with pytest.raises(ValueError, match="trace file format b'01': this Warren reads b'02'"):
+        read_lines(trace_dir)
 
 
 def test_only_the_configured_vhosts(trace_dir: Path) -> None:
