@@ -23,10 +23,15 @@ Nothing here writes, so every ordering is unit-tested without a socket
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 
 ACK = True
 NACK = False
+
+
+def _first(entry: list[int]) -> int:
+    return entry[0]
 
 
 class Confirms:
@@ -84,11 +89,19 @@ class Confirms:
     def settled(self, seq: int) -> bool:
         """One stored copy of ``seq`` is on disk, or left its queue before it was written;
         True if acks became due."""
-        for entry in self._disk:
-            if entry[0] <= seq <= entry[1]:
-                entry[3] -= 1
-                return not entry[3] and self._advance()
-        return False  # nacked already (the store failed)
+        disk = self._disk
+        if not disk:
+            return False  # nacked already (the store failed)
+        entry = disk[0]  # settles come mostly in publish order
+        if not entry[0] <= seq <= entry[1]:
+            # the entries' ranges ascend and do not overlap: the last one starting at or
+            # before seq is the only one that can hold it
+            i = bisect_right(disk, seq, key=_first) - 1
+            if i < 0 or disk[i][1] < seq:
+                return False  # nacked already
+            entry = disk[i]
+        entry[3] -= 1
+        return not entry[3] and self._advance()
 
     def _advance(self) -> bool:
         disk = self._disk

@@ -103,6 +103,19 @@ def test_stored_copies_settle_a_publish_one_by_one_without_a_batch() -> None:
     assert not c.waiting_for_disk
 
 
+def test_settles_in_reverse_order_confirm_everything_once_the_first_settles() -> None:
+    # consumers ack in any order: each settle finds its publish among thousands waiting
+    c = Confirms()
+    for _ in range(5_000):
+        c.wait_disk(c.published(), -1, 1)
+    for seq in range(5_000, 1, -1):
+        assert not c.settled(seq)
+    assert c.due() == []
+    assert c.settled(1)
+    assert c.due() == [(ACK, 1, 5_000)]
+    assert not c.settled(3)  # a late duplicate finds nothing
+
+
 def test_a_publish_with_a_batch_and_copies_waits_for_both() -> None:
     c = Confirms()
     c.wait_disk(c.published(), 4, 1)  # a stream's chunk in batch 4 and a classic queue's copy
