@@ -78,8 +78,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 # collects the young generation every 700 container allocations and considers a full
 # collection every 70,000: while a backlog builds, one runs each time the heap has grown by
 # a quarter, and each walks every queued message. At 50,000 a full collection is considered
-# every 5 million allocations (a few million messages); garbage cycles (a closed
-# connection's timers, say) still go within that. Measured in
+# every 5 million allocations (a few million messages); garbage cycles wait that long, so
+# the engine makes none where it churns (Queue.close lets go of its timers). Measured in
 # docs/performance.md ("Garbage collection"): a third more ingress while a backlog builds,
 # no change when messages leave as fast as they come. Not set by the test kit's
 # in-process broker, whose process is the user's. WARREN_GC_THRESHOLDS=700,10,10 puts

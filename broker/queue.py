@@ -1037,6 +1037,9 @@ class Queue:
         self._levels.clear()
         self._order.clear()
         self._blocked.clear()
+        # the timers call the queue's methods: let go, so that the queue is freed at once
+        for deadline in (self._lock_heap, self._delayed, self._expiry, self._unused_timer):
+            deadline.release()
 
 
 def fan_out(queues: list[Queue], msg: Message, ttl: int | None) -> int:

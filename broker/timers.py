@@ -142,6 +142,10 @@ class ManualTimers(Timers):
         """The timers due at one instant have fired (the in-memory harness runs its loop)."""
 
 
+def _nothing() -> None:
+    pass
+
+
 class Deadline:
     """One rearmable timer that always fires at the earliest deadline asked for."""
 
@@ -169,6 +173,12 @@ class Deadline:
     def _fire(self) -> None:
         self._handle = None
         self._callback()
+
+    def release(self) -> None:
+        """Its owner is gone: cancel, and let go of the owner's callback, so that the two
+        do not hold each other (refcounting frees them, not the cyclic collector)."""
+        self.cancel()
+        self._callback = _nothing
 
 
 E = TypeVar("E", bound=tuple[Any, ...])

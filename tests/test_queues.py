@@ -633,3 +633,38 @@ def test_ttl_ceiling_is_rabbitmqs_ten_years(
             f"PRECONDITION_FAILED - invalid arg '{arg}' for queue '{q}' in vhost '/': "
             f"{{value_too_large,{value}}}",
         )
+
+
+def test_a_deleted_queue_is_freed_without_the_cyclic_collector() -> None:
+    """A queue's timers call its methods; once it is deleted they let go of it, so that
+    refcounting frees it at once. warren-server runs the cyclic collector rarely
+    (broker/__main__.py GC_THRESHOLDS): garbage cycles of every deleted queue (an RPC
+    client's reply queue each call) would pile up until it did."""
+    import gc
+
+    import pika
+
+    from warren.broker.testkit import run_broker
+
+    with run_broker() as broker:
+        conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+        try:
+            gc.collect()
+            gc.disable()
+            ch = conn.channel()
+            for i in range(50):
+                ch.queue_declare(f"gone-{i}", durable=True, arguments={"x-message-ttl": 60_000})
+                reply = ch.queue_declare("", exclusive=True).method.queue
+                ch.basic_publish("", f"gone-{i}", b"x")
+                ch.basic_consume(reply, lambda *args: None)
+                ch.queue_delete(f"gone-{i}")
+                ch.queue_delete(reply)
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            ours = [o for o in gc.garbage if type(o).__module__.startswith("warren.")]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+            conn.close()
+    assert ours == []
