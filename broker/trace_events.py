@@ -59,7 +59,6 @@ UNDEFINE: Final = 104
 # broker writes them a field at a time into a ``librt.strings.BytesWriter``
 # (broker/tracing.py), which the compiled build turns into stores into the buffer, with
 # no Python object made for a record or its fields.
-INT = "q"
 # The clock is time.monotonic(), a float; the decoder turns it back into nanoseconds
 # (exact while the machine has been up for less than 104 days, to the microsecond the
 # files hold after that).

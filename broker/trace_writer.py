@@ -101,9 +101,10 @@ class TraceWriter:
         # The records since the last hand-over; never replaced (the tracers hold it), only
         # emptied at each hand-over.
         self.records = BytesWriter()
-        # records up to this offset are kept whatever comes: a writer that is behind has
-        # its new records checked at each tick, not all it holds
-        self._checked = 0
+        # while the writer process is behind, what _trim kept moves here, ahead of
+        # ``records``: each tick checks (and copies) only the records new since the last
+        self._held: list[bytes] = []
+        self._held_size = 0
         self.side: list[Any] = []  # the same: never replaced
         # ids grow from the start time in microseconds: unique across restarts
         self.ids = itertools.count(time.time_ns() // 1000)
@@ -129,23 +130,25 @@ class TraceWriter:
 
     def held(self) -> int:
         """Bytes recorded and not yet handed over."""
-        return len(self.records)
+        return self._held_size + len(self.records)
 
     def _trim(self) -> None:
         """Hold at most ``cap`` bytes of records: drop and count the events past it, but
         keep what gives or takes back an id (later events name it)."""
-        records, cap = self.records, self.cap
-        if len(records) <= cap:
+        records = self.records
+        room = self.cap - self._held_size
+        if len(records) <= room:
             return  # the usual case
         data = records.getvalue()
+        records.truncate(0)
         side = self.side
-        keep = self._checked  # data[:keep] stays
+        keep = 0  # data[:keep] stays
         kept: list[bytes] = []  # and these records past it
         dropped = 0
         dropping = False
-        for kind, start, end in walk(data, keep):
+        for kind, start, end in walk(data, 0):
             if not dropping:
-                if end <= cap:
+                if end <= room:
                     keep = end
                     continue
                 dropping = True
@@ -166,10 +169,10 @@ class TraceWriter:
                 dropped += REC_ACKS.unpack_from(data, start)[3]
             else:
                 dropped += 1
-        records.truncate(keep)
-        for record in kept:
-            records.write(record)
-        self._checked = len(records)
+        if keep:
+            kept.insert(0, data[:keep])
+        self._held += kept
+        self._held_size += sum(map(len, kept))
         self.dropped += dropped
 
     # ---- ids for names, on the loop ----
@@ -266,12 +269,13 @@ class TraceWriter:
         if self.dropped != self._dropped_noted:
             self._dropped_noted = self.dropped
             self._define((DROPPED, _mono(), None, self.dropped))
-        records, side = self.records, self.side
-        if not len(records) and not side and not sync:
+        records, side, held = self.records, self.side, self._held
+        if not len(records) and not held and not side and not sync:
             return
-        data = records.getvalue()
+        data = b"".join([*held, records.getvalue()]) if held else records.getvalue()
         records.truncate(0)
-        self._checked = 0
+        held.clear()
+        self._held_size = 0
         packed = marshal.dumps(side)
         side.clear()
         self._unsent += [HEAD.pack(len(data), len(packed), sync), data, packed]
