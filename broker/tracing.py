@@ -182,33 +182,26 @@ class Tracer:
         if len(props) != 2 and (props[0] & TRACED_FLAGS_HI or props[1] & TRACED_FLAGS_LO):
             self._put((PROPS, tid, props))
         ch = channel.trace_ref or self._w.channel_id(channel)
+        targets: list[int] | None = None
+        if len(queues) == 1:  # the usual case: the queue's id in the record
+            kind, queue = PUBLISHED1, queues[0]
+            last = queue.trace_ref or self._w.queue_id(queue)
+        else:  # a fan-out, or unroutable: the count, the queues' ids after the record
+            kind, targets = PUBLISHED, [q.trace_ref or self._w.queue_id(q) for q in queues]
+            last = len(targets)
         b = self._records
-        if len(queues) == 1:  # the usual case
-            queue = queues[0]
-            q = queue.trace_ref or self._w.queue_id(queue)
-            write_i64_le(b, PUBLISHED1)
-            write_f64_le(b, _clock())
-            write_i64_le(b, tid)
-            write_i64_le(b, ch)
-            write_i64_le(b, route)
-            write_i64_le(b, len(msg.body))
-            write_i64_le(b, seq)
-            write_i64_le(b, q)
-            b.append(1 if mandatory else 0)
-            return
-        # a fan-out, or unroutable
-        targets = [q.trace_ref or self._w.queue_id(q) for q in queues]
-        write_i64_le(b, PUBLISHED)
+        write_i64_le(b, kind)
         write_f64_le(b, _clock())
         write_i64_le(b, tid)
         write_i64_le(b, ch)
         write_i64_le(b, route)
         write_i64_le(b, len(msg.body))
         write_i64_le(b, seq)
-        write_i64_le(b, len(targets))
+        write_i64_le(b, last)
         b.append(1 if mandatory else 0)
-        for q in targets:
-            write_i64_le(b, q)
+        if targets is not None:
+            for q in targets:
+                write_i64_le(b, q)
 
     def published_by_api(self, msg: Message, queues: list[Queue]) -> None:
         """Published through the management API: no channel."""
@@ -408,6 +401,8 @@ class InterpretedTracer(Tracer):
         if len(queues) != 1:
             super().published(channel, msg, queues, mandatory, seq)
             return
+        # Tracer.published's first steps, repeated: a method of their own would cost the
+        # interpreter a call per publish (800 instructions, trace_path.py --callgrind)
         msg.trace_id = tid = next(self._ids)
         exchange, key = msg.exchange, msg.routing_key
         if key is self._rk and exchange is self._ex and self._route:
@@ -415,10 +410,12 @@ class InterpretedTracer(Tracer):
         else:
             try:
                 route = self._routes[exchange][key]
-            except KeyError:
+            except KeyError:  # the first message by this route
                 route = self._w.route_id(msg)
             self._ex, self._rk, self._route = exchange, key, route
         props = msg.properties
+        # message-id, correlation-id or persistence set: the decoder reads them (no
+        # flag set: the flags' two bytes only; a set flag is followed by its field's bytes)
         if len(props) != 2 and (props[0] & TRACED_FLAGS_HI or props[1] & TRACED_FLAGS_LO):
             self._put((PROPS, tid, props))
         queue = queues[0]
