@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -224,6 +225,23 @@ def start_server(data: str, port: int, config: str | None = None) -> subprocess.
     raise AssertionError(f"broker did not start: {proc.wait()}")
 
 
+def kill_9_when(
+    proc: subprocess.Popen[str],
+    confirmed: list[int],
+    at_least: int,
+    worker: threading.Thread,
+    pause: float,
+) -> None:
+    """kill -9 the broker ``pause`` seconds after ``at_least`` publishes are confirmed (or
+    the worker gave up, or a minute passed: a loaded machine may take seconds to get there)."""
+    deadline = time.monotonic() + 60
+    while len(confirmed) < at_least and worker.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(pause)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 def publisher_until_killed(url: str, confirmed: list[int], stop_after: float) -> None:
     conn = pika.BlockingConnection(pika.URLParameters(url))
     ch = conn.channel()
@@ -250,20 +268,13 @@ def test_kill_9_loses_no_confirmed_message(tmp_path: Path, round_: int) -> None:
     url = f"amqp://guest:guest@127.0.0.1:{port}/"
     proc = start_server(data, port)
     confirmed: list[int] = []
-    import threading
 
     rng = random.Random(round_)
     kill_after = rng.uniform(0.0, 0.55)
     worker = threading.Thread(target=publisher_until_killed, args=(url, confirmed, 30.0))
     worker.start()
-    # the first confirm, then a different point of the publishing each round (waiting for
-    # the first confirm rather than a fixed time: a loaded machine may take seconds to it)
-    deadline = time.monotonic() + 60
-    while not confirmed and worker.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.005)
-    time.sleep(kill_after)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    # the first confirm, then a different point of the publishing each round
+    kill_9_when(proc, confirmed, 1, worker, kill_after)
     worker.join(10)
     snapshot = list(confirmed)
     proc = start_server(data, port)
@@ -308,7 +319,6 @@ def test_kill_9_with_a_consumer_keeps_every_confirmed_unacked_message(
     """Messages acked before their write never reach the disk and are confirmed at the ack;
     whatever the moment of a kill -9, each confirmed message the consumer did not ack
     comes back, once, in order."""
-    import threading
 
     data = str(tmp_path)
     port = free_port()
@@ -321,12 +331,7 @@ def test_kill_9_with_a_consumer_keeps_every_confirmed_unacked_message(
     consumer.start()
     publisher = threading.Thread(target=publisher_until_killed, args=(url, confirmed, 30.0))
     publisher.start()
-    deadline = time.monotonic() + 60
-    while len(confirmed) < 20 and publisher.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.005)
-    time.sleep(random.Random(round_).uniform(0.0, 0.4))
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_9_when(proc, confirmed, 20, publisher, random.Random(round_).uniform(0.0, 0.4))
     publisher.join(10)
     consumer.join(10)
     proc = start_server(data, port)
@@ -407,7 +412,6 @@ def test_a_backlog_in_the_oldest_segment_does_not_pin_the_dead_ones(tmp_path: Pa
 
 @pytest.mark.parametrize("round_", range(3))
 def test_kill_9_during_compaction_loses_nothing(tmp_path: Path, round_: int) -> None:
-    import threading
 
     data = str(tmp_path)
     conf = tmp_path / "warren.conf"
@@ -419,13 +423,8 @@ def test_kill_9_during_compaction_loses_nothing(tmp_path: Path, round_: int) -> 
     worker = threading.Thread(target=churn, args=(url, 100_000, 7, confirmed))
     worker.start()
     # the kill lands at a different point of the churn each round, once a few publishes
-    # to keep.q are confirmed (a loaded machine may take seconds to get there)
-    deadline = time.monotonic() + 60
-    while len(confirmed) < 6 and worker.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(random.Random(round_).uniform(0.0, 0.5))
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    # to keep.q are confirmed
+    kill_9_when(proc, confirmed, 6, worker, random.Random(round_).uniform(0.0, 0.5))
     worker.join(10)
     snapshot = list(confirmed)
     proc = start_server(data, port, str(conf))
