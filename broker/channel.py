@@ -130,6 +130,7 @@ class Channel:
         self.trace_ref = 0  # its id in the trace stream (broker/tracing.py), 0: none yet
         self._allowed: set[tuple[str, str, str]] = set()  # permission checks that passed
         self._allowed_version = -1
+        self._published_to: str | None = None  # the exchange of the last publish allowed
         # direct reply-to: the no-ack consumer of the pseudo-queue amq.rabbitmq.reply-to
         self.reply_tag: str | None = None
         self.reply_token = ""
@@ -303,7 +304,12 @@ class Channel:
             bucket -= 1
         stats.size_buckets[bucket] += 1
         stats.size_sum += size
-        self.allow("write", "exchange", method.exchange or "amq.default")
+        if (
+            method.exchange != self._published_to
+            or self._allowed_version != self.conn.broker.access.version
+        ):  # fmt: skip
+            self.allow("write", "exchange", method.exchange or "amq.default")
+            self._published_to = method.exchange  # allow() brought _allowed_version up to date
         exchange = self.vhost.exchanges.get(method.exchange)
         if exchange is None:
             raise ChannelError(

@@ -184,9 +184,9 @@ class Queue:
         # consumer is blocked with messages ready; its moving average lives in broker/stats.py
         self.idle = False
         timers = vhost.timers
-        self._now = timers.now
+        self._now = timers.clock()
         self._wall = timers.wall  # the store's deadlines: broker time, as the wall clock
-        self.use = ConsumerUse(self._now())
+        self.use = ConsumerUse(self._now)
         # per-message deadlines: (expires_at, seq, message), earliest first
         self._expiry: DeadlineHeap[tuple[float, int, Message]] = DeadlineHeap(
             timers, self._expire_due, _may_expire

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
@@ -156,29 +157,31 @@ class ConsumerUse:
     moment every consumer is blocked (prefetch full, connection not writable, timeout
     state) with messages ready, until it delivers again. The capacity is a moving average
     of the active share of time (half-life 1 s), updated at each change and read at a
-    scrape; the queue calls in only on a change (Queue.idle), never per message."""
+    scrape. The queue calls in only on a change (Queue.idle); with every consumer's
+    prefetch full and a backlog, each ack is one, so the clock is the loop's own."""
 
-    __slots__ = ("active_time", "avg", "since")
+    __slots__ = ("active_time", "avg", "clock", "since")
 
-    def __init__(self, now: float) -> None:
-        self.since = now  # start of the current (active or inactive) period
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.since = clock()  # start of the current (active or inactive) period
         self.active_time = 0.0  # length of the active period before the current inactive one
         self.avg = 1.0
 
     def blocked(self, queue: Queue) -> None:
         if not queue.idle:
-            now = queue.vhost.timers.now()
+            now = self.clock()
             queue.idle = True
             self.active_time, self.since = now - self.since, now
 
     def unblocked(self, queue: Queue) -> None:
-        now = queue.vhost.timers.now()
+        now = self.clock()
         queue.idle = False
         self.avg = _use_avg(self.active_time, now - self.since, self.avg)
         self.since = now
 
     def capacity(self, queue: Queue) -> float:
-        now = queue.vhost.timers.now()
+        now = self.clock()
         if queue.idle:
             return _use_avg(self.active_time, now - self.since, self.avg)
         return _use_avg(now - self.since, 0.0, self.avg)

@@ -44,6 +44,16 @@ class Timers:
         """Seconds since the epoch (timestamps a client sees: x-death's time)."""
         return time.time()
 
+    def clock(self) -> Callable[[], float]:
+        """``now`` as a callable for the message path to keep: the loop's own ``time`` once
+        there is a loop (one C call under uvloop, where ``now`` is two interpreted frames)."""
+        if self._loop is None:
+            try:
+                self._loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return self.now
+        return self._loop.time
+
     def call_at(self, when: float, callback: Callable[[], None]) -> TimerHandle:
         return self.loop.call_at(when, callback)
 
@@ -82,6 +92,9 @@ class ManualTimers(Timers):
 
     def now(self) -> float:
         return self._now
+
+    def clock(self) -> Callable[[], float]:
+        return self.now
 
     def wall(self) -> float:
         return self._now + self._wall_offset
