@@ -39,7 +39,7 @@ from warren.protocol.constants import (
     SYNTAX_ERROR,
 )
 from warren.protocol.errors import ChannelError, ConnectionError_
-from warren.protocol.frames import content_frames
+from warren.protocol.frames import body_frames, content_frames
 from warren.protocol.methods import (
     AccessRequest,
     BasicAck,
@@ -49,6 +49,7 @@ from warren.protocol.methods import (
     ack_frame,
     cancel_frame,
     deliver_frame,
+    delivery_head,
     get_ok_frame,
     make,
     nack_frame,
@@ -208,13 +209,23 @@ class Channel:
             if consumer.timeout is not None:
                 consumer.queue.lock(msg, self, tag, consumer.timeout)
         conn = self.conn
-        conn.write(deliver_frame(self.id, consumer.tag_enc, tag, msg.redelivered, msg.ex_rk))
-        if content is None:
-            conn.write_many(
-                content_frames(self.id, msg.properties, msg.body, conn.protocol.frame_max)
-            )
-        else:
+        if content is not None:
+            conn.write(deliver_frame(self.id, consumer.tag_enc, tag, msg.redelivered, msg.ex_rk))
             conn.write(content)
+        else:
+            body = msg.body
+            size = len(body)
+            whole = 0 < size <= conn.protocol.frame_max - 8
+            head = delivery_head(
+                self.id, consumer.tag_enc, tag, msg.redelivered, msg.ex_rk, msg.properties,
+                size, whole,
+            )  # fmt: skip
+            if whole:
+                conn.write_content(head, body)
+            else:
+                conn.write(head)
+                if size:
+                    conn.write_many(body_frames(self.id, body, conn.protocol.frame_max))
         conn.out_bytes += len(msg.body)
         if conn.out_bytes > FLUSH_AT:
             conn.flush()  # lets the transport say "stop" (pause_writing) before more piles up

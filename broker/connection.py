@@ -181,6 +181,16 @@ class Connection:
             self._flush_scheduled = True
             self.broker.timers.call_soon(self.flush)
 
+    def write_content(self, head: bytes, body: bytes) -> None:
+        """A message whose body fits in one frame: ``head`` ends with the body frame's head."""
+        out = self._out
+        out.append(head)
+        out.append(body)
+        out.append(b"\xce")
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.broker.timers.call_soon(self.flush)
+
     def schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True

@@ -23,9 +23,9 @@ directly.
 from __future__ import annotations
 
 from enum import Enum, auto
-from struct import Struct
 from typing import Final, Generic, TypeVar
 
+from librt.strings import read_i16_be, read_i32_be, read_i64_be
 from pamqp import commands
 
 from warren.protocol.constants import (
@@ -51,9 +51,6 @@ from warren.protocol.errors import (
 )
 from warren.protocol.methods import BasicPublish, Method, decode_method, method_frame
 from warren.protocol.properties import PropertiesError, check_properties
-
-_frame_head: Final = Struct(">BHI")
-_content_head: Final = Struct(">HHQ")
 
 
 class Sentinel(Enum):
@@ -340,11 +337,14 @@ class ProtocolConnection(Generic[OwnerT]):
             if avail < 7:
                 self._want = 7 - avail
                 return NEED_DATA
-            # typed: the compiled build unboxes them once, then works on native ints
-            ftype: int
-            channel: int
-            size: int
-            ftype, channel, size = _frame_head.unpack_from(buf, off)
+            # librt's reads: compiled, each is one load (struct's unpack_from builds a tuple
+            # and boxes its ints); interpreted, about as fast as unpack_from. Read signed,
+            # so the unsigned fields are masked.
+            ftype = buf[off]
+            channel: int = read_i16_be(buf, off + 1)
+            channel &= 0xFFFF
+            size: int = read_i32_be(buf, off + 3)
+            size &= 0xFFFFFFFF
             if size > self.frame_max:
                 # RabbitMQ allows a payload of frame_max octets and names frame_max - 8 as the limit
                 self.failed = True
@@ -493,9 +493,11 @@ class ProtocolConnection(Generic[OwnerT]):
             raise ConnectionError_(
                 FRAME_ERROR, f"type 2, all octets = {erlang_binary(payload)}: unknown_frame"
             )
-        class_id: int
-        body_size: int
-        class_id, _weight, body_size = _content_head.unpack_from(payload, 0)
+        class_id: int = read_i16_be(payload, 0)  # then the weight, then the body size
+        class_id &= 0xFFFF
+        body_size: int = read_i64_be(payload, 4)
+        if body_size < 0:  # an unsigned 64-bit size past 2**63
+            body_size += 1 << 64
         if class_id != 60:
             raise ConnectionError_(
                 UNEXPECTED_FRAME,

@@ -28,9 +28,16 @@ def content_frames(channel: int, properties: bytes, body: bytes, frame_max: int)
             out.append(body)
             out.append(b"\xce")
         return out
+    out.extend(body_frames(channel, body, frame_max))
+    return out
+
+
+def body_frames(channel: int, body: bytes, frame_max: int) -> list[bytes]:
+    """A body too large for one frame, split at ``frame_max``."""
+    out = []
     view = memoryview(body)
-    for start in range(0, size, limit):
-        chunk = view[start : start + limit]
+    for start in range(0, len(body), frame_max - 8):
+        chunk = view[start : start + frame_max - 8]
         out.append(frame_head.pack(FRAME_BODY, channel, len(chunk)))
         out.append(chunk.tobytes())
         out.append(b"\xce")

@@ -17,6 +17,7 @@ import warren.broker.queue
 import warren.broker.tracing
 import warren.broker.vhost
 import warren.protocol.connection
+import warren.protocol.methods
 
 COMPILED = os.environ.get("WARREN_EXPECT_COMPILED") == "1"
 
@@ -46,6 +47,21 @@ def test_tracing_writes_records_as_the_build_does_best() -> None:
     """Compiled, a record's fields are stores into the buffer; interpreted, one struct.pack
     (broker/tracing.py InterpretedTracer). test_tracing.py runs on both builds."""
     assert warren.broker.tracing.INTERPRETED != COMPILED
+
+
+def test_deliveries_are_encoded_as_the_build_does_best() -> None:
+    """Compiled, a delivery's head is written field by field into one buffer; interpreted,
+    packed with struct. Both give the same octets, whichever build runs them."""
+    methods = warren.protocol.methods
+    assert methods.INTERPRETED != COMPILED
+    for channel in (1, 255, 256, 40000, 65535):
+        for tag in (1, 2**32 + 5, 2**63 - 1):
+            for body_size, one_frame in ((0, False), (16, True), (2**31 - 1, True), (2**40, False)):
+                args = (channel, b"\x04ctag", tag, tag % 2 == 0, b"\x00\x01q", b"\x90\x00\x01x",
+                        body_size, one_frame)  # fmt: skip
+                written = methods.written_delivery_head(*args)
+                assert written == methods.packed_delivery_head(*args)
+                assert written == methods.delivery_head(*args)
 
 
 def test_version_names_the_build() -> None:

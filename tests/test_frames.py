@@ -121,6 +121,47 @@ def test_empty_body_has_no_body_frames(client: RawClient, janitor: Janitor, name
     assert client.read_delivery(1).body == b"next"
 
 
+def test_deliveries_carry_every_field_on_any_channel(
+    amqp_addr: tuple[str, int], janitor: Janitor, name: str
+) -> None:
+    """A delivery's frames are encoded in one piece up to the body (protocol/methods.py
+    delivery_head): channel ids past one octet and past 2**15, the redelivered flag, the
+    properties, and bodies at and just past the one-frame limit all arrive intact."""
+    q = janitor.queue(name)
+    props = commands.Basic.Properties(
+        content_type="text/plain", headers={"k": "v"}, message_id="m-1", priority=7
+    )
+    limit = 8192 - 8  # the largest body of one frame at frame_max 8192
+    bodies = [b"", b"x", os.urandom(limit), os.urandom(limit + 1)]
+    with RawClient.connect(amqp_addr, channel=None, frame_max=8192) as c:
+        for channel in (300, 40000, 65535):
+            c.channel_open(channel)
+            c.declare_queue(channel, q, durable=True)
+            for body in bodies:
+                c.publish(channel, body, routing_key=q, properties=props)
+            tag = c.consume(channel, q, consumer_tag=f"ctag-{channel}-é")
+            for i, body in enumerate(bodies):
+                d = c.read_delivery(channel)
+                assert (d.method.consumer_tag, d.method.delivery_tag) == (tag, i + 1)
+                assert (d.method.exchange, d.method.routing_key) == ("", q)
+                assert d.method.redelivered is False
+                assert d.body == body and d.body_size == len(body)
+                frames = [limit, 1] if len(body) > limit else [len(body)] if body else []
+                assert d.body_frame_sizes == frames
+                assert d.properties.headers == {"k": "v"} and d.properties.priority == 7
+                assert d.properties.message_id == "m-1"
+            c.call(channel, commands.Basic.Cancel(consumer_tag=tag), commands.Basic.CancelOk)
+            c.send_method(channel, commands.Basic.Recover(requeue=True))
+            c.expect_method(commands.Basic.RecoverOk, channel)
+            tag = c.consume(channel, q, consumer_tag="again")
+            for i, body in enumerate(bodies):
+                d = c.read_delivery(channel)
+                assert d.method.redelivered is True and d.body == body
+                assert d.method.delivery_tag == len(bodies) + i + 1
+                c.ack(channel, d.method.delivery_tag)
+            c.call(channel, commands.Basic.Cancel(consumer_tag=tag), commands.Basic.CancelOk)
+
+
 # -- malformed frames ------------------------------------------------------------
 
 
