@@ -40,6 +40,7 @@ from warren.broker.trace_events import (
     REC_ACKS,
     REC_OBJ,
     UNDEFINE,
+    TraceIds,
     walk,
 )
 
@@ -107,7 +108,7 @@ class TraceWriter:
         self._held_size = 0
         self.side: list[Any] = []  # the same: never replaced
         # ids grow from the start time in microseconds: unique across restarts
-        self.ids = itertools.count(time.time_ns() // 1000)
+        self.ids = TraceIds(time.time_ns() // 1000)
         # exchange -> routing key -> id: two lookups by strings whose hash is cached,
         # cheaper than one by a tuple made for it
         self.routes: dict[str, dict[str, int]] = {}

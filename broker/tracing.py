@@ -87,6 +87,7 @@ from warren.broker.trace_events import (
     REQUEUED,
     RETRY,
     ROUTED,
+    TraceIds,
     clock,
     packer,
 )
@@ -116,7 +117,7 @@ class Tracer:
     def __init__(self, writer: TraceWriter, vhost: str, firehose: Exchange) -> None:
         self._w = writer
         self._records: BytesWriter = writer.records  # never replaced, only emptied
-        self._ids = writer.ids
+        self._ids: TraceIds = writer.ids  # shared with the other vhosts' tracers
         self._routes = writer.routes  # never replaced, only cleared
         # the last route's id: publishers mostly repeat their route, and the protocol
         # layer hands out the same string objects for a repeated one (BasicPublish.ex_rk)
@@ -144,7 +145,8 @@ class Tracer:
         tid = msg.trace_id
         if tid:
             return tid
-        msg.trace_id = tid = next(self._ids)
+        ids = self._ids
+        msg.trace_id = tid = ids.last = ids.last + 1
         self._put(
             (ADOPTED, _mono(), self.vhost, tid, queue, msg.exchange, msg.routing_key,
              len(msg.body))
@@ -166,7 +168,8 @@ class Tracer:
         self, channel: Channel, msg: Message, queues: list[Queue], mandatory: bool, seq: int
     ) -> None:
         """Published and routed, in one event (the writer writes both lines)."""
-        msg.trace_id = tid = next(self._ids)  # before the queues copy the message
+        ids = self._ids
+        msg.trace_id = tid = ids.last = ids.last + 1  # before the queues copy the message
         exchange, key = msg.exchange, msg.routing_key
         if key is self._rk and exchange is self._ex and self._route:
             route = self._route
@@ -205,7 +208,8 @@ class Tracer:
 
     def published_by_api(self, msg: Message, queues: list[Queue]) -> None:
         """Published through the management API: no channel."""
-        msg.trace_id = tid = next(self._ids)
+        ids = self._ids
+        msg.trace_id = tid = ids.last = ids.last + 1
         self._put(
             (PUBLISHED, _mono(), self.vhost, tid, msg.exchange, msg.routing_key, len(msg.body),
              msg.properties, None, 0, 0, tuple([q.name for q in queues]), False)
@@ -403,7 +407,8 @@ class InterpretedTracer(Tracer):
             return
         # Tracer.published's first steps, repeated: a method of their own would cost the
         # interpreter a call per publish (800 instructions, trace_path.py --callgrind)
-        msg.trace_id = tid = next(self._ids)
+        ids = self._ids
+        msg.trace_id = tid = ids.last = ids.last + 1
         exchange, key = msg.exchange, msg.routing_key
         if key is self._rk and exchange is self._ex and self._route:
             route = self._route
