@@ -117,6 +117,7 @@ class Channel:
         connection.broker.stats.channels_opened += 1
         self.consumers: dict[str, Consumer] = {}
         self.unacked: dict[int, Message] = {}
+        self._low_tag = 1  # every tag below is settled: where a multiple ack starts looking
         # tags of deliveries returned on a consumer timeout: settling them is a no-op
         self.timed_out: dict[int, Consumer] = {}
         self.next_tag = 0
@@ -551,14 +552,17 @@ class Channel:
                 taken = list(unacked.values())
                 unacked.clear()
                 return taken
-            tags: list[int] = []
-            for current in unacked:
-                if current > tag:
-                    break
-                tags.append(current)
-            if not tags or tags[-1] != tag:
+            if tag not in unacked:
                 raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-            return [unacked.pop(t) for t in tags]
+            # tags from the lowest that may be unacked up: iterating the dict instead would
+            # step over every entry popped from its front since it was last rebuilt
+            taken = []
+            for t in range(self._low_tag, tag + 1):
+                msg = unacked.pop(t, None)
+                if msg is not None:
+                    taken.append(msg)
+            self._low_tag = tag + 1
+            return taken
         msg = unacked.pop(tag, None)
         if msg is None:
             raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
@@ -1044,6 +1048,7 @@ class Channel:
                 for msg in msgs:
                     self.unacked[msg.tag] = msg
             self.unacked = dict(sorted(self.unacked.items()))
+            self._low_tag = min(self.unacked)
         self.reply(commands.Tx.RollbackOk())
 
     # ---- closing ----

@@ -251,6 +251,37 @@ def test_acks_apply_at_commit(client: RawClient, queue: str) -> None:
     assert sorted(client.drain(1, queue)) == [b"0", b"1"]
 
 
+def test_a_multiple_ack_after_a_rollback_covers_the_tags_rolled_back(
+    client: RawClient, queue: str
+) -> None:
+    for body in (b"0", b"1", b"2", b"3", b"4"):
+        client.publish(1, body, routing_key=queue)
+    tx_select(client)
+    client.consume(1, queue, "c")
+    got = client.deliveries(1, 5)
+    client.ack(1, got[2].method.delivery_tag, multiple=True)  # 1-3
+    rollback(client)  # 1-3 unacked again
+    client.ack(1, got[3].method.delivery_tag)  # 4 alone
+    client.ack(1, got[3].method.delivery_tag, multiple=True)  # not unacked any more
+    code, text, _, _ = client.expect_channel_close(1)
+    assert (code, text) == (406, "PRECONDITION_FAILED - unknown delivery tag 4")
+    client.channel_open(1)  # the close requeued 1-3 and 5; the ack of 4 was not committed
+    assert sorted(client.drain(1, queue)) == [b"0", b"1", b"2", b"3", b"4"]
+    for body in (b"5", b"6", b"7", b"8", b"9"):
+        client.publish(1, body, routing_key=queue)
+    tx_select(client)
+    client.consume(1, queue, "d")
+    got = client.deliveries(1, 5)
+    client.ack(1, got[1].method.delivery_tag, multiple=True)
+    rollback(client)
+    client.ack(1, got[3].method.delivery_tag, multiple=True)  # 1-4, the rolled back too
+    commit(client)
+    client.call(1, build(commands.Basic.Cancel, consumer_tag="d"), commands.Basic.CancelOk)
+    client.channel_close(1)
+    client.channel_open(1)
+    assert client.drain(1, queue) == [b"9"]
+
+
 def test_uncommitted_acks_are_not_applied(client: RawClient, queue: str) -> None:
     client.channel_open(3)
     client.confirm_select(3)
