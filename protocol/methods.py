@@ -1,7 +1,9 @@
 """Method frames: decoding what clients send, encoding what the broker sends.
 
 The hot methods (basic.publish, ack, nack, reject, deliver, the confirms) are
-coded by hand with ``struct``; the rest go through pamqp's classes. Encoding
+coded by hand: read with librt.strings' reads, which the compiled build turns into
+loads, and a delivery's frames up to its body written into one librt BytesWriter (packed
+with ``struct`` in the pure build); the rest go through pamqp's classes. Encoding
 never runs pamqp's name validation: RabbitMQ accepts any UTF-8 short string
 as a queue, exchange or consumer name, and the methods that echo names back
 must carry them unchanged.
