@@ -330,30 +330,27 @@ def delivery_head(
     properties: bytes,
     body_size: int,
     body_frame: bool,
+    packed: bool = INTERPRETED,
 ) -> bytes:
     """basic.deliver, the content header frame, and (``body_frame``: the body fits in one
-    frame) the body frame's head: all that precedes the body, in one piece."""
-    if INTERPRETED:
-        return packed_delivery_head(
-            channel, ctag_enc, tag, redelivered, ex_rk, properties, body_size, body_frame
+    frame) the body frame's head: all that precedes the body, in one piece.
+
+    Compiled, each field is a store into one buffer (struct's packs cost more than the rest
+    of a delivery there); channels and frame sizes fit the signed writes. Interpreted
+    (``packed``, the pure build's default), a call per field costs more than a few packs."""
+    if packed:
+        return b"".join(
+            (
+                _frame_head.pack(1, channel, 4 + len(ctag_enc) + 9 + len(ex_rk)),
+                b"\x00\x3c\x00\x3c",
+                ctag_enc,
+                _deliver_tail.pack(tag, redelivered),
+                ex_rk,
+                _end_content_head.pack(0xCE, 2, channel, 12 + len(properties), 60, 0, body_size),
+                properties,
+                _end_frame_head.pack(0xCE, 3, channel, body_size) if body_frame else b"\xce",
+            )
         )
-    return written_delivery_head(
-        channel, ctag_enc, tag, redelivered, ex_rk, properties, body_size, body_frame
-    )
-
-
-def written_delivery_head(
-    channel: int,
-    ctag_enc: bytes,
-    tag: int,
-    redelivered: bool,
-    ex_rk: bytes,
-    properties: bytes,
-    body_size: int,
-    body_frame: bool,
-) -> bytes:
-    """The compiled build's: each field a store into one buffer (struct's packs cost more
-    than the rest of a delivery there). Channels and frame sizes fit the signed writes."""
     w = BytesWriter()
     w.append(1)
     w.append(channel >> 8)
@@ -379,31 +376,6 @@ def written_delivery_head(
         w.append(channel & 0xFF)
         write_i32_be(w, body_size)
     return w.getvalue()
-
-
-def packed_delivery_head(
-    channel: int,
-    ctag_enc: bytes,
-    tag: int,
-    redelivered: bool,
-    ex_rk: bytes,
-    properties: bytes,
-    body_size: int,
-    body_frame: bool,
-) -> bytes:
-    """The pure-Python build's: interpreted, a call per field costs more than a few packs."""
-    return b"".join(
-        (
-            _frame_head.pack(1, channel, 4 + len(ctag_enc) + 9 + len(ex_rk)),
-            b"\x00\x3c\x00\x3c",
-            ctag_enc,
-            _deliver_tail.pack(tag, redelivered),
-            ex_rk,
-            _end_content_head.pack(0xCE, 2, channel, 12 + len(properties), 60, 0, body_size),
-            properties,
-            _end_frame_head.pack(0xCE, 3, channel, body_size) if body_frame else b"\xce",
-        )
-    )
 
 
 _get_ok_tail: Final = Struct(">I")
