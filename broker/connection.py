@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from pamqp import commands
 
 from warren.broker.channel import HANDLERS, Channel
-from warren.broker.flow import ALARM, TURN, UNCONFIRMED, WRITER, FlowControl
+from warren.broker.flow import ALARM, COALESCE, TURN, UNCONFIRMED, WRITER, FlowControl
 from warren.broker.listen import transport_address
 from warren.protocol.connection import (
     CLOSED,
@@ -50,6 +50,11 @@ EVENTS_PER_TURN: Final = 256  # client events handled before other connections g
 # a publisher's share is smaller: with 256 its messages outran the consumers' acks on
 # other connections and queues grew (S6 in the README); acks and consumers go first
 PUBLISH_EVENTS_PER_TURN: Final = 64
+# Read coalescing (``_coalesce``): a publisher's read counts as quick when it follows the
+# previous one within this many seconds, and as small below this many bytes. A read that
+# large already carries hundreds of messages, and reading it sooner keeps TCP's window open.
+QUICK_READ: Final = 0.0001
+SMALL_READ: Final = 65536
 # after close-ok the client closes the socket, within the heartbeat interval or this many
 # seconds, whichever is shorter (rabbit_reader:close_connection's ?CLOSING_TIMEOUT)
 CLOSING_TIMEOUT: Final = 30.0
@@ -118,6 +123,9 @@ class Connection:
         self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
         self._flush_scheduled = False
         self.flow = FlowControl(transport)  # why the socket is not read (broker/flow.py)
+        self._coalescing = settings.read_coalescing_interval / 1000  # seconds, 0 = off
+        self._last_read = -1.0  # broker.timers.instant() of the previous read
+        self._answered = False  # something was written since the previous read
         self._continue_scheduled = False
         self.publisher = False  # has published: an alarm blocks it
         self.blocked = False  # not read while a resource alarm is on
@@ -215,6 +223,9 @@ class Connection:
             self.send_oct += len(data)
             self.send_cnt += 1
             self.transport.write(data)
+            self._answered = True
+            if self.flow.reasons & COALESCE:  # the client may be about to answer this
+                self.flow.lift(COALESCE)
         elif self._out:
             self._out.clear()
 
@@ -226,6 +237,32 @@ class Connection:
         self._received = True
         self.protocol.receive_data(data)
         self._process()
+        if self.publisher and self._coalescing:
+            self._coalesce(len(data))
+
+    def _coalesce(self, size: int) -> None:
+        """Under a stream of small publishes, read the socket once per interval, not per segment.
+
+        A client that publishes without waiting for an answer (no confirms, nothing
+        consumed on this connection) sends one TCP segment per message. Read as each one
+        arrives, every message costs a wake-up, a read and a write to the consumer, on
+        both sides of both sockets. Paused, the segments queue in the kernel; the next
+        read takes them all, the sender's writes stop waking us, and the consumer gets them
+        in one write. Nothing is held once this connection was sent anything since the
+        previous read: a client that waits for a confirm or a reply must not wait longer.
+        """
+        now = self.broker.timers.instant()
+        quick = now - self._last_read < QUICK_READ
+        self._last_read = now
+        if self._answered:
+            self._answered = False
+        elif quick and size < SMALL_READ and not self.flow.reasons & COALESCE:
+            self.flow.pause(COALESCE)
+            self.broker.timers.call_later(self._coalescing, self._read_again)
+
+    def _read_again(self) -> None:
+        if self.protocol.state is not CLOSED:
+            self.flow.lift(COALESCE)
 
     def _process(self) -> None:
         """Handle what the client sent, at most EVENTS_PER_TURN events per event-loop turn.
@@ -239,7 +276,7 @@ class Connection:
         proto = self.protocol
         budget = PUBLISH_EVENTS_PER_TURN if self.publisher else EVENTS_PER_TURN
         flow = self.flow
-        while proto.state is not CLOSED and flow.reasons <= TURN:  # flow.stopped, inlined
+        while proto.state is not CLOSED and flow.reasons < ALARM:  # not flow.stopped, inlined
             try:
                 event = proto.next_event()
                 if not self.publisher and proto.content_seen:

@@ -1,18 +1,22 @@
 """Why a connection's socket is not read, and when it is read again (after uvicorn's FlowControl).
 
-A connection stops reading for four reasons, each set and cleared in one place:
+A connection stops reading for five reasons, each set and cleared in one place:
 
 * ``TURN``: it used its share of this event-loop turn (broker/connection.py
   ``_process``); cleared once what was read is handled, so the rest of the
   socket waits for the next turn and the publisher feels TCP back pressure;
+* ``COALESCE``: a publisher's small reads come close together, so the next read
+  waits ``warren.read_coalescing_interval`` and takes what arrived meanwhile
+  (broker/connection.py ``_coalesce``);
 * ``ALARM``: a resource alarm blocks publishers (connection.blocked);
 * ``UNCONFIRMED``: a channel has ``max_unconfirmed_per_channel`` publishes
   waiting for the disk;
 * ``WRITER``: the client does not read what it is sent (the transport's
   ``pause_writing``).
 
-The socket is read again only when no reason is left; while any reason but
-``TURN`` holds, not even what was already read is handled.
+The socket is read again only when no reason is left. ``TURN`` and ``COALESCE``
+stop reading only; while any other reason holds, not even what was already read
+is handled.
 """
 
 from __future__ import annotations
@@ -20,10 +24,18 @@ from __future__ import annotations
 from typing import Final, Protocol
 
 TURN: Final = 1
-ALARM: Final = 2
-UNCONFIRMED: Final = 4
-WRITER: Final = 8
-NAMES: Final = {TURN: "turn", ALARM: "alarm", UNCONFIRMED: "unconfirmed", WRITER: "writer"}
+COALESCE: Final = 2
+# the reasons from here on stop handling too: ``reasons < ALARM`` means handle
+ALARM: Final = 4
+UNCONFIRMED: Final = 8
+WRITER: Final = 16
+NAMES: Final = {
+    TURN: "turn",
+    COALESCE: "coalesce",
+    ALARM: "alarm",
+    UNCONFIRMED: "unconfirmed",
+    WRITER: "writer",
+}
 
 
 class Readable(Protocol):
@@ -42,8 +54,8 @@ class FlowControl:
 
     @property
     def stopped(self) -> bool:
-        """Nothing is handled, not even what was read already (any reason but TURN)."""
-        return self.reasons > TURN
+        """Nothing is handled, not even what was read already (ALARM or a reason after it)."""
+        return self.reasons >= ALARM
 
     def pause(self, reason: int) -> None:
         self.reasons |= reason
@@ -57,14 +69,18 @@ class FlowControl:
         Reading resumes at ``drained``, once what was read meanwhile is handled.
         """
         self.reasons &= ~reason
-        return self.reasons <= TURN
+        return self.reasons < ALARM
 
-    def drained(self) -> None:
-        """Everything read is handled: read again unless a reason still holds."""
-        self.reasons &= ~TURN
+    def lift(self, reason: int) -> None:
+        """``reason``, which stopped only reading, is gone: read again unless another holds."""
+        self.reasons &= ~reason
         if self._paused and not self.reasons:
             self._paused = False
             self.transport.resume_reading()
+
+    def drained(self) -> None:
+        """Everything read is handled: read again unless a reason still holds."""
+        self.lift(TURN)
 
     def describe(self) -> list[str]:
         """The reasons in force, by name (for operators and tests)."""

@@ -405,6 +405,10 @@ _KEYS: Mapping[str, _Key] = {
     "warren.clock": _Key(_choice("real", "manual"), "clock"),
     "warren.test_api": _Key(_boolean, "test_api"),
     "warren.frame_min_size": _Key(_frame_min_size, "frame_min_size"),
+    "warren.read_coalescing_interval": _Key(
+        _int_between(0, 100, "expected an integer from 0 to 100 (milliseconds)"),
+        "read_coalescing_interval",
+    ),
     # RabbitMQ's rabbit app setting of that name (advanced.config, or rabbitmq-diagnostics
     # enable_auth_attempt_source_tracking): auth_attempts_detailed_* by address and user
     "warren.track_auth_attempt_source": _Key(_boolean, "track_auth_attempt_source"),

@@ -43,6 +43,9 @@ class Settings:
     frame_min_size: int = 8192
     channel_max: int = 2047
     handshake_timeout: int = 10000  # ms
+    # ms a publisher's socket waits between small, quick reads; 0 reads as data arrives
+    # (warren.read_coalescing_interval; broker/connection.py Connection._coalesce)
+    read_coalescing_interval: int = 1
     consumer_timeout: int | None = 1800000  # ms; None = disabled (Warren: `infinity`)
     consumer_max_per_channel: int | None = None  # None = unlimited
     # publishes awaiting their confirm on one channel before its connection is not read

@@ -408,6 +408,7 @@ def test_decode_prints_the_lines_and_a_torn_file_reads_to_its_tear(trace_dir: Pa
         ch.queue_declare("d", durable=True)
         for _ in range(5):
             ch.basic_publish("", "d", b"x")
+            ch.queue_declare("d", passive=True)  # answered once the publish before it is
             broker.call(broker.server.broker.tracing.flush)  # one batch each
         conn.close()
     whole = read_lines(trace_dir)

@@ -407,6 +407,8 @@ class MemoryBroker:
         self.clock = ManualLoop()
         settings.setdefault("data_dir", None)
         settings.setdefault("management_port", None)
+        # time stands still here, so every read would be "quick" and wait for advance()
+        settings.setdefault("read_coalescing_interval", 0)
         self.broker = Broker(Settings(**settings), self.clock, self.clock)
         if record:
             self.broker.record(True)
