@@ -126,6 +126,7 @@ class Connection:
         self._coalescing = settings.read_coalescing_interval / 1000  # seconds, 0 = off
         self._last_read = -1.0  # broker.timers.instant() of the previous read
         self._answered = False  # something was written since the previous read
+        self.coalesced = 0  # times _coalesce held the socket (read by tests)
         self._continue_scheduled = False
         self.publisher = False  # has published: an alarm blocks it
         self.blocked = False  # not read while a resource alarm is on
@@ -258,6 +259,7 @@ class Connection:
             self._answered = False
         elif quick and size < SMALL_READ and not self.flow.reasons & COALESCE:
             self.flow.pause(COALESCE)
+            self.coalesced += 1
             self.broker.timers.call_later(self._coalescing, self._read_again)
 
     def _read_again(self) -> None:

@@ -253,3 +253,42 @@ def test_an_unfinished_message_counts_as_publishing_for_the_alarms(warren: Runni
         publisher.expect_method(commands.Queue.DeclareOk, 2)
         got = consumer.get(1, "partial.q", no_ack=True)
         assert got is not None and got.body == b"x" * 1000 + b"y" * 1000
+
+
+# ---- read coalescing (warren.read_coalescing_interval; broker/connection.py _coalesce) ----
+
+
+def coalesced(running: RunningBroker) -> int:
+    return int(running.call(lambda: sum(c.coalesced for c in running.server.broker.connections)))
+
+
+@pytest.mark.parametrize("interval", [1, 0])
+def test_a_fire_and_forget_stream_is_read_in_batches_and_arrives_whole(interval: int) -> None:
+    """Each publish in its own segment, microseconds apart, nothing sent back: the socket
+    is held between reads (with the default interval), and every message arrives in order."""
+    count = 2000
+    with (
+        run_broker(read_coalescing_interval=interval) as running,
+        RawClient.connect((running.host, running.port)) as c,
+    ):
+        c.declare_queue(1, "stream.q")
+        for i in range(count):
+            c.send(publish_frames("stream.q", b"%d" % i, None))
+        assert c.declare_queue(1, "stream.q", passive=True).message_count == count
+        assert (coalesced(running) > 0) is (interval > 0)
+        for i in range(count):
+            got = c.get(1, "stream.q", no_ack=True)
+            assert got is not None and got.body == b"%d" % i
+
+
+def test_a_publisher_that_is_sent_confirms_is_never_held() -> None:
+    count = 2000
+    with run_broker() as running, RawClient.connect((running.host, running.port)) as c:
+        c.declare_queue(1, "confirmed.q")
+        c.confirm_select(1)
+        for i in range(count):
+            c.send(publish_frames("confirmed.q", b"%d" % i, None))
+        acked = 0
+        while acked < count:
+            acked = c.expect_method(commands.Basic.Ack, 1).delivery_tag
+        assert coalesced(running) == 0
