@@ -259,6 +259,7 @@ def test_an_unfinished_message_counts_as_publishing_for_the_alarms(warren: Runni
 
 
 def coalesced(running: RunningBroker) -> int:
+    """Times a connection was held; only a broker that does not record holds any."""
     return int(running.call(lambda: sum(c.coalesced for c in running.server.broker.connections)))
 
 
@@ -268,7 +269,7 @@ def test_a_fire_and_forget_stream_is_read_in_batches_and_arrives_whole(interval:
     is held between reads (with the default interval), and every message arrives in order."""
     count = 2000
     with (
-        run_broker(read_coalescing_interval=interval) as running,
+        run_broker(record=False, read_coalescing_interval=interval) as running,
         RawClient.connect((running.host, running.port)) as c,
     ):
         c.declare_queue(1, "stream.q")
@@ -283,7 +284,10 @@ def test_a_fire_and_forget_stream_is_read_in_batches_and_arrives_whole(interval:
 
 def test_a_publisher_that_is_sent_confirms_is_never_held() -> None:
     count = 2000
-    with run_broker() as running, RawClient.connect((running.host, running.port)) as c:
+    with (
+        run_broker(record=False) as running,
+        RawClient.connect((running.host, running.port)) as c,
+    ):
         c.declare_queue(1, "confirmed.q")
         c.confirm_select(1)
         for i in range(count):
@@ -291,4 +295,15 @@ def test_a_publisher_that_is_sent_confirms_is_never_held() -> None:
         acked = 0
         while acked < count:
             acked = c.expect_method(commands.Basic.Ack, 1).delivery_tag
+        assert coalesced(running) == 0
+
+
+def test_a_recording_broker_has_read_every_publish_when_the_test_asks() -> None:
+    """The test kit records: published() right after a fire-and-forget publish lists it."""
+    with run_broker() as running, RawClient.connect((running.host, running.port)) as c:
+        c.declare_queue(1, "recorded.q")
+        for round_ in range(1, 21):
+            for _ in range(3):
+                c.send(publish_frames("recorded.q", b"r", None))
+            assert len(running.published()) == 3 * round_
         assert coalesced(running) == 0
