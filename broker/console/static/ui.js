@@ -124,6 +124,24 @@ export class PagedTable {
     this.reload(1);
   }
 
+  // A row already shown keeps its node, and so do its cells that did not change: a click
+  // whose mousedown lands before a poll re-renders the table and whose mouseup lands after
+  // still finds the same link (a new node in between would swallow the click).
+  keep(rows) {
+    const shown = new Map();
+    for (const tr of this.body.children) if (tr.dataset.key !== undefined) shown.set(tr.dataset.key, tr);
+    return rows.map((tr) => {
+      const old = shown.get(tr.dataset.key);
+      if (!old || old.cells.length !== tr.cells.length) return tr;
+      shown.delete(tr.dataset.key); // a key shown twice reuses its node once
+      const cells = [...tr.cells];
+      [...old.cells].forEach((cell, i) => {
+        if (cell.innerHTML !== cells[i].innerHTML || cell.className !== cells[i].className) cell.replaceWith(cells[i]);
+      });
+      return old;
+    });
+  }
+
   async reload(page = this.state.page) {
     this.state.page = Math.max(1, page);
     this.state.name = this.filter.value.trim();
@@ -141,7 +159,7 @@ export class PagedTable {
     const rows = data.items.map((item) => h("tr", { dataset: { key: this.rowKey(item) } },
       this.columns.map((col) => h("td", { class: col.num ? "num" : "" }, col.cell(item)))));
     if (!rows.length) rows.push(h("tr", {}, h("td", { colspan: this.columns.length, class: "muted" }, "Nothing to show")));
-    replace(this.body, rows);
+    replace(this.body, this.keep(rows));
     const shown = data.filtered_count === data.total_count ? `${num(data.total_count)}` : `${num(data.filtered_count)} of ${num(data.total_count)}`;
     this.info.textContent = `page ${data.page} of ${Math.max(1, data.page_count)} \u00b7 ${shown}`;
     this.prev.disabled = data.page <= 1;
