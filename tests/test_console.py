@@ -200,7 +200,6 @@ def test_a_refresh_keeps_the_rows_it_shows_and_updates_their_cells(
     conn.close()
 
 
-
 def test_find_a_filled_queue_peek_publish_and_purge(
     warren: RunningBroker, browser: Browser, api: HttpApi, shots: Path
 ) -> None:
