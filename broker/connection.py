@@ -125,7 +125,7 @@ class Connection:
         self.flow = FlowControl(transport)  # why the socket is not read (broker/flow.py)
         self._coalescing = settings.read_coalescing_interval / 1000  # seconds, 0 = off
         self._last_read = -1.0  # broker.timers.instant() of the previous read
-        self._answered = False  # something was written since the previous read
+        self._sends_at_read = 0  # send_cnt at the previous read: more means it was answered
         self.coalesced = 0  # times _coalesce held the socket (read by tests)
         self._continue_scheduled = False
         self.publisher = False  # has published: an alarm blocks it
@@ -224,7 +224,6 @@ class Connection:
             self.send_oct += len(data)
             self.send_cnt += 1
             self.transport.write(data)
-            self._answered = True
             if self.flow.reasons & COALESCE:  # the client may be about to answer this
                 self.flow.lift(COALESCE)
         elif self._out:
@@ -257,8 +256,8 @@ class Connection:
         now = self.broker.timers.instant()
         quick = now - self._last_read < QUICK_READ
         self._last_read = now
-        if self._answered:
-            self._answered = False
+        if self.send_cnt != self._sends_at_read:
+            self._sends_at_read = self.send_cnt
         elif quick and size < SMALL_READ and not self.flow.reasons & COALESCE:
             self.flow.pause(COALESCE)
             self.coalesced += 1
