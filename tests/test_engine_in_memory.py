@@ -246,6 +246,13 @@ def test_unconfirmed_limit_pauses_reading_until_the_disk_catches_up(tmp_path: Pa
 # ---- read coalescing (warren.read_coalescing_interval; Connection._coalesce) ----
 
 
+@pytest.fixture
+def coalescing() -> Iterator[MemoryBroker]:
+    e = MemoryBroker(read_coalescing_interval=2)
+    yield e
+    e.close()
+
+
 def coalescing_publisher(engine: MemoryBroker) -> MemoryClient:
     client = engine.connect()
     client.channel_open(1)
@@ -255,84 +262,70 @@ def coalescing_publisher(engine: MemoryBroker) -> MemoryClient:
     return client
 
 
-def test_a_publishers_second_quick_small_read_holds_the_next_for_the_interval() -> None:
-    engine = MemoryBroker(read_coalescing_interval=2)
-    try:
-        client = coalescing_publisher(engine)
-        queue = engine.vhost.queues["q"]
-        client.publish(1, "", "q", b"2")  # the same instant, nothing sent back: quick
-        assert queue.ready_count == 2
-        assert flow(client).describe() == ["coalesce"]
-        assert not client.transport.reading
-        client.publish(1, "", "q", b"3")
-        client.publish(1, "", "q", b"4")
-        assert queue.ready_count == 2  # both wait in the socket
-        engine.advance(0.0019)
-        assert queue.ready_count == 2
-        engine.advance(0.0001)  # one read takes both
-        assert queue.ready_count == 4
+def test_a_publishers_second_quick_small_read_holds_the_next_for_the_interval(
+    coalescing: MemoryBroker,
+) -> None:
+    client = coalescing_publisher(coalescing)
+    queue = coalescing.vhost.queues["q"]
+    client.publish(1, "", "q", b"2")  # the same instant, nothing sent back: quick
+    assert queue.ready_count == 2
+    assert flow(client).describe() == ["coalesce"]
+    assert not client.transport.reading
+    client.publish(1, "", "q", b"3")
+    client.publish(1, "", "q", b"4")
+    assert queue.ready_count == 2  # both wait in the socket
+    coalescing.advance(0.0019)
+    assert queue.ready_count == 2
+    coalescing.advance(0.0001)  # one read takes both
+    assert queue.ready_count == 4
+    assert flow(client).describe() == []
+    assert client.transport.reading
+    coalescing.advance(0.001)
+    client.publish(1, "", "q", b"5")  # 1 ms after the last read: not quick
+    assert flow(client).describe() == []
+    consume(client, 1, "q", "c")
+    assert bodies(client.received()) == [b"1", b"2", b"3", b"4", b"5"]
+
+
+def test_a_publisher_waiting_for_confirms_is_never_held(coalescing: MemoryBroker) -> None:
+    client = coalescing.connect()
+    client.channel_open(1)
+    declare(client, "q")
+    client.confirm_select(1)
+    for body in (b"1", b"2", b"3", b"4"):
+        client.publish(1, "", "q", body)  # each read is answered with its ack
         assert flow(client).describe() == []
-        assert client.transport.reading
-        engine.advance(0.001)
-        client.publish(1, "", "q", b"5")  # 1 ms after the last read: not quick
-        assert flow(client).describe() == []
-        consume(client, 1, "q", "c")
-        assert bodies(client.received()) == [b"1", b"2", b"3", b"4", b"5"]
-    finally:
-        engine.close()
+    assert client.names() == [f"1 Basic.Ack {tag}" for tag in (1, 2, 3, 4)]
+    assert coalescing.vhost.queues["q"].ready_count == 4
 
 
-def test_a_publisher_waiting_for_confirms_is_never_held() -> None:
-    engine = MemoryBroker(read_coalescing_interval=1)
-    try:
-        client = engine.connect()
-        client.channel_open(1)
-        declare(client, "q")
-        client.confirm_select(1)
-        for body in (b"1", b"2", b"3", b"4"):
-            client.publish(1, "", "q", body)  # each read is answered with its ack
-            assert flow(client).describe() == []
-        assert client.names() == [f"1 Basic.Ack {tag}" for tag in (1, 2, 3, 4)]
-        assert engine.vhost.queues["q"].ready_count == 4
-    finally:
-        engine.close()
-
-
-def test_a_large_read_is_not_held() -> None:
+def test_a_large_read_is_not_held(coalescing: MemoryBroker) -> None:
     """A read of 64 KiB or more already carries many messages; TCP's window stays open."""
-    engine = MemoryBroker(read_coalescing_interval=1)
-    try:
-        client = coalescing_publisher(engine)
-        client.publish(1, "", "q", b"x" * 65536)
-        client.publish(1, "", "q", b"y" * 65536)
-        assert flow(client).describe() == []
-        assert engine.vhost.queues["q"].ready_count == 3
-    finally:
-        engine.close()
+    client = coalescing_publisher(coalescing)
+    client.publish(1, "", "q", b"x" * 65536)
+    client.publish(1, "", "q", b"y" * 65536)
+    assert flow(client).describe() == []
+    assert coalescing.vhost.queues["q"].ready_count == 3
 
 
-def test_anything_sent_to_a_held_publisher_lets_it_read_at_once() -> None:
+def test_anything_sent_to_a_held_publisher_lets_it_read_at_once(coalescing: MemoryBroker) -> None:
     """The client may be about to answer it: here a delivery it will ack."""
-    engine = MemoryBroker(read_coalescing_interval=1)
-    try:
-        client = engine.connect()
-        client.channel_open(1)
-        declare(client, "q")
-        declare(client, "inbox")
-        client.channel_open(2)
-        consume(client, 2, "inbox", "c")
-        client.publish(1, "", "q", b"1")
-        client.publish(1, "", "q", b"2")
-        assert flow(client).describe() == ["coalesce"]
-        client.publish(1, "", "q", b"3")  # waits in the socket
-        other = engine.connect()
-        other.channel_open(1)
-        other.publish(1, "", "inbox", b"for the held one")
-        assert bodies(client.received()) == [b"for the held one"]
-        assert flow(client).describe() == []  # at the same instant
-        assert engine.vhost.queues["q"].ready_count == 3
-    finally:
-        engine.close()
+    client = coalescing.connect()
+    client.channel_open(1)
+    declare(client, "q")
+    declare(client, "inbox")
+    client.channel_open(2)
+    consume(client, 2, "inbox", "c")
+    client.publish(1, "", "q", b"1")
+    client.publish(1, "", "q", b"2")
+    assert flow(client).describe() == ["coalesce"]
+    client.publish(1, "", "q", b"3")  # waits in the socket
+    other = coalescing.connect()
+    other.channel_open(1)
+    other.publish(1, "", "inbox", b"for the held one")
+    assert bodies(client.received()) == [b"for the held one"]
+    assert flow(client).describe() == []  # at the same instant
+    assert coalescing.vhost.queues["q"].ready_count == 3
 
 
 # ---- confirms, the disk and nacks ----
