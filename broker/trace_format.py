@@ -45,12 +45,14 @@ from warren.broker.trace_events import (
     REC_OBJ,
     REC_PUBLISHED,
     REC_PUBLISHED1,
+    REC_TIME,
+    TIME,
     UNDEFINE,
 )
 from warren.protocol.properties import TRACED_FLAGS_HI, TRACED_FLAGS_LO, split_properties
 
 CHILD_NICENESS = 19  # the writer process runs on CPU the broker leaves: busy, it drops
-MAGIC = b"WRNTRC02"  # a trace file's first bytes: the format's name, then its version
+MAGIC = b"WRNTRC03"  # a trace file's first bytes: the format's name, then its version
 FILE_HEAD = struct.Struct("=8sqqq")
 """magic, session (the writer process's start, ns since the epoch), the file's number in its
 session, nanoseconds from the broker's monotonic clock to the epoch"""
@@ -158,6 +160,7 @@ class _Decoder:
         # (peer, ch) -> tag -> (message id, ',"ev":"acked",...,"msg":', ',"queue":..,"tag":')
         self.unacked: dict[tuple[Any, int], dict[int, tuple[int, str, str]]] = {}
         self.props: tuple[int, bytes] | None = None  # (trace id, properties) of the next publish
+        self.ts = 0  # microseconds since the epoch: the last TIME record's
 
     def _define(self, n: int, definition: tuple[Any, ...]) -> None:
         vhost = _s(definition[0])
@@ -227,15 +230,14 @@ class _Decoder:
     def lines(self, data: bytes, side: list[Any], off: int) -> Iterator[str]:
         """The JSON lines of one batch: ``data``, the records; ``side``, the side list;
         ``off``, nanoseconds from the monotonic clock to the epoch."""
-        pieces, unacked = self.pieces, self.unacked
+        pieces, unacked, ts = self.pieces, self.unacked, self.ts
         kind_of, i, n = REC_KIND.unpack_from, 0, len(data)
         while i < n:
             kind = kind_of(data, i)[0]
             if kind == DELIVERED:
-                _, t, tid, consumer, tag, count, redelivered = REC_DELIVERED.unpack_from(data, i)
+                _, tid, consumer, tag, count, redelivered = REC_DELIVERED.unpack_from(data, i)
                 i += REC_DELIVERED.size
                 head, mid, tail, ack, no_ack, channel = pieces[consumer]
-                ts = (round(t * 1e9) + off) // 1000
                 yield (
                     f'{{"ts":{ts}{head}{tid}{mid}{tag},"redelivered":{_BOOL[redelivered]},'
                     f'"count":{count}{tail}'
@@ -249,13 +251,13 @@ class _Decoder:
                     open_tags[tag] = (tid, ack, mid)
             elif kind in (PUBLISHED1, PUBLISHED):
                 if kind == PUBLISHED1:
-                    _, t, tid, channel_id, route, size, seq, queue, mandatory = (
+                    _, tid, channel_id, route, size, seq, queue, mandatory = (
                         REC_PUBLISHED1.unpack_from(data, i)
                     )
                     i += REC_PUBLISHED1.size
                     queues = f"[{pieces[queue][0]}]"
                 else:
-                    _, t, tid, channel_id, route, size, seq, count, mandatory = (
+                    _, tid, channel_id, route, size, seq, count, mandatory = (
                         REC_PUBLISHED.unpack_from(data, i)
                     )
                     i += REC_PUBLISHED.size
@@ -263,7 +265,7 @@ class _Decoder:
                     i += 8 * count
                     queues = "[" + ",".join(pieces[q][0] for q in ids) + "]"
                 vhost, conn, _ = pieces[channel_id]
-                head = f'{{"ts":{(round(t * 1e9) + off) // 1000},"ev":"'
+                head = f'{{"ts":{ts},"ev":"'
                 common = f'","vhost":{vhost},"msg":{tid}{self.routes[route]}'
                 props = ""
                 if self.props is not None:  # the properties of this message, or a dropped one
@@ -278,16 +280,16 @@ class _Decoder:
             elif kind in (ACK_RANGE, ACKS):
                 tags: Iterable[int]
                 if kind == ACK_RANGE:
-                    _, t, channel_id, first, last = REC_ACK_RANGE.unpack_from(data, i)
+                    _, channel_id, first, last = REC_ACK_RANGE.unpack_from(data, i)
                     i += REC_ACK_RANGE.size
                     tags = range(first, last + 1)
                 else:
-                    _, t, channel_id, count = REC_ACKS.unpack_from(data, i)
+                    _, channel_id, count = REC_ACKS.unpack_from(data, i)
                     i += REC_ACKS.size
                     tags = struct.unpack_from(f"<{count}q", data, i)
                     i += 8 * count
                 open_tags = unacked.get(pieces[channel_id][2], {})
-                stamp = f'{{"ts":{(round(t * 1e9) + off) // 1000}'
+                stamp = f'{{"ts":{ts}'
                 for tag in tags:
                     delivery = open_tags.pop(tag, None)
                     if delivery is not None:
@@ -296,13 +298,16 @@ class _Decoder:
                     elif self.partial:  # delivered in an earlier file (or before tracing)
                         yield f'{stamp},"ev":"acked"{self._chan(channel_id)},"tag":{tag}}}\n'
             elif kind == CONFIRMS:
-                _, t, channel_id, first, last, ack = REC_CONFIRMS.unpack_from(data, i)
+                _, channel_id, first, last, ack = REC_CONFIRMS.unpack_from(data, i)
                 i += REC_CONFIRMS.size
                 vhost, conn, _ = pieces[channel_id]
                 yield (
-                    f'{{"ts":{(round(t * 1e9) + off) // 1000},"ev":"confirmed","vhost":{vhost}'
+                    f'{{"ts":{ts},"ev":"confirmed","vhost":{vhost}'
                     f'{conn},"first":{first},"seq":{last},"ack":{_BOOL[ack]}}}\n'
                 )
+            elif kind == TIME:
+                ts = self.ts = (round(REC_TIME.unpack_from(data, i)[1] * 1e9) + off) // 1000
+                i += REC_TIME.size
             elif kind == OBJ:
                 yield from self._side(side[REC_OBJ.unpack_from(data, i)[1]], off)
                 i += REC_OBJ.size
@@ -371,6 +376,13 @@ def file_lines(data: bytes, decoder: _Decoder | None = None) -> Iterator[str]:
     for records, side in _batches(data, FILE_HEAD.size):
         # one line per item (the decoder makes some two at a time)
         yield from "".join(decoder.lines(records, side, offset)).splitlines(keepends=True)
+
+
+def file_number(data: bytes) -> int:
+    """A trace file's number in its session (0: a file of JSON lines, or cut short)."""
+    if data[: len(MAGIC)] == MAGIC and len(data) >= FILE_HEAD.size:
+        return int(FILE_HEAD.unpack_from(data)[2])
+    return 0
 
 
 def trace_files(directory: str) -> list[str]:

@@ -39,7 +39,9 @@ from warren.broker.trace_events import (
     REC_ACK_RANGE,
     REC_ACKS,
     REC_OBJ,
+    TIME,
     UNDEFINE,
+    TraceClock,
     TraceIds,
     walk,
 )
@@ -109,6 +111,8 @@ class TraceWriter:
         self.side: list[Any] = []  # the same: never replaced
         # ids grow from the start time in microseconds: unique across restarts
         self.ids = TraceIds(time.time_ns() // 1000)
+        # the tracers' time: a TIME record in ``records`` before the records it dates
+        self.clock = TraceClock(loop, self.records)
         # exchange -> routing key -> id: two lookups by strings whose hash is cached,
         # cheaper than one by a tuple made for it
         self.routes: dict[str, dict[str, int]] = {}
@@ -164,10 +168,12 @@ class TraceWriter:
             elif kind in (PUBLISHED1, PUBLISHED):
                 dropped += 2
             elif kind == ACK_RANGE:
-                _, _, _, first, last = REC_ACK_RANGE.unpack_from(data, start)
+                _, _, first, last = REC_ACK_RANGE.unpack_from(data, start)
                 dropped += last - first + 1
             elif kind == ACKS:
-                dropped += REC_ACKS.unpack_from(data, start)[3]
+                dropped += REC_ACKS.unpack_from(data, start)[2]
+            elif kind == TIME:
+                continue
             else:
                 dropped += 1
         if keep:
@@ -265,6 +271,9 @@ class TraceWriter:
         """Hand the records to the child, or keep them while the pipe is full."""
         behind = bool(self._unsent) and not self._write()
         self._trim()
+        # whatever happens to the records held now, the next one is dated anew: every batch,
+        # and every file the writer process starts at one, has its TIME before its records
+        self.clock.fresh = False
         if behind and not sync:
             return  # the child is behind: the records pile up to their bound, then drop
         if self.dropped != self._dropped_noted:

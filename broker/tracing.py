@@ -52,11 +52,10 @@ trace_dropped       dropped: events lost so far because the buffers were full (v
 from __future__ import annotations
 
 import os
-import time
 import types
 from typing import TYPE_CHECKING, Any, Final
 
-from librt.strings import BytesWriter, write_f64_le, write_i64_le
+from librt.strings import BytesWriter, write_i64_le
 
 from warren.broker.firehose import TRACE_EXCHANGE
 from warren.broker.trace_events import (
@@ -87,8 +86,8 @@ from warren.broker.trace_events import (
     REQUEUED,
     RETRY,
     ROUTED,
+    TraceClock,
     TraceIds,
-    clock,
     packer,
 )
 from warren.broker.trace_writer import TraceWriter
@@ -104,21 +103,20 @@ if TYPE_CHECKING:
     from warren.broker.vhost import VirtualHost
     from warren.config import Settings
 
-# Final: compiled, each is a C static rather than a lookup in the module's dict
-_mono: Final = time.monotonic_ns  # the rare events' clock (the records' is trace_events.clock)
-_clock: Final = clock
-
 
 class Tracer:
     """One traced vhost's view of the shared writer: the methods the engine calls."""
 
-    __slots__ = ("_ex", "_ids", "_records", "_rk", "_route", "_routes", "_w", "firehose", "vhost")
+    __slots__ = (
+        "_ex", "_ids", "_records", "_rk", "_route", "_routes", "_tc", "_w", "firehose", "vhost"
+    )  # fmt: skip
 
     def __init__(self, writer: TraceWriter, vhost: str, firehose: Exchange) -> None:
         self._w = writer
         self._records: BytesWriter = writer.records  # never replaced, only emptied
         self._ids: TraceIds = writer.ids  # shared with the other vhosts' tracers
         self._routes = writer.routes  # never replaced, only cleared
+        self._tc: TraceClock = writer.clock  # every event's time
         # the last route's id: publishers mostly repeat their route, and the protocol
         # layer hands out the same string objects for a repeated one (BasicPublish.ex_rk)
         self._ex = self._rk = ""
@@ -131,6 +129,10 @@ class Tracer:
     def _forget_route(self) -> None:
         """The writer dropped every route's id (TraceWriter.route_id calls this)."""
         self._route = 0
+
+    def _ts(self) -> int:
+        """A rare event's time (TraceClock)."""
+        return self._tc.ns()
 
     def _put(self, event: tuple[Any, ...]) -> None:
         """A rare event, as a tuple on the side list, marked in its place in the stream."""
@@ -148,7 +150,7 @@ class Tracer:
         ids = self._ids
         msg.trace_id = tid = ids.last = ids.last + 1
         self._put(
-            (ADOPTED, _mono(), self.vhost, tid, queue, msg.exchange, msg.routing_key,
+            (ADOPTED, self._ts(), self.vhost, tid, queue, msg.exchange, msg.routing_key,
              len(msg.body))
         )  # fmt: skip
         return tid
@@ -192,9 +194,10 @@ class Tracer:
         else:  # a fan-out, or unroutable: the count, the queues' ids after the record
             kind, targets = PUBLISHED, [q.trace_ref or self._w.queue_id(q) for q in queues]
             last = len(targets)
+        if not self._tc.fresh:
+            self._tc.read()
         b = self._records
         write_i64_le(b, kind)
-        write_f64_le(b, _clock())
         write_i64_le(b, tid)
         write_i64_le(b, ch)
         write_i64_le(b, route)
@@ -211,16 +214,17 @@ class Tracer:
         ids = self._ids
         msg.trace_id = tid = ids.last = ids.last + 1
         self._put(
-            (PUBLISHED, _mono(), self.vhost, tid, msg.exchange, msg.routing_key, len(msg.body),
+            (PUBLISHED, self._ts(), self.vhost, tid, msg.exchange, msg.routing_key, len(msg.body),
              msg.properties, None, 0, 0, tuple([q.name for q in queues]), False)
         )  # fmt: skip
 
     def delivered(self, channel: Channel, consumer: Consumer, msg: Message, tag: int) -> None:
         tid = msg.trace_id or self._id(msg, consumer.queue.name)
         ref = consumer.trace_ref or self._w.consumer_id(consumer)
+        if not self._tc.fresh:
+            self._tc.read()
         b = self._records
         write_i64_le(b, DELIVERED)
-        write_f64_le(b, _clock())
         write_i64_le(b, tid)
         write_i64_le(b, ref)
         write_i64_le(b, tag)
@@ -230,9 +234,9 @@ class Tracer:
     def got(self, channel: Channel, queue: Queue, msg: Message, tag: int) -> None:
         """Delivered by basic.get (no consumer)."""
         self._put(
-            (DELIVERED, _mono(), self.vhost, msg.trace_id or self._id(msg, queue.name), queue.name,
-             None, tag, msg.redelivered, msg.delivery_count, False, channel.conn.peer, channel.id,
-             channel.trace_ref or self._w.channel_id(channel))
+            (DELIVERED, self._ts(), self.vhost, msg.trace_id or self._id(msg, queue.name),
+             queue.name, None, tag, msg.redelivered, msg.delivery_count, False, channel.conn.peer,
+             channel.id, channel.trace_ref or self._w.channel_id(channel))
         )  # fmt: skip
 
     def acked(self, channel: Channel, msgs: list[Message]) -> None:
@@ -247,16 +251,16 @@ class Tracer:
             return
         channel_id = channel.trace_ref or self._w.channel_id(channel)
         first, last = msgs[0].tag, msgs[-1].tag
+        if not self._tc.fresh:
+            self._tc.read()
         b = self._records
         if last - first + 1 == n:  # tags ascend: no gaps
             write_i64_le(b, ACK_RANGE)
-            write_f64_le(b, _clock())
             write_i64_le(b, channel_id)
             write_i64_le(b, first)
             write_i64_le(b, last)
             return
         write_i64_le(b, ACKS)
-        write_f64_le(b, _clock())
         write_i64_le(b, channel_id)
         write_i64_le(b, n)
         for m in msgs:
@@ -266,15 +270,16 @@ class Tracer:
         """The dead-lettered copy went through the dead-letter exchange to ``targets``."""
         names = tuple(q.name for q in targets)
         self._put(
-            (ROUTED, _mono(), self.vhost, copy.trace_id, copy.exchange, copy.routing_key, names)
+            (ROUTED, self._ts(), self.vhost, copy.trace_id, copy.exchange, copy.routing_key, names)
         )
 
     def confirmed(self, channel: Channel, first: int, last: int, ack: bool) -> None:
         # as often as a few publishes each under load: a record, as the three above
         channel_id = channel.trace_ref or self._w.channel_id(channel)
+        if not self._tc.fresh:
+            self._tc.read()
         b = self._records
         write_i64_le(b, CONFIRMS)
-        write_f64_le(b, _clock())
         write_i64_le(b, channel_id)
         write_i64_le(b, first)
         write_i64_le(b, last)
@@ -286,7 +291,7 @@ class Tracer:
         self, queue: Queue, msgs: list[Message], requeue: bool, rejected: bool = False
     ) -> None:
         """basic.nack, or basic.reject (``rejected``: the trace writes both as nacked)."""
-        now, append, name = _mono(), self._put, queue.name
+        now, append, name = self._ts(), self._put, queue.name
         for msg in msgs:
             consumer, channel = msg.consumer, msg.channel
             peer, ch = (channel.conn.peer, channel.id) if channel is not None else (None, 0)
@@ -297,26 +302,26 @@ class Tracer:
 
     def requeued(self, queue: Queue, msgs: list[Message], why: str) -> None:
         """Back in ``queue``; ``why`` is what returned them (Queue.return_unacked's caller)."""
-        now, append, name = _mono(), self._put, queue.name
+        now, append, name = self._ts(), self._put, queue.name
         for msg in msgs:
             append((REQUEUED, now, self.vhost, msg.trace_id or self._id(msg, name), name, why))
 
     def retry_scheduled(self, queue: Queue, msg: Message, delay_ms: int, why: str) -> None:
         self._put(
-            (RETRY, _mono(), self.vhost, msg.trace_id or self._id(msg, queue.name), queue.name,
+            (RETRY, self._ts(), self.vhost, msg.trace_id or self._id(msg, queue.name), queue.name,
              msg.retries, delay_ms, why)
         )  # fmt: skip
 
     def dead_lettered(self, queue: Queue, msg: Message, reason: str) -> None:
         """The message left ``queue`` abnormally: to the dead-letter exchange, or dropped."""
         self._put(
-            (DEAD, _mono(), self.vhost, msg.trace_id or self._id(msg, queue.name), queue.name,
+            (DEAD, self._ts(), self.vhost, msg.trace_id or self._id(msg, queue.name), queue.name,
              reason, queue.dead_letter_exchange, queue.dead_letter_routing_key)
         )  # fmt: skip
 
     def dropped(self, queue: Queue, msg: Message, reason: str) -> None:
         self._put(
-            (DEAD, _mono(), self.vhost, msg.trace_id or self._id(msg, queue.name), queue.name,
+            (DEAD, self._ts(), self.vhost, msg.trace_id or self._id(msg, queue.name), queue.name,
              reason, None, None)
         )  # fmt: skip
 
@@ -337,7 +342,7 @@ class Tracer:
     def consumer_added(self, consumer: Consumer) -> None:
         channel = consumer.channel
         self._put(
-            (CONSUMER_ADDED, _mono(), self.vhost, consumer.queue.name, consumer.tag,
+            (CONSUMER_ADDED, self._ts(), self.vhost, consumer.queue.name, consumer.tag,
              consumer.prefetch, consumer.no_ack, channel.conn.peer, channel.id)
         )  # fmt: skip
 
@@ -350,7 +355,7 @@ class Tracer:
         registered = consumer is not None and channel.consumers.get(consumer.tag) is consumer
         notify = registered and channel.conn.capabilities.get("consumer_cancel_notify") is True
         self._put(
-            (CONSUMER_TIMED_OUT, _mono(), self.vhost, qname,
+            (CONSUMER_TIMED_OUT, self._ts(), self.vhost, qname,
              consumer.tag if consumer is not None else None, channel.conn.peer, channel.id,
              tuple(m.tag for m in msgs), tuple(self._id(m, qname) for m in msgs), timeout,
              "cancel" if notify else "channel_close")
@@ -358,7 +363,9 @@ class Tracer:
 
     def consumer_cancelled(self, consumer: Consumer, why: str) -> None:
         self._w.forget(consumer)
-        self._put((CONSUMER_CANCELLED, _mono(), self.vhost, consumer.queue.name, consumer.tag, why))
+        self._put(
+            (CONSUMER_CANCELLED, self._ts(), self.vhost, consumer.queue.name, consumer.tag, why)
+        )
 
     def channel_closed(self, channel: Channel) -> str:
         """The channel ends: say why, for its consumers; the reason the messages it returns
@@ -367,29 +374,29 @@ class Tracer:
         for consumer in channel.consumers.values():
             self.consumer_cancelled(consumer, why)
         self._w.forget(channel)
-        self._put((CHANNEL_CLOSED, _mono(), self.vhost, channel.conn.peer, channel.id))
+        self._put((CHANNEL_CLOSED, self._ts(), self.vhost, channel.conn.peer, channel.id))
         return why
 
     def queue_expired(self, queue: Queue) -> None:
-        self._put((QUEUE_EXPIRED, _mono(), self.vhost, queue.name))
+        self._put((QUEUE_EXPIRED, self._ts(), self.vhost, queue.name))
 
     def queue_deleted(self, queue: Queue) -> None:
         for consumer in queue.consumers:
             self.consumer_cancelled(consumer, "queue_deleted")
         self._w.forget(queue)
-        self._put((QUEUE_DELETED, _mono(), self.vhost, queue.name, queue.ready_count))
+        self._put((QUEUE_DELETED, self._ts(), self.vhost, queue.name, queue.ready_count))
 
     def delayed(self, msg: Message, exchange: str, delay_ms: int) -> None:
-        self._put((DELAYED, _mono(), self.vhost, msg.trace_id, exchange, delay_ms))
+        self._put((DELAYED, self._ts(), self.vhost, msg.trace_id, exchange, delay_ms))
 
     def released(self, msg: Message, exchange: str, queues: list[Queue]) -> None:
         self._put(
-            (RELEASED, _mono(), self.vhost, msg.trace_id or self._id(msg, ""), exchange,
+            (RELEASED, self._ts(), self.vhost, msg.trace_id or self._id(msg, ""), exchange,
              tuple([q.name for q in queues]))
         )  # fmt: skip
 
     def mark(self, event: str) -> None:
-        self._put((MARK, _mono(), self.vhost, event))
+        self._put((MARK, self._ts(), self.vhost, event))
 
 
 class InterpretedTracer(Tracer):
@@ -424,42 +431,38 @@ class InterpretedTracer(Tracer):
         if len(props) != 2 and (props[0] & TRACED_FLAGS_HI or props[1] & TRACED_FLAGS_LO):
             self._put((PROPS, tid, props))
         queue = queues[0]
+        ch = channel.trace_ref or self._w.channel_id(channel)
+        q = queue.trace_ref or self._w.queue_id(queue)
+        if not self._tc.fresh:
+            self._tc.read()
         self._records.write(
-            _published1(
-                PUBLISHED1, _clock(), tid, channel.trace_ref or self._w.channel_id(channel),
-                route, len(msg.body), seq, queue.trace_ref or self._w.queue_id(queue),
-                mandatory,
-            )
-        )  # fmt: skip
+            _published1(PUBLISHED1, tid, ch, route, len(msg.body), seq, q, mandatory)
+        )
 
     def delivered(self, channel: Channel, consumer: Consumer, msg: Message, tag: int) -> None:
+        tid = msg.trace_id or self._id(msg, consumer.queue.name)
+        ref = consumer.trace_ref or self._w.consumer_id(consumer)
+        if not self._tc.fresh:
+            self._tc.read()
         self._records.write(
-            _delivered(
-                DELIVERED, _clock(), msg.trace_id or self._id(msg, consumer.queue.name),
-                consumer.trace_ref or self._w.consumer_id(consumer), tag, msg.delivery_count,
-                msg.redelivered,
-            )
-        )  # fmt: skip
+            _delivered(DELIVERED, tid, ref, tag, msg.delivery_count, msg.redelivered)
+        )
 
     def acked(self, channel: Channel, msgs: list[Message]) -> None:
         n = len(msgs)
         if n and msgs[-1].tag - msgs[0].tag + 1 == n:
-            self._records.write(
-                _ack_range(
-                    ACK_RANGE, _clock(), channel.trace_ref or self._w.channel_id(channel),
-                    msgs[0].tag, msgs[-1].tag,
-                )
-            )  # fmt: skip
+            ch = channel.trace_ref or self._w.channel_id(channel)
+            if not self._tc.fresh:
+                self._tc.read()
+            self._records.write(_ack_range(ACK_RANGE, ch, msgs[0].tag, msgs[-1].tag))
             return
         super().acked(channel, msgs)
 
     def confirmed(self, channel: Channel, first: int, last: int, ack: bool) -> None:
-        self._records.write(
-            _confirms(
-                CONFIRMS, _clock(), channel.trace_ref or self._w.channel_id(channel), first,
-                last, ack,
-            )
-        )  # fmt: skip
+        ch = channel.trace_ref or self._w.channel_id(channel)
+        if not self._tc.fresh:
+            self._tc.read()
+        self._records.write(_confirms(CONFIRMS, ch, first, last, ack))
 
 
 # the interpreted build's packing (InterpretedTracer)

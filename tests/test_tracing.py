@@ -22,7 +22,16 @@ import pika
 import pytest
 from pamqp import commands
 
-from tests.amqp_raw import RawClient, build
+from tests.amqp_raw import (
+    FRAME_BODY,
+    FRAME_HEADER,
+    FRAME_METHOD,
+    RawClient,
+    build,
+    frame_bytes,
+    header_payload,
+    method_payload,
+)
 from warren.broker import trace_format, trace_writer
 from warren.broker.testkit import RunningBroker, run_broker
 from warren.config import ConfigError, parse_config
@@ -116,6 +125,44 @@ def test_one_message_from_publish_to_ack(traced: RunningBroker, trace_dir: Path)
     times = [e["ts"] for e in events]
     assert times == sorted(times)
     assert before - 1 < published["ts"] / 1e6 < time.time() + 1  # wall clock, microseconds
+
+
+def test_what_one_loop_iteration_handled_shares_one_time(
+    traced: RunningBroker, trace_dir: Path
+) -> None:
+    """The events carry the clock read once per event-loop iteration (TraceClock): three
+    publishes read in one segment share their time, one sent after the broker went idle
+    has a later time, and no time goes back from one line to the next."""
+
+    def publish(body: bytes) -> bytes:
+        return b"".join(
+            [
+                frame_bytes(
+                    FRAME_METHOD, 1, method_payload(build(commands.Basic.Publish, routing_key="q"))
+                ),
+                frame_bytes(FRAME_HEADER, 1, header_payload(len(body))),
+                frame_bytes(FRAME_BODY, 1, body),
+            ]
+        )
+
+    def count() -> bytes:  # a passive declare answers after the publishes before it
+        method = build(commands.Queue.Declare, queue="q", passive=True)
+        return frame_bytes(FRAME_METHOD, 1, method_payload(method))
+
+    raw = RawClient.connect((traced.host, traced.port))
+    raw.call(1, build(commands.Queue.Declare, queue="q", durable=True), commands.Queue.DeclareOk)
+    raw.send(publish(b"1") + publish(b"2") + publish(b"3") + count())
+    assert raw.expect_method(commands.Queue.DeclareOk).message_count == 3
+    time.sleep(0.005)  # time to pass, not to wait for anything
+    raw.send(publish(b"4") + count())
+    assert raw.expect_method(commands.Queue.DeclareOk).message_count == 4
+    raw.close()
+    events = read_trace(traced, trace_dir)
+    times = [e["ts"] for e in of(events, "published")]
+    assert times[0] == times[1] == times[2]
+    assert times[3] >= times[2] + 5000  # microseconds
+    every = [e["ts"] for e in events]
+    assert every == sorted(every)
 
 
 def test_fan_out_and_dead_letter_copies_keep_the_id(traced: RunningBroker, trace_dir: Path) -> None:
@@ -429,8 +476,8 @@ def test_decode_prints_the_lines_and_a_torn_file_reads_to_its_tear(trace_dir: Pa
     path.write_bytes(data[:20])  # cut inside the file's header
     assert read_lines(trace_dir) == []
     # a file of another layout is refused by name, not misread
-    path.write_bytes(b"WRNTRC01" + data[8:])
-    with pytest.raises(ValueError, match="trace file format b'01': this Warren reads b'02'"):
+    path.write_bytes(b"WRNTRC02" + data[8:])
+    with pytest.raises(ValueError, match="trace file format b'02': this Warren reads b'03'"):
         read_lines(trace_dir)
 
 
