@@ -23,20 +23,6 @@ from pyspark.sql import functions as F
 from warren.broker import trace_format
 from warren.pipeline.schema import DEAD_LETTER_REASONS, READ_SCHEMA
 
-# order of events that share a microsecond (published and routed always do)
-RANK = {
-    "published": 0,
-    "adopted": 0,
-    "routed": 1,
-    "delivered": 2,
-    "nacked": 3,
-    "acked": 3,
-    "requeued": 4,
-    "retry_scheduled": 4,
-    "expired": 5,
-    "dead_lettered": 6,
-    "dropped": 6,
-}
 # events that happen to one copy in one queue (routed is exploded into one arrival per queue)
 COPY_EVENTS = (
     "delivered",
@@ -109,7 +95,13 @@ def spark_session(
 
 
 def _decode(item: tuple[str, bytes]) -> Iterator[str]:
-    return trace_format.file_lines(item[1])
+    """A file's lines, each with its place in its session's stream ("n"): the broker dates
+    the events of one event-loop iteration alike (trace_events.TraceClock), and events
+    that share a time are ordered by the stream, as the broker wrote them."""
+    data = item[1]
+    first = trace_format.file_number(data) << 32
+    for n, line in enumerate(trace_format.file_lines(data), first):
+        yield f'{{"n":{n},{line[1:]}'
 
 
 def load_events(spark: SparkSession, trace: str) -> DataFrame:
@@ -136,8 +128,8 @@ def load_events(spark: SparkSession, trace: str) -> DataFrame:
     # a tag is delivered once per channel: at most one delivery per loose ack (none if
     # it was delivered before tracing began)
     settled = deliveries.join(
-        F.broadcast(events.filter(loose).select("ts", "chan", "tag")), ["chan", "tag"]
-    ).select("ts", F.lit("acked").alias("ev"), "vhost", "msg", "queue", "consumer", "tag")
+        F.broadcast(events.filter(loose).select("ts", "n", "chan", "tag")), ["chan", "tag"]
+    ).select("ts", "n", F.lit("acked").alias("ev"), "vhost", "msg", "queue", "consumer", "tag")
     return events.filter(~loose).unionByName(settled, allowMissingColumns=True).drop("chan")
 
 
@@ -169,7 +161,7 @@ def copy_events(events: DataFrame, partitions: int | None = None) -> DataFrame:
     (published, and ``unrouted`` for a publish that reached no queue) have no queue.
     """
     ev = F.col("ev")
-    columns = ["vhost", "msg", "ts", "ev", "consumer", "conn", "redelivered", "requeue", "why"]
+    columns = ["vhost", "msg", "ts", "n", "ev", "consumer", "conn", "redelivered", "requeue", "why"]
     columns += ["reason", "exchange", "rk", "size", "mid", "cid", "mandatory"]
     arrivals = events.filter((ev == "routed") & (F.size("queues") > 0)).select(
         *columns, F.explode("queues").alias("queue")
@@ -184,7 +176,6 @@ def copy_events(events: DataFrame, partitions: int | None = None) -> DataFrame:
         if partitions
         else every.repartition("vhost", "msg")
     )
-    rank = F.create_map(*[F.lit(x) for pair in RANK.items() for x in pair])
     state = (
         F.when(ev.isin("routed", "requeued"), "ready")
         .when(ev == "delivered", "unacked")
@@ -193,12 +184,11 @@ def copy_events(events: DataFrame, partitions: int | None = None) -> DataFrame:
         .when(ev.isin("adopted", "published", "unrouted"), "none")  # adopted: unknown before
         .otherwise("gone")
     )
-    copy = Window.partitionBy("vhost", "msg", "queue").orderBy("ts", "rank")
+    copy = Window.partitionBy("vhost", "msg", "queue").orderBy("ts", "n")
     upto = copy.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     delivered = ev == "delivered"
     rows = (
-        by_message.withColumn("rank", F.coalesce(rank[ev], F.lit(1)))
-        .withColumn("state", state)
+        by_message.withColumn("state", state)
         .withColumn("prev", F.coalesce(F.lag("state").over(copy), F.lit("none")))
         .withColumn("arrived_ts", F.last(F.when(ev == "routed", F.col("ts")), True).over(upto))
         .withColumn("deliver_ts", F.last(F.when(delivered, F.col("ts")), True).over(upto))
@@ -347,7 +337,9 @@ def queue_consumers(events: DataFrame) -> DataFrame:
         ev.isin("consumer_added", "consumer_cancelled")
         | ((ev == "delivered") & F.col("consumer").isNotNull())
     )
-    last = seen.groupBy("vhost", "queue", "consumer").agg(F.max_by("ev", "ts").alias("last"))
+    last = seen.groupBy("vhost", "queue", "consumer").agg(
+        F.max_by("ev", F.struct("ts", "n")).alias("last")
+    )
     return last.groupBy("vhost", "queue").agg(
         F.count("*").alias("consumers_seen"),
         _count(F.col("last") != "consumer_cancelled").alias("live_consumers"),
@@ -358,7 +350,7 @@ def copies(rows: DataFrame) -> DataFrame:
     """One row per copy: its counts and how it ended; and one per message (queue null) with
     what the publish said. ``rows`` is partitioned by message: no shuffle here."""
     ev = F.col("ev")
-    last = F.max_by(F.struct("ev", "reason"), F.struct("ts", "rank"))
+    last = F.max_by(F.struct("ev", "reason"), F.struct("ts", "n"))
     outcome = (
         F.when(F.col("last.ev") == "acked", "acked")
         .when(
@@ -602,10 +594,4 @@ def message_events(events: DataFrame, key: str) -> DataFrame:
         .withColumn("msg", F.col("timed_out_msg"))
         .drop("timed_out_msg")
     )
-    rank = F.create_map(*[F.lit(x) for pair in RANK.items() for x in pair])
-    return (
-        direct.unionByName(via_timeout)
-        .withColumn("rank", F.coalesce(rank[F.col("ev")], F.lit(9)))
-        .orderBy("msg", "ts", "rank")
-        .drop("rank")
-    )
+    return direct.unionByName(via_timeout).orderBy("msg", "ts", "n")

@@ -20,6 +20,7 @@ from pyspark.sql.types import (
 
 _FIELDS: tuple[tuple[str, object], ...] = (
     ("ts", LongType()),  # microseconds since the epoch
+    ("n", LongType()),  # the line's place in its session's stream (job._decode adds it)
     ("ev", StringType()),
     ("vhost", StringType()),
     ("msg", LongType()),

@@ -276,6 +276,49 @@ def test_message_history(spark: Any, tmp_path: Path) -> None:
     assert job.message_events(events, str(rows[0]["msg"])).count() == len(rows)
 
 
+def test_events_that_share_a_time_keep_the_stream_order(spark: Any, tmp_path: Path) -> None:
+    """A nack with requeue, and the redelivery it makes room for, happen in one event-loop
+    iteration and share one time (broker/trace_events.py TraceClock): the job orders them
+    as the broker wrote them, not by a guess from their names."""
+    trace = tmp_path / "trace"
+    with run_broker(trace_enabled=True, trace_dir=str(trace)) as broker:
+        conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+        ch = conn.channel()
+        ch.queue_declare("again", durable=True)
+        ch.basic_qos(prefetch_count=1)
+        ch.basic_publish("", "again", b"x", _props("m-again"))
+        seen: list[bool] = []
+
+        def on_message(chan: Any, method: Any, _: Any, __: bytes) -> None:
+            seen.append(method.redelivered)
+            if method.redelivered:
+                chan.basic_ack(method.delivery_tag)
+            else:
+                chan.basic_nack(method.delivery_tag, requeue=True)
+
+        ch.basic_consume("again", on_message)
+        _wait(lambda: len(seen) == 2, conn)
+        ch.queue_declare("again", passive=True)  # the ack is in
+        conn.close()
+        broker.call(broker.server.broker.tracing.flush)
+    from warren.pipeline import job
+
+    events = job.load_events(spark, str(trace))
+    rows = [r.asDict() for r in job.message_events(events, "m-again").collect()]
+    evs = [r["ev"] for r in rows]
+    assert evs == ["published", "routed", "delivered", "nacked", "requeued", "delivered", "acked"]
+    assert rows[3]["ts"] == rows[4]["ts"] == rows[5]["ts"]  # one iteration: one time
+    copy = job.copy_events(events).filter("queue = 'again'").orderBy("ts", "n").collect()
+    assert [(r["ev"], r["prev"], r["state"]) for r in copy] == [
+        ("routed", "none", "ready"),
+        ("delivered", "ready", "unacked"),
+        ("nacked", "unacked", "unacked"),
+        ("requeued", "unacked", "ready"),
+        ("delivered", "ready", "unacked"),
+        ("acked", "unacked", "gone"),
+    ]
+
+
 def test_the_job_against_plain_python(spark: Any, tmp_path: Path) -> None:
     trace = tmp_path / "trace"
     generate.generate(str(trace), 3000, seed=7, per_file=4000)

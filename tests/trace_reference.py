@@ -13,19 +13,11 @@ from typing import Any
 
 from warren.broker import trace_format
 
-ORDER = {
-    "published": 0,
-    "adopted": 0,
-    "routed": 1,
-    "delivered": 2,
-    "nacked": 3,
-    "acked": 3,
-    "requeued": 4,
-    "retry_scheduled": 4,
-    "expired": 5,
-    "dead_lettered": 6,
-    "dropped": 6,
-}
+# the events of one copy (a message in one queue); routed is split into one arrival per queue
+COPY_EVENTS = frozenset(
+    ("adopted", "routed", "delivered", "nacked", "acked", "requeued", "retry_scheduled",
+     "expired", "dead_lettered", "dropped")
+)  # fmt: skip
 
 
 def nearest_rank(values: list[int], p: float) -> float:
@@ -43,7 +35,7 @@ def reference(events: list[dict[str, Any]]) -> dict[str, Any]:
         if e["ev"] == "routed":
             for queue in e["queues"]:
                 per_copy[(e["vhost"], e["msg"], queue)].append({**e, "queue": queue})
-        elif e["ev"] in ORDER and e["ev"] not in ("published",):
+        elif e["ev"] in COPY_EVENTS:
             per_copy[(e["vhost"], e["msg"], e["queue"])].append(e)
     queues: dict[str, Counter[str]] = defaultdict(Counter)
     consumers: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
@@ -51,7 +43,7 @@ def reference(events: list[dict[str, Any]]) -> dict[str, Any]:
     processing_by_queue: dict[str, list[int]] = defaultdict(list)
     outcomes: Counter[str] = Counter()
     for (_, _, queue), evs in per_copy.items():
-        evs.sort(key=lambda e: (e["ts"], ORDER[e["ev"]]))
+        evs.sort(key=lambda e: e["ts"])  # stable: events sharing a time keep the stream's order
         q = queues[queue]
         state = "none"
         delivery: tuple[int, str] | None = None
