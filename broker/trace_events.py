@@ -75,16 +75,16 @@ clock = time.monotonic
 class TraceClock:
     """The time every event carries: the clock, read at most once per event-loop iteration.
 
-    Reading the clock for each event was a third of what tracing added to a message
-    (three reads a message, each a call and a float, and a double in each record;
-    trace_path.py --callgrind), and a client sees nothing finer than an iteration anyway:
-    what the loop handled after one wait for the sockets was read at the same moment,
-    and what it sends goes out together. So the first event reads the clock, writes it
-    into the stream as a ``TIME`` record, and queues, with ``call_soon``, the callback
-    that makes the next event read it again. While a callback is queued the loop does
-    not wait, so an event's time is never older than the work the loop did since: within
-    an iteration at full load (a fraction of a millisecond), exact when the broker is
-    not busy. The stream's order is the events' order; their times never go back.
+    Reading the clock for each event, and a double in each record, would add almost as
+    much again as the rest of tracing (trace_path.py --callgrind), and a client sees
+    nothing finer than an iteration anyway: what the loop handled after one wait for the
+    sockets was read at the same moment, and what it sends goes out together. So the
+    first event reads the clock, writes it into the stream as a ``TIME`` record, and
+    queues, with ``call_soon``, the callback that makes the next event read it again.
+    While a callback is queued the loop does not wait, so an event's time is never older
+    than the work the loop did since: within an iteration at full load (a fraction of a
+    millisecond), exact when the broker is not busy. The stream's order is the events'
+    order; their times never go back.
     """
 
     __slots__ = ("_loop", "_records", "_stale", "fresh", "now")

@@ -100,7 +100,7 @@ class TraceWriter:
         self.directory = os.path.abspath(directory)
         self.rotate_bytes = rotate_bytes
         self.rotate_seconds = rotate_seconds
-        self.cap = capacity * 64  # bytes held: a frequent event's record is 40 to 73
+        self.cap = capacity * 64  # bytes held: a frequent event's record is 32 to 57
         # The records since the last hand-over; never replaced (the tracers hold it), only
         # emptied at each hand-over.
         self.records = BytesWriter()

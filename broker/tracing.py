@@ -14,9 +14,10 @@ buffers cannot hold is dropped and counted, and the count goes into the trace
 (``trace_dropped``) so that the report can say what is missing.
 
 Decoded, every line has ``ts`` (microseconds since the epoch: the monotonic clock read on the
-loop, shifted once to wall-clock time, so intervals are exact even if the system clock
-is stepped), ``ev`` and ``vhost``; message events have ``msg``, the broker-assigned id
-that fan-out copies and dead-lettered copies keep. The events and their fields:
+loop once per iteration (trace_events.TraceClock), shifted once to wall-clock time, so
+intervals are exact even if the system clock is stepped), ``ev`` and ``vhost``; message
+events have ``msg``, the broker-assigned id that fan-out copies and dead-lettered copies
+keep. The events and their fields:
 
 ==================  ==========================================================================
 published           exchange, rk, size, mid, cid (when set), persistent, conn, ch, seq
