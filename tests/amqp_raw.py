@@ -185,6 +185,19 @@ def header_payload(body_size: int, properties: commands.Basic.Properties | None 
     return struct.pack(">HHQ", 60, 0, body_size) + props.marshal()
 
 
+def publish_frames(
+    queue: str, body: bytes, properties: commands.Basic.Properties | None = None
+) -> bytes:
+    """One basic.publish to the default exchange on channel 1, body in one frame, as bytes
+    to send together with others (one segment: the broker reads them in one go)."""
+    method = method_payload(build(commands.Basic.Publish, exchange="", routing_key=queue))
+    return (
+        frame_bytes(FRAME_METHOD, 1, method)
+        + frame_bytes(FRAME_HEADER, 1, header_payload(len(body), properties))
+        + frame_bytes(FRAME_BODY, 1, body)
+    )
+
+
 def field_table(table: Mapping[str, Any]) -> bytes:
     """pamqp's field-table encoding (length-prefixed)."""
     return bytes(encode.field_table(dict(table)))

@@ -18,6 +18,7 @@ from tests.amqp_raw import (
     frame_bytes,
     header_payload,
     method_payload,
+    publish_frames,
 )
 from warren.broker.testkit import RunningBroker, run_broker
 
@@ -179,15 +180,6 @@ def test_a_publisher_that_never_waits_for_confirms_is_held_at_the_limit(tmp_path
             assert other.declare_queue(1, "flood.q", passive=True).message_count == count
         # at most one turn of publishes (EVENTS_PER_TURN) past the limit, sampled
         assert peak <= limit + 257, peak
-
-
-def publish_frames(queue: str, body: bytes, properties: commands.Basic.Properties | None) -> bytes:
-    method = method_payload(build(commands.Basic.Publish, exchange="", routing_key=queue))
-    return (
-        frame_bytes(FRAME_METHOD, 1, method)
-        + frame_bytes(FRAME_HEADER, 1, header_payload(len(body), properties))
-        + frame_bytes(FRAME_BODY, 1, body)
-    )
 
 
 def test_a_publisher_with_a_window_within_the_limit_is_never_held(tmp_path: object) -> None:

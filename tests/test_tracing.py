@@ -23,14 +23,12 @@ import pytest
 from pamqp import commands
 
 from tests.amqp_raw import (
-    FRAME_BODY,
-    FRAME_HEADER,
     FRAME_METHOD,
     RawClient,
     build,
     frame_bytes,
-    header_payload,
     method_payload,
+    publish_frames,
 )
 from warren.broker import trace_format, trace_writer
 from warren.broker.testkit import RunningBroker, run_broker
@@ -134,27 +132,16 @@ def test_what_one_loop_iteration_handled_shares_one_time(
     publishes read in one segment share their time, one sent after the broker went idle
     has a later time, and no time goes back from one line to the next."""
 
-    def publish(body: bytes) -> bytes:
-        return b"".join(
-            [
-                frame_bytes(
-                    FRAME_METHOD, 1, method_payload(build(commands.Basic.Publish, routing_key="q"))
-                ),
-                frame_bytes(FRAME_HEADER, 1, header_payload(len(body))),
-                frame_bytes(FRAME_BODY, 1, body),
-            ]
-        )
-
     def count() -> bytes:  # a passive declare answers after the publishes before it
         method = build(commands.Queue.Declare, queue="q", passive=True)
         return frame_bytes(FRAME_METHOD, 1, method_payload(method))
 
     raw = RawClient.connect((traced.host, traced.port))
     raw.call(1, build(commands.Queue.Declare, queue="q", durable=True), commands.Queue.DeclareOk)
-    raw.send(publish(b"1") + publish(b"2") + publish(b"3") + count())
+    raw.send(b"".join([publish_frames("q", b) for b in (b"1", b"2", b"3")]) + count())
     assert raw.expect_method(commands.Queue.DeclareOk).message_count == 3
     time.sleep(0.005)  # time to pass, not to wait for anything
-    raw.send(publish(b"4") + count())
+    raw.send(publish_frames("q", b"4") + count())
     assert raw.expect_method(commands.Queue.DeclareOk).message_count == 4
     raw.close()
     events = read_trace(traced, trace_dir)
