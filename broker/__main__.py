@@ -75,16 +75,18 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 # The cyclic collector's schedule in the broker's process. Python's default (700, 10, 10)
-# collects the young generation every 700 container allocations and considers a full
-# collection every 70,000: while a backlog builds, one runs each time the heap has grown by
-# a quarter, and each walks every queued message. At 50,000 a full collection is considered
-# every 5 million allocations (a few million messages); garbage cycles wait that long, so
-# the engine makes none where it churns (Queue.close lets go of its timers). Measured in
-# docs/performance.md ("Garbage collection"): a third more ingress while a backlog builds,
-# no change when messages leave as fast as they come. Not set by the test kit's
-# in-process broker, whose process is the user's. WARREN_GC_THRESHOLDS=700,10,10 puts
-# Python's default back (as RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS tunes Erlang's collector).
-GC_THRESHOLDS = (50_000, 10, 10)
+# considers a full collection every 70,000 container allocations: while a backlog builds,
+# one runs each time the heap has grown by a quarter, and each walks every queued message.
+# Here a full collection is considered every 6 million allocations (2 x 301 x 10,001: a
+# few million messages); garbage cycles wait that long, so the engine makes none where it
+# churns (Queue.close lets go of its timers). The middle 0 collects the middle generation
+# every other young collection, so that no collection walks more than the last 20,000 new
+# objects: with (50000, 10, 10) one walked 500,000 queued messages at a time, a 60 ms stall
+# every 2 s of a growing backlog, long enough for a publisher's TCP to change pace. Measured
+# in docs/performance.md ("Garbage collection"). Not set by the test kit's in-process
+# broker, whose process is the user's. WARREN_GC_THRESHOLDS=700,10,10 puts Python's default
+# back (as RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS tunes Erlang's collector).
+GC_THRESHOLDS = (10_000, 0, 300)
 
 
 def gc_thresholds(env: str | None) -> tuple[int, int, int]:
@@ -94,7 +96,7 @@ def gc_thresholds(env: str | None) -> tuple[int, int, int]:
         first, second, third = (int(part) for part in env.split(","))
     except ValueError:
         raise ValueError(
-            f"WARREN_GC_THRESHOLDS={env!r}: expected three integers, as in 50000,10,10"
+            f"WARREN_GC_THRESHOLDS={env!r}: expected three integers, as in 10000,0,300"
         ) from None
     if min(first, second, third) < 0:
         raise ValueError(f"WARREN_GC_THRESHOLDS={env!r}: a threshold cannot be negative")
