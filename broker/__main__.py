@@ -80,10 +80,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 # Here a full collection is considered every 6 million allocations (2 x 301 x 10,001: a
 # few million messages); garbage cycles wait that long, so the engine makes none where it
 # churns (Queue.close lets go of its timers). The middle 0 collects the middle generation
-# every other young collection, so that no collection walks more than the last 20,000 new
-# objects: with (50000, 10, 10) one walked 500,000 queued messages at a time, a 60 ms stall
-# every 2 s of a growing backlog, long enough for a publisher's TCP to change pace. Measured
-# in docs/performance.md ("Garbage collection"). Not set by the test kit's in-process
+# every other young collection, so that no collection short of a full one walks more than
+# the last 20,000 new objects: (50000, 10, 10) would walk 500,000 queued messages at a time,
+# a 60 ms stall every 2 s of a growing backlog, long enough for a publisher's TCP to change
+# pace. Measured in docs/performance.md ("Garbage collection"). Not set by the test kit's in-process
 # broker, whose process is the user's. WARREN_GC_THRESHOLDS=700,10,10 puts Python's default
 # back (as RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS tunes Erlang's collector).
 GC_THRESHOLDS = (10_000, 0, 300)

@@ -1,13 +1,28 @@
-"""The S10 idle-connection client of tests/benchmarks/compare_extra.py against a real broker."""
+"""The benchmarks' own clients and endpoints: the S10 idle-connection client of
+tests/benchmarks/compare_extra.py against a real broker, and the null broker."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+from pamqp import commands
+
+from tests.amqp_raw import (
+    FRAME_METHOD,
+    RawClient,
+    build,
+    frame_bytes,
+    method_payload,
+    publish_frames,
+)
 from warren.broker.testkit import run_broker
 
 SCRIPT = Path(__file__).resolve().parent / "benchmarks" / "compare_extra.py"
@@ -52,3 +67,57 @@ def test_the_client_answers_heartbeats() -> None:
         doc = s10(b.port, 50, 3.5)
     assert doc["heartbeat"] == 1
     assert doc["alive_after_idle"] == 50, doc
+
+
+# ---- tests/benchmarks/null_broker.py, the S7 ceiling's endpoint ----
+
+NULL_BROKER = Path(__file__).resolve().parent / "benchmarks" / "null_broker.py"
+
+
+@contextlib.contextmanager
+def null_broker(interval_ms: float) -> Iterator[tuple[str, int]]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    proc = subprocess.Popen(
+        [sys.executable, str(NULL_BROKER), "--port", str(port), "--interval", str(interval_ms)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("null broker on")
+        yield "127.0.0.1", port
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_null_broker_takes_publishes_and_answers_the_close_after_them() -> None:
+    """What a load generator does: declare, publish (bodies holding channel.close's class
+    and method ids, which must not end the run), then close the channel and the connection."""
+    with null_broker(1) as addr, RawClient.connect(addr) as c:
+        c.send_method(1, build(commands.Queue.Declare, queue="ceiling"))
+        assert c.expect_method(commands.Queue.DeclareOk, 1).queue == "ceiling"
+        body = b"\x00\x14\x00\x28\x00\xc8" * 4
+        c.send(publish_frames("ceiling", body) * 5000)
+        c.send_method(1, commands.Channel.Close(reply_code=0, reply_text="done"))
+        c.expect_method(commands.Channel.CloseOk, 1)
+        c.send(publish_frames("ceiling", body))  # publishing again, then a connection.close
+        c.send_method(0, commands.Connection.Close(reply_code=200, reply_text="bye"))
+        c.expect_method(commands.Connection.CloseOk, 0)
+        c.expect_eof()
+
+
+def test_the_null_broker_finds_a_close_split_over_two_reads() -> None:
+    with null_broker(1) as addr, RawClient.connect(addr) as c:
+        c.send(publish_frames("ceiling", b"x" * 16) * 100)
+        close = frame_bytes(
+            FRAME_METHOD, 1, method_payload(commands.Channel.Close(reply_code=200, reply_text="ok"))
+        )
+        for cut in (3, 9):  # in the size field; in the class and method ids
+            c.send(close[:cut])
+            time.sleep(0.05)  # the broker reads once a millisecond: the halves come apart
+            c.send(close[cut:])
+            c.expect_method(commands.Channel.CloseOk, 1)
+            c.send(publish_frames("ceiling", b"x" * 16))
