@@ -6,7 +6,7 @@ unless the vhost traces, so with tracing off the message path pays one attribute
 With it on, a method records plain values in memory and returns: nothing is formatted or
 parsed on the event loop, and nothing there waits for the disk. :class:`Tracing` says
 which vhosts trace. The rest lives in three rooms: the stream's layout
-(broker/trace_events.py), the hand-over (broker/trace_writer.py: every 20 ms one
+(broker/trace_events.py), the hand-over (broker/trace_writer.py: every 5-20 ms one
 non-blocking pipe write to a writer process), and that process
 (broker/trace_format.py: the batches as they are, in files rotated by size and by age,
 decoded into JSON lines by the report job and by ``trace_format decode``). What the
