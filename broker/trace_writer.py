@@ -54,10 +54,10 @@ if TYPE_CHECKING:
     from warren.broker.tracing import Tracer
     from warren.broker.vhost import VirtualHost
 
-FLUSH_INTERVAL = 0.02  # seconds between hand-overs while events come slowly (or not at all)
-# ... and while they come fast: a hand-over stays a small part of the 1 MiB pipe (at 20 ms,
-# one at 45 MB/s nearly filled it, and events were dropped whenever the writer was late)
-# and of the CPU's caches
+FLUSH_INTERVAL = 0.02  # seconds between hand-overs while events come slowly or not at all
+# While they come fast, hand-overs come sooner: each stays a small part of the 1 MiB pipe
+# (one of 20 ms at 45 MB/s nearly fills it, and events are dropped whenever the writer is
+# late) and of the CPU's caches.
 BUSY_FLUSH_INTERVAL = 0.005
 BUSY_BYTES = 65536  # records at a tick that make the next one come sooner
 FLUSH_TIMEOUT = 5.0  # seconds a flush (tests, shutdown) waits for the writer process

@@ -7,10 +7,10 @@ publishing (channel.open, queue.declare/purge/delete, confirm.select, basic.qos,
 channel.close, connection.close). From the first basic.publish on, it reads the socket
 once every ``--interval`` milliseconds (as Warren's read coalescing does under a stream
 of publishes) and drops the bytes unparsed, watching only for channel.close and
-connection.close. It stores
-nothing, routes nothing and confirms nothing: what a publisher reaches against it is the
-publisher's own ceiling, the most any broker could show it (docs/performance.md, S7).
-Publishing with confirms against it never gets them.
+connection.close. It stores nothing, routes nothing and confirms nothing: what a
+publisher reaches against it is the publisher's own ceiling, the most any broker could
+show it (docs/performance.md, "S7's ceiling"). Publishing with confirms against it never
+gets them.
 """
 
 from __future__ import annotations
