@@ -452,6 +452,26 @@ def test_ack_zero_multiple_acks_everything(client: RawClient, queue: str) -> Non
     assert client.get(1, queue) is None
 
 
+def test_one_multiple_ack_across_queues_frees_each_consumer(
+    client: RawClient, janitor: Janitor, name: str
+) -> None:
+    """Each consumer (prefetch 1) holds one delivery from its own queue; one multiple ack
+    settles them all, and every consumer gets its queue's next message, once."""
+    queues = [janitor.queue(f"{name}-{i}") for i in range(40)]
+    for q in queues:
+        client.declare_queue(1, q, durable=True)
+        fill(client, q, 2, prefix=f"{q}:")
+    client.qos(1, 1)
+    for i, q in enumerate(queues):
+        client.consume(1, q, f"c{i}")
+    first = client.deliveries(1, len(queues))
+    assert sorted(d.body for d in first) == sorted(f"{q}:0".encode() for q in queues)
+    client.ack(1, max(d.method.delivery_tag for d in first), multiple=True)
+    second = client.deliveries(1, len(queues))
+    assert sorted(d.body for d in second) == sorted(f"{q}:1".encode() for q in queues)
+    assert {d.method.consumer_tag for d in second} == {f"c{i}" for i in range(len(queues))}
+
+
 @pytest.mark.parametrize(
     ("make", "method_id"),
     [
