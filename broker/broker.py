@@ -11,6 +11,7 @@ from warren.broker.alarms import ResourceMonitor
 from warren.broker.auth import AccessControl
 from warren.broker.deprecated import DeprecatedFeatures
 from warren.broker.persistence import Persistence
+from warren.broker.reaper import Reaper
 from warren.broker.stats import BrokerStats, ChannelStats
 from warren.broker.timers import ManualTimers, Timers
 from warren.broker.tracing import Tracing
@@ -57,6 +58,7 @@ class Broker:
         self.connections: set[Connection] = set()
         self.reply_channels: dict[str, Channel] = {}  # direct reply-to token -> channel
         self.tracing = Tracing(self.settings, self.timers)
+        self.reaper = Reaper(self.timers)  # broker/reaper.py
         self._unopened_vhost: VirtualHost | None = None  # see default_vhost_obj
         if settings.test_api:
             self.record(True)
@@ -72,6 +74,7 @@ class Broker:
                 name, self.clock, self.settings.consumer_timeout
             )
             vhost.persistence = self.persistence
+            vhost.reaper = self.reaper
             vhost.stats = self.stats
             vhost.deprecated = self.deprecated
             vhost.default_queue_type = self.settings.default_queue_type
@@ -113,6 +116,7 @@ class Broker:
         self.persistence.start(self.timers.loop)
 
     def close_store(self) -> None:
+        self.reaper.finish()  # the removal records of purged messages go first
         if self.persistence is not None:
             self.persistence.close()
             self.persistence = None

@@ -27,6 +27,7 @@ from warren.broker.message import (
 )
 from warren.broker.paged import MESSAGE_MEMORY, PagedRun
 from warren.broker.ready import PriorityReady, merge_in_order
+from warren.broker.reaper import EVERYTHING
 from warren.broker.retry import RetryPolicy, parse_schedule
 from warren.broker.stats import ConsumerUse
 from warren.broker.timers import Deadline, DeadlineHeap
@@ -716,35 +717,56 @@ class Queue:
         return back
 
     def purge(self) -> int:
-        """Drop the ready messages and those waiting for a retry; unacked ones stay."""
+        """Drop the ready messages and those waiting for a retry; unacked ones stay.
+
+        The queue is empty at once. A long one's messages are let go of by the reaper, a
+        slice a loop turn (broker/reaper.py), so that nobody else waits for that."""
         count = self.ready_count + self.delayed_count
         if count and (tracer := self.vhost.tracer) is not None:
             tracer.purged(self)
-        for msg in self.ready:
-            self._gone(msg)
-            if msg.paged_size >= 0:
-                unpage(msg, b"")
-        for item in self.tail:
-            if isinstance(item, PagedRun):
-                for msg in item.pending:
-                    self._gone(msg)
-                item.pending.clear()
-                assert self.message_store is not None
-                self.message_store.drop_run(item, self.deleted)
-            else:
-                self._gone(item)
-                if item.paged_size >= 0:
-                    unpage(item, b"")
-        self.tail.clear()
         for _, _, msg in self._delayed:
             self._gone(msg)
         self._delayed.clear()
         self.delayed_count = 0
-        self.ready.clear()
         self._expiry.clear()
+        if self.ready or self.tail:
+            held: deque[Any] = deque((self.ready, self.tail))
+            self.ready = PriorityReady(self.max_priority) if self.max_priority else deque()
+            self.tail = deque()
+            reaper = self.vhost.reaper
+            if self.ready_count > reaper.slice:
+                reaper.add(self, held)
+            else:
+                self.let_go(held, EVERYTHING)
         self.ready_count = 0
         self.ready_bytes = 0
         return count
+
+    def let_go(self, held: deque[Any], budget: int) -> int:
+        """Let go of at most ``budget`` messages that left in a purge, oldest first;
+        ``held`` is the containers they were in (``ready``, ``tail``), emptied as it goes.
+        Returns the budget left."""
+        while held and budget > 0:
+            box = held[0]
+            if not box:
+                held.popleft()
+                continue
+            item = box.popleft()
+            if isinstance(item, PagedRun):
+                for msg in item.pending:
+                    self._gone(msg)
+                budget -= len(item.pending)
+                item.pending.clear()
+                assert self.message_store is not None
+                budget -= self.message_store.drop_run(item, self.deleted, max(budget, 1))
+                if not item.dead:
+                    box.appendleft(item)  # the rest of it next time
+            else:
+                self._gone(item)
+                if item.paged_size >= 0:
+                    unpage(item, b"")
+                budget -= 1
+        return budget
 
     # ---- consumers ----
 

@@ -27,6 +27,7 @@ from warren.broker.firehose import TRACE_EXCHANGE
 from warren.broker.message import Message
 from warren.broker.policy import Policy, pick
 from warren.broker.queue import Queue, fan_out
+from warren.broker.reaper import Reaper
 from warren.broker.stream import StreamQueue, stream_directory, validate_stream_arguments
 from warren.protocol.constants import (
     ACCESS_REFUSED,
@@ -87,6 +88,8 @@ class VirtualHost:
         self.relaxed_quorum_redeclare = False
         self.log: Any = structlog.get_logger("warren")
         self.tracer: Tracer | None = None  # set while this vhost traces (broker/tracing.py)
+        # lets go of long purged queues a slice at a time (the broker's, shared by its vhosts)
+        self.reaper = Reaper(timers)
         self.disabled_exchange_types: frozenset[str] = frozenset()  # by configuration
         # firehose copies waiting for the current event to end (broker/firehose.py)
         self.firehose_pending: list[tuple[list[Queue], Message]] = []

@@ -121,3 +121,18 @@ def test_the_null_broker_finds_a_close_split_over_two_reads() -> None:
             c.send(close[cut:])
             c.expect_method(commands.Channel.CloseOk, 1)
             c.send(publish_frames("ceiling", b"x" * 16))
+
+
+def test_delete_stall_times_a_delete_and_what_others_waited(tmp_path: Path) -> None:
+    script = SCRIPT.parent / "delete_stall.py"
+    with run_broker(data_dir=str(tmp_path)) as b:
+        for extra in ([], ["--persistent", "--op", "purge"]):
+            result = subprocess.run(
+                [sys.executable, str(script), "--url", b.url, "--messages", "3000",
+                 "--runs", "1", *extra],
+                capture_output=True, text=True, timeout=120, check=True,
+            )  # fmt: skip
+            run = json.loads(result.stdout.splitlines()[0])
+            assert run["url"] == b.url and run["reply_ms"] > 0
+            assert run["probe_longest_ms"] > 0 and run["probe_before_ms"] > 0
+            assert "of 3,000 " in result.stdout

@@ -84,6 +84,9 @@ class MessageStore:
         self._writer: Writer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._compacting: dict[int, int] = {}  # segment being compacted -> batch of its copies
+        # purged queues whose messages the reaper is still letting go of (broker/reaper.py):
+        # no compaction meanwhile, or it would copy records that are about to die
+        self.reaping = 0
         self._after_sync: deque[tuple[int, Callable[[bool], None]]] = deque()  # (batch, callback)
         # paging bodies out: messages waiting for their record to be written, in log order
         self.page_limit: int | None = PAGE_LIMIT  # None: bodies always stay in memory
@@ -777,27 +780,37 @@ class MessageStore:
         queue.paged_bytes -= taken
         run.drop_packed()
 
-    def drop_run(self, run: PagedRun, deleted: bool) -> None:
-        """The packed messages of ``run`` leave the store (purge; ``deleted``: with their
-        queue, no record needed). Pending ones are the queue's to drop, as Messages."""
-        run.dead = True
-        self.runs.discard(run)
-        self._pending_runs.pop(run, None)
+    def drop_run(self, run: PagedRun, deleted: bool, budget: int) -> int:
+        """At most ``budget`` packed messages of ``run``, oldest first, leave the store
+        (purge; ``deleted``: with their queue, no record needed); returns how many. Once the
+        last has gone the store forgets the run (``run.dead``). Pending ones are the
+        queue's to drop, as Messages. Until then the run stays a run whose packed entries
+        start at ``run.head``, for compaction to move as any other."""
         live = self._live
-        ids, segments = run.ids, run.segments
-        for i in range(run.head, len(ids)):
+        ids, segments, sizes = run.ids, run.segments, run.sizes
+        head = run.head
+        stop = min(len(ids), head + budget)
+        size = 0
+        for i in range(head, stop):
             if not deleted:
                 self._append(records.encode_remove(ids[i]))
             live[segments[i]] -= 1
+            size += sizes[i]
+        count = stop - head
         queue = run.queue
-        queue.paged_count -= run.packed
-        queue.paged_bytes -= run.bytes
-        queue.stats.persistent -= run.packed  # queue_messages_persistent{,_bytes}
-        queue.stats.persistent_bytes -= run.bytes
-        run.head, run.bytes = len(ids), 0
-        run.drop_packed()
+        queue.paged_count -= count
+        queue.paged_bytes -= size
+        queue.stats.persistent -= count  # queue_messages_persistent{,_bytes}
+        queue.stats.persistent_bytes -= size
+        run.head, run.bytes = stop, run.bytes - size
+        if stop == len(ids):
+            run.dead = True
+            self.runs.discard(run)
+            self._pending_runs.pop(run, None)
+            run.drop_packed()
         if live:
             self._collect_garbage()
+        return count
 
     def run_done(self, run: PagedRun) -> None:
         """Every message of ``run`` is back in its queue as a Message."""
@@ -902,9 +915,17 @@ class MessageStore:
             if self._live[oldest] <= 0:
                 self._drop_segment(oldest)
                 continue
+            if self.reaping:
+                return
             if self._live[oldest] < self._total[oldest] * COMPACT_BELOW or self._blocked():
                 self._compact(oldest)
             return
+
+    def reaped(self) -> None:
+        """The reaper has let go of one purged queue's messages: compaction may go on."""
+        self.reaping -= 1
+        if not self.reaping:
+            self._collect_garbage()
 
     def _blocked(self) -> bool:
         """Dead segments wait behind a mostly live oldest one, and dead records outnumber
