@@ -67,7 +67,7 @@ COMPILED_TESTS := tests/test_compiled.py tests/test_protocol.py tests/test_frame
 	tests/test_queues.py tests/test_dead_letter.py tests/test_alarms_and_limits.py \
 	tests/test_protocol_state.py tests/test_engine_in_memory.py tests/test_streams.py \
 	tests/test_paged_backlog.py tests/test_dispatch.py tests/test_durability.py \
-	tests/test_store_failure.py tests/test_tracing.py
+	tests/test_store_failure.py tests/test_tracing.py tests/test_long_purge.py
 # build/compiled comes before the repository on the path: its warren is the one imported
 # (two kill -9 rounds of test_durability.py, not ten: the pure run has the others)
 COMPILED_PYTEST = PYTHONPATH=$(COMPILED):. WARREN_EXPECT_COMPILED=1 WARREN_CRASH_ROUNDS=2 \

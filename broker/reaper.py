@@ -25,9 +25,10 @@ from warren.broker.timers import TimerHandle, Timers
 if TYPE_CHECKING:
     from warren.broker.queue import Queue
 
-# Messages let go of per loop turn. One costs 0.1 µs (transient) to 0.8 µs (persistent, a
-# removal record each) in the compiled build: a turn stays within a few milliseconds.
-REAP_SLICE = 8192
+# Messages let go of per loop turn. One costs 0.1 µs (transient) to 1.8 µs (persistent and in
+# memory: its store entry, a removal record) in the compiled build, so a turn takes 4 ms at
+# most (8,192 held a purge's turns to 7-15 ms; tests/benchmarks/delete_stall.py).
+REAP_SLICE = 2048
 EVERYTHING = 1 << 60  # a budget that no queue exhausts
 
 

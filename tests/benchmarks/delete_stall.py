@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import sys
 import threading
@@ -41,17 +42,24 @@ def addr_of(url: str) -> tuple[str, int]:
 def fill(c: RawClient, queue: str, n: int, persistent: bool) -> None:
     props = commands.Basic.Properties(delivery_mode=2 if persistent else 1)
     batch = publish_frames(queue, b"x" * 16, props) * BATCH
-    sent = 0
-    while sent < n:
-        k = min(BATCH, n - sent)
-        c.send(batch if k == BATCH else batch[: len(batch) // BATCH * k])
-        sent += k
-    while True:  # wait until the broker has queued them all
-        ok = c.call(1, build(commands.Queue.Declare, queue=queue, passive=True),
-                    commands.Queue.DeclareOk)  # fmt: skip
-        if ok.message_count >= n:
-            return
-        time.sleep(0.05)
+    timeout = c.timeout
+    c.timeout = 600.0  # a broker may hold a publisher back a while (flow control, the disk)
+    c.sock.settimeout(c.timeout)
+    try:
+        sent = 0
+        while sent < n:
+            k = min(BATCH, n - sent)
+            c.send(batch if k == BATCH else batch[: len(batch) // BATCH * k])
+            sent += k
+        while True:  # until the broker has queued them all
+            ok = c.call(1, build(commands.Queue.Declare, queue=queue, passive=True),
+                        commands.Queue.DeclareOk)  # fmt: skip
+            if ok.message_count >= n:
+                return
+            time.sleep(0.05)
+    finally:
+        c.timeout = timeout
+        c.sock.settimeout(timeout)
 
 
 class Probe(threading.Thread):
@@ -82,7 +90,7 @@ class Probe(threading.Thread):
 
 def one_run(url: str, n: int, persistent: bool, op: str, tag: str) -> dict[str, float]:
     addr = addr_of(url)
-    queue = f"delete-stall-{tag}"
+    queue = f"delete-stall-{os.getpid()}-{tag}"
     c = RawClient.connect(addr)
     try:
         # transient: exclusive, as RabbitMQ 4.3 refuses other transient queues by default
