@@ -112,6 +112,9 @@ class Exchange:
         # id(destination) -> keys of its bindings: a deleted queue's are found without a scan
         self._by_destination: dict[int, dict[tuple[int, str, str], None]] = {}
         self._exchange_bindings = 0
+        # exchanges with a binding to this one (bind keeps it, as for a queue's): deleting
+        # this exchange visits them, not every exchange of the vhost
+        self.sources: dict[Exchange, None] = {}
         # Prometheus' exchange_metrics, counted by the publishing channel
         self.published = self.confirmed = self.unroutable_returned = self.unroutable_dropped = 0
 
@@ -154,7 +157,11 @@ class Exchange:
         if key in self.bindings:
             return False
         self.bindings[key] = binding
-        self._by_destination.setdefault(key[0], {})[key] = None
+        keys = self._by_destination.get(key[0])
+        if keys is None:
+            self._by_destination[key[0]] = keys = {}
+            binding.destination.sources[self] = None
+        keys[key] = None
         if isinstance(binding.destination, Exchange):
             self._exchange_bindings += 1
             self.has_exchange_destinations = True
@@ -187,10 +194,18 @@ class Exchange:
         del keys[binding.key()]
         if not keys:
             del self._by_destination[key]
+            del binding.destination.sources[self]
         if isinstance(binding.destination, Exchange):
             self._exchange_bindings -= 1
             self.has_exchange_destinations = self._exchange_bindings > 0
         self._removed(binding)
+
+    def unbind_all(self) -> None:
+        """The exchange is deleted: every binding from it goes."""
+        for binding in self.bindings.values():
+            binding.destination.sources.pop(self, None)
+        self.bindings.clear()
+        self._bindings_changed()
 
     def _bindings_changed(self) -> None:
         """Rebuild every index after ``bindings`` was changed wholesale."""

@@ -43,6 +43,7 @@ from warren.protocol.properties import (
 if TYPE_CHECKING:
     from warren.broker.channel import Channel
     from warren.broker.consumer import Consumer
+    from warren.broker.exchange import Exchange
     from warren.broker.policy import Policy
     from warren.broker.store import MessageStore, StoredMessage
     from warren.broker.vhost import VirtualHost
@@ -200,6 +201,9 @@ class Queue:
         self.trace_ref = 0  # its id in the trace stream (broker/tracing.py), 0: none yet
         self.message_store: MessageStore | None = None
         self.policy: Policy | None = None
+        # exchanges with a binding to this queue (Exchange.bind keeps it): deleting the queue
+        # visits them, not every exchange of the vhost
+        self.sources: dict[Exchange, None] = {}
         # consumer timeouts (quorum queues): (deadline, n, message, channel, tag, timeout),
         # earliest first
         self._lock_heap: DeadlineHeap[tuple[float, int, Message, Channel, int, int]] = DeadlineHeap(

@@ -257,12 +257,10 @@ class VirtualHost:
         exchange.deleted = True
         exchange.close()
         self.exchanges.pop(exchange.name, None)
-        exchange.bindings.clear()
-        exchange._bindings_changed()
-        for other in list(self.exchanges.values()):
-            if other.binds_to(exchange):
-                other.unbind_destination(exchange)
-                self._maybe_auto_delete(other)
+        exchange.unbind_all()
+        for other in list(exchange.sources):
+            other.unbind_destination(exchange)
+            self._maybe_auto_delete(other)
 
     def _maybe_auto_delete(self, exchange: Exchange) -> None:
         if exchange.auto_delete and not exchange.bindings and not exchange.deleted:
@@ -428,10 +426,9 @@ class VirtualHost:
         self.queues.pop(queue.name, None)
         if self.persistence is not None:
             self.persistence.queue_deleted(self.name, queue)
-        for exchange in list(self.exchanges.values()):
-            if exchange.binds_to(queue):
-                exchange.unbind_destination(queue)
-                self._maybe_auto_delete(exchange)
+        for exchange in list(queue.sources):
+            exchange.unbind_destination(queue)
+            self._maybe_auto_delete(exchange)
         queue.close()
         for consumer in list(queue.consumers):
             consumer.channel.consumer_cancelled_by_broker(consumer)

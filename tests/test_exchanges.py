@@ -507,6 +507,39 @@ def test_auto_delete_exchange_and_exchange_bindings(
     assert client.expect_channel_close(1) == (404, not_found("exchange", ex), 40, 10)
 
 
+def test_a_deleted_destination_leaves_every_exchange_bound_to_it(
+    client: RawClient, janitor: Janitor, name: str
+) -> None:
+    """A queue or exchange bound from several exchanges (each of which keeps other
+    bindings) goes from all of them when it is deleted, and only from them."""
+    a, b, c, d = (janitor.exchange(f"{name}.{x}") for x in "abcd")
+    client.declare_exchange(1, a, "fanout")
+    client.declare_exchange(1, b, "fanout", auto_delete=True)
+    client.declare_exchange(1, c, "direct")
+    client.declare_exchange(1, d, "fanout")
+    q, other = queues_for(client, janitor, name, 2)
+    for source in (a, b):
+        client.bind_queue(1, q, source)
+    client.bind_queue(1, q, c, "k")
+    client.bind_queue(1, other, c, "other")
+    for source, key in ((a, ""), (c, "k")):
+        bind = build(commands.Exchange.Bind, destination=d, source=source, routing_key=key)
+        client.call(1, bind, commands.Exchange.BindOk)
+    client.delete_queue(1, q)
+    client.send_method(1, build(commands.Exchange.Declare, exchange=b, passive=True))
+    assert client.expect_channel_close(1) == (404, not_found("exchange", b), 40, 10)
+    client.channel_open(1)
+    client.declare_queue(1, q, durable=True)  # the same name, no bindings
+    client.delete_exchange(1, d)
+    for source, key in ((a, ""), (c, "k")):
+        client.publish(1, b"x", exchange=source, routing_key=key, mandatory=True)
+        assert client.read_return(1).method.reply_text == "NO_ROUTE"
+    client.publish(1, b"y", exchange=c, routing_key="other", mandatory=True)
+    got = client.get(1, other, no_ack=True)
+    assert got is not None and got.body == b"y"
+    assert client.get(1, q) is None
+
+
 def test_durable_exchange(client: RawClient, janitor: Janitor, name: str) -> None:
     ex = janitor.exchange(name)
     client.declare_exchange(1, ex, "topic", durable=True)

@@ -62,7 +62,16 @@ def reference_matches(pattern: str, routing_key: str) -> bool:
 # small alphabets, so that patterns and keys meet often; keys may hold '*' and '#' literally
 PATTERNS = st.lists(st.sampled_from(["a", "b", "", "*", "#"]), max_size=5).map(".".join)
 KEYS = st.lists(st.sampled_from(["a", "b", "", "c", "*", "#"]), max_size=6).map(".".join)
-DESTS = [object() for _ in range(4)]
+
+
+class Dest:
+    """A destination as an exchange sees one: the exchanges bound to it are kept on it."""
+
+    def __init__(self) -> None:
+        self.sources: dict[Exchange, None] = {}
+
+
+DESTS = [Dest() for _ in range(4)]
 
 
 def test_reference_matcher_agrees_with_known_cases() -> None:
@@ -132,7 +141,9 @@ def test_exchange_index_follows_bindings(
             assert len({id(d) for d in got}) == len(got), "a destination twice"
             assert {id(d) for d in got} == {id(d) for p, d, _ in live if matches(p, key)}
         for dest in DESTS:
-            assert exchange.binds_to(dest) == any(b[1] is dest for b in live)
+            bound = any(b[1] is dest for b in live)
+            assert exchange.binds_to(dest) == bound
+            assert (exchange in dest.sources) == bound
     if isinstance(exchange, TopicExchange) and not live:
         assert exchange._trie.empty(), "nodes left behind"
 
