@@ -2,7 +2,7 @@
 queues are declared, bound and deleted: Warren and RabbitMQ side by side (issue 24).
 
     python tests/benchmarks/scale_curves.py [all|consumers|queues|channels|blocked|
-        blocked-priority|churn] [--seconds 5] [--runs 2]
+        blocked-priority|churn|exchanges] [--seconds 5] [--runs 2]
         [--rabbit-url amqp://guest:guest@127.0.0.1:5672/] [--baseline-url URL]
 
 starts a fresh Warren (``--config tests/rabbitmq-3.x.conf``, on a free port, its management
@@ -37,6 +37,8 @@ delivered (and acked) per second over ``--seconds``.
                  before the unbinds, 100 policies (one queue each) set and cleared one
                  management API request at a time (Warren's on a free port; RabbitMQ's at
                  --rabbit-api)
+    exchanges N  beside N fanout exchanges, 2,000 queues each bound from one of them are
+                 deleted, then the N exchanges (pipelined 100 deep): operations per second
 """
 
 from __future__ import annotations
@@ -72,12 +74,14 @@ POINTS = {
     "blocked": [1, 100, 1000],
     "blocked-priority": [1, 100, 1000],
     "churn": [1000, 10000],
+    "exchanges": [100, 1000, 10000],
 }
 CONNECTIONS = 4  # client processes for the consumers and queues curves
 WINDOW = 2000  # messages in flight per publishing process
 PREFETCH = 100
 DEPTH = 100  # pipelined set-up and churn operations
 POLICIES = 100  # set and cleared in the churn curve
+EXCHANGE_QUEUES = 2000  # declared, bound and deleted beside the exchanges curve's N
 LEVELS = 10  # consumer priorities of the blocked-priority curve
 ACK = struct.Struct(">BHIHHQBB")
 DELIVER_TAG = struct.Struct(">Q")
@@ -314,6 +318,32 @@ def churn(url: str, n: int, api: str | None) -> dict[str, float]:
     return rates
 
 
+def exchanges(url: str, n: int) -> dict[str, float]:
+    """Beside N fanout exchanges: EXCHANGE_QUEUES queues, each bound from one of them, are
+    deleted, then the N exchanges (pipelined): operations per second of each."""
+    client = Client(url, 1, "exchanges")
+    names = [f"scale-x-{i}" for i in range(n)]
+    queues = [f"scale-xq-{i}" for i in range(EXCHANGE_QUEUES)]
+    client.pipeline([(1, commands.Exchange.Declare(exchange=x, exchange_type="fanout"))
+                     for x in names], commands.Exchange.DeclareOk)  # fmt: skip
+    client.pipeline([(1, commands.Queue.Declare(queue=q)) for q in queues],
+                    commands.Queue.DeclareOk)  # fmt: skip
+    client.pipeline([(1, commands.Queue.Bind(queue=q, exchange=names[i % n]))
+                     for i, q in enumerate(queues)], commands.Queue.BindOk)  # fmt: skip
+    rates = {}
+    for figure_, methods, reply in (
+        ("queue.delete", [commands.Queue.Delete(queue=q) for q in queues],
+         commands.Queue.DeleteOk),
+        ("exchange.delete", [commands.Exchange.Delete(exchange=x) for x in names],
+         commands.Exchange.DeleteOk),
+    ):  # fmt: skip
+        start = time.monotonic()
+        client.pipeline([(1, m) for m in methods], reply)
+        rates[figure_] = len(methods) / (time.monotonic() - start)
+    client.conn.close()
+    return rates
+
+
 def cpu_seconds(pid: int | None) -> float:
     """User and system CPU time of process ``pid`` (0.0 without one)."""
     if not pid:
@@ -375,6 +405,8 @@ def measure(
     if curve == "churn":
         api = args.warren_api if url != args.rabbit_url else args.rabbit_api
         return churn(url, n, api if args.rabbit_api else None)
+    if curve == "exchanges":
+        return exchanges(url, n)
     if curve in ("blocked", "blocked-priority"):
         return blocked(url, n, args.seconds, pid, curve == "blocked-priority")
     return {"msg/s": throughput(url, curve, n, args.seconds, args.prefetch)}
