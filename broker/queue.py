@@ -732,9 +732,9 @@ class Queue:
             self._gone(msg)
         self._delayed.clear()
         self.delayed_count = 0
-        self._expiry.clear()
-        if self.ready or self.tail:
-            held: deque[Any] = deque((self.ready, self.tail))
+        expiring = self._expiry.take()
+        if self.ready or self.tail or expiring:
+            held: deque[Any] = deque((self.ready, self.tail, expiring))
             self.ready = PriorityReady(self.max_priority) if self.max_priority else deque()
             self.tail = deque()
             reaper = self.vhost.reaper
@@ -748,12 +748,17 @@ class Queue:
 
     def let_go(self, held: deque[Any], budget: int) -> int:
         """Let go of at most ``budget`` messages that left in a purge, oldest first;
-        ``held`` is the containers they were in (``ready``, ``tail``), emptied as it goes.
-        Returns the budget left."""
+        ``held`` is the containers they were in (``ready``, ``tail``, then the expiry heap's
+        entries, which only need freeing), emptied as it goes. Returns the budget left."""
         while held and budget > 0:
             box = held[0]
             if not box:
                 held.popleft()
+                continue
+            if box.__class__ is list:  # expiry heap entries
+                keep = max(0, len(box) - budget)
+                budget -= len(box) - keep
+                del box[keep:]
                 continue
             item = box.popleft()
             if isinstance(item, PagedRun):

@@ -271,3 +271,10 @@ class DeadlineHeap(Deadline, Generic[E]):
     def clear(self) -> None:
         self.entries.clear()
         self.cancel()
+
+    def take(self) -> list[E]:
+        """Empty the heap, handing its entries over (for a purge's reaper to free)."""
+        entries = self.entries
+        self.entries = []
+        self.cancel()
+        return entries

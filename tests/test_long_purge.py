@@ -37,7 +37,11 @@ def bodies(ch: Any, queue: str) -> list[bytes]:
     return out
 
 
-@pytest.mark.parametrize("arguments", [{}, {"x-max-priority": 5}], ids=["fifo", "priorities"])
+@pytest.mark.parametrize(
+    "arguments",
+    [{}, {"x-max-priority": 5}, {"x-message-ttl": 3_600_000}],
+    ids=["fifo", "priorities", "ttl"],
+)
 def test_a_long_transient_queue_is_empty_at_once_and_takes_new_messages(
     arguments: dict[str, Any],
 ) -> None:
@@ -91,4 +95,28 @@ def test_what_a_long_purge_or_delete_took_does_not_come_back_after_a_restart(
         for name in ("deleted.q", "purged-then-deleted.q"):
             ch.queue_declare(name, durable=True)
             assert ch.queue_declare(name, passive=True).method.message_count == 0
+        conn.close()
+
+
+def test_purged_messages_with_a_ttl_never_expire_into_the_dead_letter_queue() -> None:
+    """The expiry heap goes with the purged messages: nothing purged is dead-lettered when
+    its time comes, and what came after the purge expires and is dead-lettered as usual."""
+    with run_broker(record=False, clock="manual") as running:
+        small_slices(running)
+        conn = pika.BlockingConnection(pika.URLParameters(running.url))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("long.dlq", exclusive=True)
+        arguments = {
+            "x-message-ttl": 1000,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": "long.dlq",
+        }
+        ch.queue_declare("long.ttl", exclusive=True, arguments=arguments)
+        fill(ch, "long.ttl", 30 * SLICE, pika.BasicProperties())
+        assert ch.queue_purge("long.ttl").method.message_count == 30 * SLICE
+        ch.basic_publish("", "long.ttl", b"after")
+        running.clock.advance(2.0)
+        assert bodies(ch, "long.dlq") == [b"after"]
+        assert ch.queue_declare("long.ttl", passive=True).method.message_count == 0
         conn.close()

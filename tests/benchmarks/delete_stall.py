@@ -2,6 +2,7 @@
 
     python tests/benchmarks/delete_stall.py --url amqp://guest:guest@127.0.0.1:5673/
         [--url ...] [--messages 1000000] [--persistent] [--op delete|purge] [--runs 3]
+        [--ttl MS]
 
 For each broker (``--url``, repeated; the runs alternate between them) and run: fill a
 queue with ``--messages`` 16-byte messages (durable queue and delivery mode 2 with
@@ -88,13 +89,17 @@ class Probe(threading.Thread):
         )
 
 
-def one_run(url: str, n: int, persistent: bool, op: str, tag: str) -> dict[str, float]:
+def one_run(
+    url: str, n: int, persistent: bool, op: str, tag: str, ttl: int | None
+) -> dict[str, float]:
     addr = addr_of(url)
     queue = f"delete-stall-{os.getpid()}-{tag}"
     c = RawClient.connect(addr)
     try:
         # transient: exclusive, as RabbitMQ 4.3 refuses other transient queues by default
-        c.declare_queue(1, queue, durable=persistent, exclusive=not persistent)
+        arguments = {} if ttl is None else {"x-message-ttl": ttl}
+        c.declare_queue(1, queue, durable=persistent, exclusive=not persistent,
+                        arguments=arguments)  # fmt: skip
         fill(c, queue, n, persistent)
         probe = Probe(addr, f"{queue}-probe")
         probe.start()
@@ -128,15 +133,18 @@ def main() -> None:
     ap.add_argument("--persistent", action="store_true")
     ap.add_argument("--op", choices=("delete", "purge"), default="delete")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--ttl", type=int, help="the queue's x-message-ttl, ms")
     args = ap.parse_args()
     results: dict[str, list[dict[str, float]]] = {url: [] for url in args.url}
     for run in range(args.runs):
         for url in args.url:
-            r = one_run(url, args.messages, args.persistent, args.op, f"{run}")
+            r = one_run(url, args.messages, args.persistent, args.op, f"{run}", args.ttl)
             results[url].append(r)
             print(json.dumps({"url": url, "run": run, **{k: round(v, 1) for k, v in r.items()}}),
                   flush=True)  # fmt: skip
     kind = "persistent" if args.persistent else "transient"
+    if args.ttl is not None:
+        kind += f", x-message-ttl {args.ttl}"
     print(f"\n{args.op} of {args.messages:,} {kind} messages, medians of {args.runs} runs")
     print("| broker | reply ms | probe's longest wait ms | before ms |")
     print("|---|---:|---:|---:|")
