@@ -39,7 +39,9 @@ class Reaper:
         self._timers = timers
         self._work: deque[tuple[Queue, deque[Any]]] = deque()
         self._handle: TimerHandle | None = None
-        self.slice = REAP_SLICE  # a queue that empties more than this hands them over
+        # a queue that empties more than this hands them over; 0 holds all of them until
+        # finish() (tests of a stop while the reaper has work)
+        self.slice = REAP_SLICE
 
     def add(self, queue: Queue, held: deque[Any]) -> None:
         """``held``: the containers messages of ``queue`` were in (``Queue.let_go``)."""
@@ -52,7 +54,7 @@ class Reaper:
     def _turn(self) -> None:
         self._handle = None
         self._reap(self.slice)
-        if self._work:
+        if self._work and self.slice:
             self._handle = self._timers.call_soon(self._turn)
 
     def _reap(self, budget: int) -> None:

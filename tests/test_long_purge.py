@@ -21,8 +21,8 @@ SLICE = 100
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
 
-def small_slices(running: RunningBroker) -> None:
-    running.call(setattr, running.server.broker.reaper, "slice", SLICE)
+def small_slices(running: RunningBroker, size: int = SLICE) -> None:
+    running.call(setattr, running.server.broker.reaper, "slice", size)
 
 
 def fill(ch: Any, queue: str, count: int, props: pika.BasicProperties) -> None:
@@ -65,15 +65,21 @@ def test_a_long_transient_queue_is_empty_at_once_and_takes_new_messages(
         conn.close()
 
 
-@pytest.mark.parametrize("memory_limit", [0, None], ids=["packed", "in-memory"])
+@pytest.mark.parametrize(
+    ("memory_limit", "size"),
+    [(0, SLICE), (None, SLICE), (0, 0)],
+    ids=["packed", "in-memory", "packed-held-until-the-stop"],
+)
 def test_what_a_long_purge_or_delete_took_does_not_come_back_after_a_restart(
-    tmp_path: Path, memory_limit: int | None
+    tmp_path: Path, memory_limit: int | None, size: int
 ) -> None:
     """``packed``: past the queue's memory limit (0) the messages wait in packed runs
-    (broker/paged.py), which the reaper drops a slice at a time within a run."""
+    (broker/paged.py), which the reaper drops a slice at a time within a run. A slice of 0
+    holds every purged message until the stop, which must let go of them (and write their
+    remove records) before the store closes."""
     limit: dict[str, Any] = {} if memory_limit is None else {"queue_body_memory_limit": 0}
     with run_broker(data_dir=str(tmp_path), record=False, **limit) as running:
-        small_slices(running)
+        small_slices(running, size)
         conn = pika.BlockingConnection(pika.URLParameters(running.url))
         ch = conn.channel()
         ch.confirm_delivery()
