@@ -4,7 +4,7 @@ The queue is empty for clients at once (purge-ok and delete-ok carry the count, 
 declare says 0, a consumer gets only what came after); the purged messages are let go of
 a slice per loop turn, oldest first, and a clean stop lets go of the rest before the store
 closes, so that nothing purged or deleted comes back after a restart. The slice is set to
-100 here so that a few thousand messages take many turns.
+20 here so that a few hundred messages take many turns.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from warren.broker.testkit import RunningBroker, run_broker
 
-SLICE = 100
+SLICE = 20
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
 
