@@ -593,18 +593,19 @@ class Channel:
         if (tracer := self.vhost.tracer) is not None:
             tracer.acked(self, msgs)
         self.stats.acked += len(msgs)
-        # a dict, not a list: one multiple ack may settle deliveries from thousands of
-        # queues, and a list's `in` made it O(queues^2)
-        touched: dict[Queue, None] = {}
+        touched: list[Queue] = []
         for msg in msgs:
             queue = msg.queue
             assert queue is not None
             consumer = msg.consumer
             if consumer is not None:
                 consumer.unacked -= 1
-                touched[queue] = None
+                if not touched or touched[-1] is not queue:
+                    touched.append(queue)
             queue.settled(msg)
-        self._redispatch(touched)
+        # one multiple ack may settle deliveries from thousands of queues: deduplicated in a
+        # dict (a list's `in` made it O(queues^2)), and only then (the usual ack has one)
+        self._redispatch(touched if len(touched) < 2 else list(dict.fromkeys(touched)))
 
     def on_basic_nack(self, method: BasicNack) -> None:
         msgs = self._take(method.delivery_tag, method.multiple)
@@ -630,7 +631,7 @@ class Channel:
             else:
                 for msg in group:
                     queue.rejected(msg)
-        self._redispatch(by_queue)
+        self._redispatch(list(by_queue))
 
     def _group(self, msgs: list[Message]) -> dict[Queue, list[Message]]:
         """Group deliveries by queue, taking them off their consumers' counts."""
@@ -650,8 +651,8 @@ class Channel:
             if queue.consumers and not queue.deleted:
                 queue.dispatch()
 
-    def _redispatch(self, queues: dict[Queue, Any]) -> None:
-        """Deliveries on ``queues`` (the keys) were settled: their consumers may take more."""
+    def _redispatch(self, queues: list[Queue]) -> None:
+        """Deliveries on ``queues`` were settled: their consumers may take more."""
         if self.prefetch_global:  # room on the channel: any consumer of it may take more
             for queue in dict.fromkeys([*queues, *(c.queue for c in self.consumers.values())]):
                 if queue.consumers and not queue.deleted:
