@@ -205,17 +205,9 @@ class Exchange:
         for binding in self.bindings.values():
             binding.destination.sources.pop(self, None)
         self.bindings.clear()
-        self._bindings_changed()
-
-    def _bindings_changed(self) -> None:
-        """Rebuild every index after ``bindings`` was changed wholesale."""
         self._by_destination = {}
-        for key in self.bindings:
-            self._by_destination.setdefault(key[0], {})[key] = None
-        self._exchange_bindings = sum(
-            isinstance(b.destination, Exchange) for b in self.bindings.values()
-        )
-        self.has_exchange_destinations = self._exchange_bindings > 0
+        self._exchange_bindings = 0
+        self.has_exchange_destinations = False
         self._changed()
 
     def _changed(self) -> None:
