@@ -47,8 +47,8 @@ class HttpApi:
         if auth:
             token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
             req.add_header("Authorization", "Basic " + token)
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
+        if data is not None or method in ("POST", "PUT", "PATCH"):
+            req.add_header("Content-Type", "application/json")  # as rabbitmqadmin sends it
         for key, value in (headers or {}).items():
             req.add_header(key, value)
         try:

@@ -335,6 +335,39 @@ def _split(raw_path: str) -> list[str] | None:
     return parts
 
 
+# Cross-site requests. A page on another origin can make the browser send a POST without a
+# CORS preflight only as a form (text/plain, urlencoded, multipart) or with no body at all,
+# and the browser attaches basic-auth credentials it has cached for this host. It cannot
+# send ``application/json`` without a preflight, and preflights get no Access-Control-Allow-*
+# headers here. So a POST must declare JSON, and so must any request that carries a body
+# (PUT, PATCH and DELETE always need a preflight; a bodiless one is what curl sends for
+# ``PUT /api/vhosts/x``, which RabbitMQ accepts). RabbitMQ's definitions resource refuses other
+# bodies with 415 (rabbit_mgmt_wm_definitions:content_types_accepted); Warren does so on every
+# route, where RabbitMQ's other resources accept any type ('*').
+_JSON = "application/json"
+
+
+def _unsupported_media_type(method: str, request: web.Request) -> ApiError | None:
+    if method not in ("POST", "PUT", "PATCH", "DELETE"):
+        return None
+    declared = request.headers.get("Content-Type")
+    if declared is not None and declared.split(";", 1)[0].strip().lower() == _JSON:
+        return None
+    if method != "POST" and declared is None and not _has_body(request):
+        return None
+    return ApiError(
+        415,
+        "unsupported_media_type",
+        f"{method} requests must have Content-Type: {_JSON} (got {declared or 'none'})",
+    )
+
+
+def _has_body(request: web.Request) -> bool:
+    return bool(request.content_length) or "chunked" in request.headers.get(
+        "Transfer-Encoding", ""
+    ).lower()
+
+
 class ManagementApp:
     def __init__(self, mgmt: Management, router: Router) -> None:
         self.mgmt = mgmt
@@ -377,6 +410,9 @@ class ManagementApp:
         ctx = Ctx(self.mgmt, request, method, params, user)
         handler, check = route.handlers[method]
         check(ctx)
+        refusal = _unsupported_media_type(method, request)
+        if refusal is not None:
+            raise refusal
         if request.can_read_body:
             ctx.body = await request.read()
         try:

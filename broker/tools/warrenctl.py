@@ -75,7 +75,7 @@ class Api:
         req = urllib.request.Request(self.base + "/api/" + path, data=data, method=method)
         token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
         req.add_header("Authorization", "Basic " + token)
-        if data is not None:
+        if data is not None or method in ("POST", "PUT"):  # the API refuses undeclared POSTs
             req.add_header("Content-Type", "application/json")
         for key, value in (headers or {}).items():
             req.add_header(key, value)

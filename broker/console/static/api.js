@@ -38,10 +38,9 @@ export async function api(method, path, body, { creds = credentials(), headers =
   if (!creds) throw new ApiError(401, "not_authorized", "Not logged in");
   // X-Requested-With: the API then answers 401 without a Basic challenge (no browser prompt)
   const init = { method, headers: { Authorization: authHeader(creds), "X-Requested-With": "XMLHttpRequest", ...headers } };
-  if (body !== undefined) {
-    init.body = JSON.stringify(body);
-    init.headers["Content-Type"] = "application/json";
-  }
+  // the API refuses a POST, or any body, that is not declared JSON (cross-site requests)
+  if (method !== "GET" && method !== "HEAD") init.headers["Content-Type"] = "application/json";
+  if (body !== undefined) init.body = JSON.stringify(body);
   let resp;
   try {
     resp = await fetch("/api" + path, init);
