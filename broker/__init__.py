@@ -1,1 +1,2 @@
-"""Warren's engine: vhosts, exchanges, queues, channels and connections, and the asyncio server."""
+"""Warren's broker, by concern: engine/, store/, streams/, tracing/, server/ (the asyncio
+shell), ops/ (management, console, metrics), tools/ and testkit/."""

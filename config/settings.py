@@ -44,7 +44,7 @@ class Settings:
     channel_max: int = 2047
     handshake_timeout: int = 10000  # ms
     # ms a publisher's socket waits between small, quick reads; 0 reads as data arrives
-    # (warren.read_coalescing_interval; broker/connection.py Connection._coalesce)
+    # (warren.read_coalescing_interval; broker/server/amqp_connection.py Connection._coalesce)
     read_coalescing_interval: int = 1
     consumer_timeout: int | None = 1800000  # ms; None = disabled (Warren: `infinity`)
     consumer_max_per_channel: int | None = None  # None = unlimited
@@ -74,7 +74,7 @@ class Settings:
     # body bytes of ready persistent messages a durable queue keeps in memory; past it they
     # are read back from the segments when delivered. None: `infinity` (never paged out)
     queue_body_memory_limit: int | None = 64 * 1024 * 1024
-    # message-lifecycle tracing (Warren's own trace.* keys; broker/tracing.py)
+    # message-lifecycle tracing (Warren's own trace.* keys; broker/tracing/tracer.py)
     trace_enabled: bool = False
     track_auth_attempt_source: bool = False  # warren.track_auth_attempt_source
     trace_dir: str = "./trace"
@@ -83,7 +83,7 @@ class Settings:
     trace_rotate_interval: int = 3600  # seconds
     trace_buffer: int = 262144  # events held for the writer; past this they are dropped
     # deprecated_features.permit.<name> = true|false: (name, permitted) in file order; a
-    # feature not named keeps RabbitMQ 4.3's default for its phase (broker/deprecated.py)
+    # feature not named keeps RabbitMQ 4.3's default for its phase (broker/engine/deprecated.py)
     deprecated_features_permit: tuple[tuple[str, bool], ...] = ()
     # default_queue_type: the type of a queue declared without x-queue-type (RabbitMQ 4.x);
     # a vhost's own default_queue_type (management API, definitions) wins over it

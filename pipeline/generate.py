@@ -2,8 +2,8 @@
 
     python -m warren.pipeline.generate --out /tmp/trace10m --messages 2000000   # about 10M events
 
-Its files are JSON lines, made by broker/trace_format.py's formatters: byte for byte what a
-broker's binary trace files decode to (``python -m warren.broker.trace_format decode``),
+Its files are JSON lines, made by broker/tracing/format.py's formatters: byte for byte what a
+broker's binary trace files decode to (``python -m warren.broker.tracing.format decode``),
 which the job reads as well. The workload: ``orders`` with three consumers of which one
 is slow and a fan-out copy to ``audit``; ``emails`` with a TTL and nacks (requeued);
 ``payments``, a quorum queue with consumer timeouts, delayed retries and a delivery
@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from warren.broker import trace_events as t
-from warren.broker.trace_format import FORMATS
+from warren.broker.tracing import events as t
+from warren.broker.tracing.format import FORMATS
 
 VHOST = "/"
 PUBLISHER = ("10.0.0.5", 50000)

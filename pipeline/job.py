@@ -20,7 +20,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from warren.broker import trace_format
+from warren.broker.tracing import format as trace_format
 from warren.pipeline.schema import DEAD_LETTER_REASONS, READ_SCHEMA
 
 # events that happen to one copy in one queue (routed is exploded into one arrival per queue)
@@ -107,7 +107,7 @@ def _decode(item: tuple[str, bytes]) -> Iterator[str]:
 def load_events(spark: SparkSession, trace: str) -> DataFrame:
     """Every event of the trace files in ``trace`` (a directory or one file).
 
-    Each file is decoded on its own, in parallel (broker/trace_format.py). An ack whose
+    Each file is decoded on its own, in parallel (broker/tracing/format.py). An ack whose
     delivery lies in an earlier file comes out of its file with the delivery's channel
     and tag only, and gets the rest here from that delivery.
     """

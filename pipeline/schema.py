@@ -3,7 +3,7 @@ all nullable.
 
 Kept in one place, and given to the reader explicitly: inferring a schema means one
 extra pass over the whole trace. The events and their fields are listed in
-broker/tracing.py.
+broker/tracing/tracer.py.
 """
 
 from __future__ import annotations

@@ -43,11 +43,11 @@ with atheris.instrument_imports():
         split_frames,
     )
 
-    import warren.broker.connection
+    import warren.broker.server.amqp_connection
     import warren.protocol.connection  # noqa: F401
-    from warren.broker.broker import Broker
-    from warren.broker.connection import Connection
-    from warren.broker.timers import Timers
+    from warren.broker.engine.broker import Broker
+    from warren.broker.engine.timers import Timers
+    from warren.broker.server.amqp_connection import Connection
     from warren.config import Settings
 
 SEEDS = load_seeds()

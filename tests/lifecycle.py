@@ -339,7 +339,7 @@ def policy_broker() -> Iterator[Policies]:
             policies.clear_all()
         return
 
-    from warren.broker.policy import Policy
+    from warren.broker.engine.policy import Policy
     from warren.broker.testkit import run_broker
 
     with run_broker() as running:

@@ -247,7 +247,7 @@ def test_an_unfinished_message_counts_as_publishing_for_the_alarms(warren: Runni
         assert got is not None and got.body == b"x" * 1000 + b"y" * 1000
 
 
-# ---- read coalescing (warren.read_coalescing_interval; broker/connection.py _coalesce) ----
+# ---- read coalescing (warren.read_coalescing_interval; server/amqp_connection.py _coalesce) ----
 
 
 def coalesced(running: RunningBroker) -> int:

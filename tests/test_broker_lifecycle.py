@@ -15,8 +15,8 @@ import pytest
 from pamqp import commands
 
 from tests.amqp_raw import RawClient, build, frame_bytes, header_payload, method_payload
-from warren.broker.channel import Channel
-from warren.broker.connection import Connection
+from warren.broker.engine.channel import Channel
+from warren.broker.server.amqp_connection import Connection
 from warren.broker.testkit import RunningBroker, run_broker
 from warren.protocol.constants import PROTOCOL_HEADER
 

@@ -10,12 +10,12 @@ import sys
 from importlib.machinery import EXTENSION_SUFFIXES
 
 import warren
-import warren.broker.channel
-import warren.broker.exchange
-import warren.broker.message
-import warren.broker.queue
-import warren.broker.tracing
-import warren.broker.vhost
+import warren.broker.engine.channel
+import warren.broker.engine.exchange
+import warren.broker.engine.message
+import warren.broker.engine.queue
+import warren.broker.engine.vhost
+import warren.broker.tracing.tracer
 import warren.protocol.connection
 import warren.protocol.methods
 
@@ -25,19 +25,20 @@ COMPILED = os.environ.get("WARREN_EXPECT_COMPILED") == "1"
 def test_the_message_path_runs_as_the_build_says() -> None:
     modules = (
         warren.protocol.connection,
-        warren.broker.exchange,
-        warren.broker.vhost,
-        warren.broker.channel,
-        warren.broker.message,
-        warren.broker.queue,
+        warren.broker.engine.exchange,
+        warren.broker.engine.vhost,
+        warren.broker.engine.channel,
+        warren.broker.engine.message,
+        warren.broker.engine.queue,
     )
     for module in modules:
         assert str(module.__file__).endswith(tuple(EXTENSION_SUFFIXES)) == COMPILED
     compiled = warren.compiled_modules()
     if COMPILED:
-        names = {"protocol.connection", "broker.exchange", "broker.vhost", "broker.channel",
-                 "broker.connection", "broker.consumer", "broker.message", "broker.queue",
-                 "broker.stats", "broker.store.records", "broker.store.segments"}  # fmt: skip
+        names = {"protocol.connection", "broker.engine.exchange", "broker.engine.vhost",
+                 "broker.engine.channel", "broker.server.amqp_connection", "broker.engine.consumer",
+                 "broker.engine.message", "broker.engine.queue", "broker.engine.stats",
+                 "broker.store.records", "broker.store.segments"}  # fmt: skip
         assert names <= set(compiled)
     else:
         assert compiled == []
@@ -45,8 +46,8 @@ def test_the_message_path_runs_as_the_build_says() -> None:
 
 def test_tracing_writes_records_as_the_build_does_best() -> None:
     """Compiled, a record's fields are stores into the buffer; interpreted, one struct.pack
-    (broker/tracing.py InterpretedTracer). test_tracing.py runs on both builds."""
-    assert warren.broker.tracing.INTERPRETED != COMPILED
+    (broker/tracing/tracer.py InterpretedTracer). test_tracing.py runs on both builds."""
+    assert warren.broker.tracing.tracer.INTERPRETED != COMPILED
 
 
 def test_deliveries_are_encoded_as_the_build_does_best() -> None:
@@ -66,13 +67,13 @@ def test_deliveries_are_encoded_as_the_build_does_best() -> None:
 
 def test_version_names_the_build() -> None:
     out = subprocess.run(
-        [sys.executable, "-c", "from warren.broker.__main__ import main; main(['--version'])"],
+        [sys.executable, "-c", "from warren.broker.server.main import main; main(['--version'])"],
         capture_output=True,
         text=True,
         cwd=os.path.dirname(os.path.dirname(warren.__file__)),  # the build under test
     )
     assert out.stdout.startswith(f"warren-server {warren.__version__} (")
     if COMPILED:
-        assert "compiled with mypyc: " in out.stdout and "broker.exchange" in out.stdout
+        assert "compiled with mypyc: " in out.stdout and "broker.engine.exchange" in out.stdout
     else:
         assert "(pure Python)" in out.stdout

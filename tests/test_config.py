@@ -225,7 +225,7 @@ def test_loopback_users() -> None:
 @pytest.mark.parametrize(
     ("value", "host", "port"),
     [
-        ("5672", "", 5672),  # IPv6 and IPv4, as RabbitMQ (broker/listen.py)
+        ("5672", "", 5672),  # IPv6 and IPv4, as RabbitMQ (broker/server/listen.py)
         ("0", "", 0),
         ("127.0.0.1:5673", "127.0.0.1", 5673),
         ("0.0.0.0:5672", "0.0.0.0", 5672),

@@ -1,4 +1,4 @@
-"""Publisher confirms without a socket: the orderings broker/confirms.py owns.
+"""Publisher confirms without a socket: the orderings broker/engine/confirms.py owns.
 
 The socket tests (test_confirms_tx.py, test_durability.py) see these only when
 the disk happens to be slow; here each ordering is built on purpose.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warren.broker.confirms import ACK, NACK, Confirms
+from warren.broker.engine.confirms import ACK, NACK, Confirms
 
 
 def test_a_window_of_accepted_publishes_is_one_multiple_ack() -> None:

@@ -19,7 +19,7 @@ import pytest
 from pamqp import commands
 
 from tests.amqp_raw import DEFAULT_CAPABILITIES, RawClient, build
-from warren.broker.policy import Policy
+from warren.broker.engine.policy import Policy
 from warren.broker.testkit import RunningBroker, run_broker
 from warren.broker.testkit.memory import Delivery, MemoryBroker, MemoryClient
 from warren.protocol.methods import make

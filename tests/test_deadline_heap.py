@@ -1,11 +1,11 @@
-"""DeadlineHeap (broker/timers.py): the lazily-deleted heap behind TTL, consumer
+"""DeadlineHeap (broker/engine/timers.py): the lazily-deleted heap behind TTL, consumer
 timeouts and delayed retries, on a manual clock."""
 
 from __future__ import annotations
 
 import heapq
 
-from warren.broker.timers import DeadlineHeap, ManualTimers
+from warren.broker.engine.timers import DeadlineHeap, ManualTimers
 
 
 def make_heap(

@@ -1,6 +1,6 @@
 """Round-robin dispatch when many consumers wait at their prefetch limit.
 
-A consumer found at its limit waits aside (broker/queue.py: Queue._blocked) until a
+A consumer found at its limit waits aside (broker/engine/queue.py: Queue._blocked) until a
 settle of one of its own deliveries, or a change that may concern any consumer (qos,
 a drained socket, a channel-wide limit), brings it back in turn. These tests check
 what a client sees: the order in which consumers get messages, that one whose

@@ -21,7 +21,7 @@ from node_amqplib import run_script
 from pamqp import commands
 from tls_certs import make_pki
 
-from warren.broker.__main__ import parse_args, settings_from_args
+from warren.broker.server.main import parse_args, settings_from_args
 from warren.broker.testkit import RunningBroker, run_broker
 from warren.config import Settings, parse_config
 from warren.config.parser import ConfigError

@@ -109,7 +109,7 @@ def test_topology_and_persistent_messages_survive_restart(tmp_path: Path) -> Non
 
 
 def test_users_vhosts_permissions_and_policies_survive(tmp_path: Path) -> None:
-    from warren.broker.policy import Policy
+    from warren.broker.engine.policy import Policy
 
     data = str(tmp_path)
     with run_broker(data_dir=data) as running:

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from pamqp import commands
 
-from warren.broker.connection import PUBLISH_EVENTS_PER_TURN
-from warren.broker.flow import FlowControl
+from warren.broker.server.amqp_connection import PUBLISH_EVENTS_PER_TURN
+from warren.broker.server.flow import FlowControl
 from warren.broker.testkit.memory import Delivery, MemoryBroker, MemoryClient, publish_bytes
 from warren.protocol.methods import make
 

@@ -43,7 +43,7 @@ from fuzz_support import (
 from hypothesis import HealthCheck, event, given, settings
 from pamqp import commands
 
-import warren.broker.connection
+import warren.broker.server.amqp_connection
 from warren.broker.testkit import RunningBroker, run_broker
 from warren.protocol.constants import PROTOCOL_HEADER, REPLY_NAMES
 from warren.protocol.methods import decode_method
@@ -317,11 +317,11 @@ def check_close(method: Any, codes: frozenset[int]) -> None:
 @pytest.fixture(scope="module")
 def target() -> Iterator[FuzzTarget]:
     closed: dict[int, Closed] = {}
-    original: Callable[[warren.broker.connection.Connection], None] = (
-        warren.broker.connection.Connection.connection_lost
+    original: Callable[[warren.broker.server.amqp_connection.Connection], None] = (
+        warren.broker.server.amqp_connection.Connection.connection_lost
     )
 
-    def connection_lost(self: warren.broker.connection.Connection) -> None:
+    def connection_lost(self: warren.broker.server.amqp_connection.Connection) -> None:
         if self.peer is not None and not self.closed:
             tuned = self.protocol.channel_max != 0  # 0 until a tune-ok is accepted
             closed[self.peer[1]] = Closed(tuned, self._close_reason)
@@ -334,7 +334,8 @@ def target() -> Iterator[FuzzTarget]:
         pytest.MonkeyPatch.context() as patch,
         run_broker(handshake_timeout=3000, deprecated_features_permit=permits) as running,
     ):
-        patch.setattr(warren.broker.connection.Connection, "connection_lost", connection_lost)
+        connection_class = warren.broker.server.amqp_connection.Connection
+        patch.setattr(connection_class, "connection_lost", connection_lost)
         running.add_vhost("witness")
         fuzz = FuzzTarget(running, closed)
         logging.getLogger().addHandler(fuzz.errors)

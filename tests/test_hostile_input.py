@@ -26,15 +26,15 @@ from amqp_raw import (
 )
 from pamqp import commands
 
-import warren.broker.auth
-import warren.broker.channel
-import warren.broker.connection
-import warren.broker.management.app
+import warren.broker.engine.channel
+import warren.broker.engine.users
+import warren.broker.ops.management.app
+import warren.broker.server.amqp_connection
 from warren.broker.testkit import RunningBroker, run_broker
 
 CONFIRMS_FIX = (
-    "broker/connection.py: confirms owed when a channel or connection closes are written "
-    "after channel.close-ok / connection.close(-ok)"
+    "broker/server/amqp_connection.py: confirms owed when a channel or connection closes are "
+    "written after channel.close-ok / connection.close(-ok)"
 )
 
 
@@ -152,7 +152,7 @@ def test_a_client_that_never_reads_cannot_fill_the_brokers_memory() -> None:
 
 
 COMPARE_DIGEST = hmac.compare_digest
-SECRET = "secret detail at /srv/warren/broker/channel.py:123"
+SECRET = "secret detail at /srv/warren/broker/engine/channel.py:123"
 
 
 def test_an_internal_error_answers_a_generic_text(
@@ -161,7 +161,7 @@ def test_an_internal_error_answers_a_generic_text(
     def broken(channel: Any, method: Any) -> None:
         raise RuntimeError(SECRET)
 
-    monkeypatch.setitem(warren.broker.channel.HANDLERS, commands.Basic.Qos, broken)
+    monkeypatch.setitem(warren.broker.engine.channel.HANDLERS, commands.Basic.Qos, broken)
     with RawClient.connect(addr(running)) as c, caplog.at_level(logging.ERROR):
         c.send_method(1, commands.Basic.Qos(prefetch_count=1))
         code, text, _, _ = c.expect_close()
@@ -180,7 +180,7 @@ def test_a_management_api_bug_answers_a_generic_500(monkeypatch: pytest.MonkeyPa
     async def broken(self: Any, request: Any) -> Any:
         raise RuntimeError(SECRET)
 
-    monkeypatch.setattr(warren.broker.management.app.ManagementApp, "_handle", broken)
+    monkeypatch.setattr(warren.broker.ops.management.app.ManagementApp, "_handle", broken)
     with run_broker(management_port=0) as b:
         assert b.management_url is not None
         request = urllib.request.Request(b.management_url.replace("guest:guest@", "") + "/api/")
@@ -204,8 +204,8 @@ def test_passwords_are_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch
         calls.append((a, b))
         return COMPARE_DIGEST(a, b)
 
-    monkeypatch.setattr(warren.broker.auth.hmac, "compare_digest", compare)
-    access = warren.broker.auth.AccessControl()
+    monkeypatch.setattr(warren.broker.engine.users.hmac, "compare_digest", compare)
+    access = warren.broker.engine.users.AccessControl()
     access.add_user("alice", "right")
     assert access.authenticate("alice", "right") is not None
     assert access.authenticate("alice", "wrong") is None
@@ -221,8 +221,8 @@ def test_an_unknown_user_costs_what_a_wrong_password_costs(
         calls.append(a)
         return COMPARE_DIGEST(a, b)
 
-    monkeypatch.setattr(warren.broker.auth.hmac, "compare_digest", compare)
-    access = warren.broker.auth.AccessControl()
+    monkeypatch.setattr(warren.broker.engine.users.hmac, "compare_digest", compare)
+    access = warren.broker.engine.users.AccessControl()
     access.add_user("alice", "right")
     assert access.authenticate("mallory", "right") is None
     assert len(calls) == 1
@@ -303,8 +303,9 @@ def test_dead_lettering_keeps_a_routing_key_that_is_not_utf8(running: RunningBro
 # ---- the handshake's order (found by the broker fuzzer) -----------------------------------------
 
 STATE_FIX = (
-    "broker/connection.py _connection_method: start-ok, tune-ok and open are accepted in any "
-    "state (a second open switches vhost, a second tune-ok starts a second heartbeat timer)"
+    "broker/server/amqp_connection.py _connection_method: start-ok, tune-ok and open are "
+    "accepted in any state (a second open switches vhost, a second tune-ok starts a second "
+    "heartbeat timer)"
 )
 
 
@@ -344,7 +345,8 @@ def test_a_closed_connection_is_not_kept_alive_by_its_timers(running: RunningBro
 
     def alive() -> int:
         gc.collect()
-        return sum(type(o) is warren.broker.connection.Connection for o in gc.get_objects())
+        connection_class = warren.broker.server.amqp_connection.Connection
+        return sum(type(o) is connection_class for o in gc.get_objects())
 
     before = running.call(alive)
     c = RawClient(addr(running))

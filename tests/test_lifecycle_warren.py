@@ -32,8 +32,8 @@ from lifecycle import (
 )
 from pamqp import commands
 
-from warren.broker.policy import Policy, PolicyError
-from warren.broker.queue import Queue
+from warren.broker.engine.policy import Policy, PolicyError
+from warren.broker.engine.queue import Queue
 from warren.broker.testkit import RunningBroker, run_broker
 from warren.broker.testkit.memory import Delivery as MemoryDelivery
 from warren.broker.testkit.memory import MemoryBroker, MemoryClient

@@ -133,7 +133,7 @@ def test_none_and_console_off_log_nothing(tmp_path: Path) -> None:
 
 STDLIB = """
 import logging, sys
-from warren.broker.logging import configure_logging
+from warren.broker.server.logging import configure_logging
 configure_logging("info", sys.argv[1])
 logging.getLogger("asyncio").debug("filtered out")
 try:

@@ -1,4 +1,4 @@
-"""Purging or deleting a queue longer than the reaper's slice (broker/reaper.py).
+"""Purging or deleting a queue longer than the reaper's slice (broker/engine/reaper.py).
 
 The queue is empty for clients at once (purge-ok and delete-ok carry the count, a passive
 declare says 0, a consumer gets only what came after); the purged messages are let go of
@@ -74,7 +74,7 @@ def test_what_a_long_purge_or_delete_took_does_not_come_back_after_a_restart(
     tmp_path: Path, memory_limit: int | None, size: int
 ) -> None:
     """``packed``: past the queue's memory limit (0) the messages wait in packed runs
-    (broker/paged.py), which the reaper drops a slice at a time within a run. A slice of 0
+    (broker/store/paged.py), which the reaper drops a slice at a time within a run. A slice of 0
     holds every purged message until the stop, which must let go of them (and write their
     remove records) before the store closes."""
     limit: dict[str, Any] = {} if memory_limit is None else {"queue_body_memory_limit": 0}

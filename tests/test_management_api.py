@@ -16,8 +16,8 @@ from pamqp import commands
 
 from tests.amqp_raw import RawClient, build, frame_bytes, header_payload, method_payload
 from tests.http_api import HttpApi, q
-from warren.broker.management import auth
-from warren.broker.management.app import Ctx, HttpSite, ManagementApp, Router
+from warren.broker.ops.management import auth
+from warren.broker.ops.management.app import Ctx, HttpSite, ManagementApp, Router
 from warren.broker.testkit import RunningBroker, run_broker
 
 GUEST_HASH_FROM_RABBITMQ = "bLDJCFT+RRW/IWLG0pNfWcaTbisQwjt5u24TLKjMA6r/NM6/"  # "guest"

@@ -16,7 +16,7 @@ import pika
 import pytest
 
 from tests.http_api import HttpApi, q
-from warren.broker.management.definitions import DefinitionsError
+from warren.broker.ops.management.definitions import DefinitionsError
 from warren.broker.testkit import RunningBroker, run_broker
 
 RABBITMQ_FILE = Path(__file__).parent / "data" / "rabbitmq-3.10-definitions.json"

@@ -17,9 +17,9 @@ import pytest
 from pika.adapters.blocking_connection import BlockingChannel
 
 from tests.http_api import HttpApi, q
-from warren.broker.management import auth
-from warren.broker.management.core import Management
-from warren.broker.management.errors import ApiError
+from warren.broker.ops.management import auth
+from warren.broker.ops.management.core import Management
+from warren.broker.ops.management.errors import ApiError
 from warren.broker.testkit import RunningBroker, run_broker
 
 PERMS = {"configure": "^c", "write": "^w", "read": "^r"}

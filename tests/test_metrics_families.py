@@ -20,7 +20,7 @@ import pytest
 from pika.exceptions import ProbableAuthenticationError, UnroutableError
 
 from tests.test_metrics import SAMPLE
-from warren.broker.stats import ConfirmedByExchange
+from warren.broker.engine.stats import ConfirmedByExchange
 from warren.broker.testkit import RunningBroker, run_broker
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
@@ -153,7 +153,7 @@ def test_paged_out_bodies_are_not_in_ram_and_are_read_back(warren: RunningBroker
 
 
 def test_packed_backlog_counts_as_persistent_across_purge_and_restart(tmp_path: Path) -> None:
-    """Messages packed on disk (broker/paged.py) are persistent messages of the queue: they
+    """Messages packed on disk (broker/store/paged.py) are persistent messages of the queue: they
     count after a restart, and a purge takes them out of the count."""
     settings: dict[str, Any] = {
         "management_port": None,
@@ -401,7 +401,7 @@ class _Exchange:
 
 def test_confirms_are_attributed_to_the_exchange_of_each_publish() -> None:
     """Confirms go out as ranges, a nack possibly ahead of earlier acks
-    (broker/confirms.py): each acked publish counts for the exchange it went to, once."""
+    (broker/engine/confirms.py): each acked publish counts for the exchange it went to, once."""
     x, y = _Exchange(), _Exchange()
     runs = ConfirmedByExchange()
     for seq, exchange in ((1, x), (2, x), (3, x), (4, y), (5, y), (6, x)):

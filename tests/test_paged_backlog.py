@@ -1,7 +1,7 @@
 """A long backlog of persistent messages costs a few packed bytes each, not objects.
 
 Past its memory limit a durable queue keeps paged-out messages as runs of packed
-columns (broker/paged.py); they become Message objects again a batch at a time at the
+columns (broker/store/paged.py); they become Message objects again a batch at a time at the
 head. These tests count the live Message objects while the backlog sits on disk (a
 count that grows with the backlog fails them), and check that order, bodies and the
 redelivered flag survive packing, reading back, purging and restarts.
@@ -16,7 +16,7 @@ from typing import Any
 import pika
 
 from tests.http_api import HttpApi
-from warren.broker.message import Message
+from warren.broker.engine.message import Message
 from warren.broker.testkit import RunningBroker, run_broker
 
 N = 20_000
@@ -197,8 +197,8 @@ def test_a_packed_messages_delivery_count_survives_a_restart(tmp_path: Path) -> 
         ch = conn.channel()
         ch.queue_declare(
             "counted.q", durable=True,
-            # a classic queue counts failed deliveries when it retries (broker/retry.py); only
-            # consumer-timeout returns wait here, so a nack requeues at once
+            # a classic queue counts failed deliveries when it retries (broker/engine/retry.py);
+            # only consumer-timeout returns wait here, so a nack requeues at once
             arguments={"x-delayed-retry-type": "returned", "x-delivery-limit": 1},
         )  # fmt: skip
         for i in range(100):

@@ -20,8 +20,8 @@ import pika
 import pytest
 
 from tests.trace_reference import load, nearest_rank, reference
-from warren.broker import trace_format
 from warren.broker.testkit import RunningBroker, run_broker
+from warren.broker.tracing import format as trace_format
 from warren.pipeline import cli, generate, report
 
 # JIT and code generation cost more than they save on a few thousand events
@@ -278,7 +278,7 @@ def test_message_history(spark: Any, tmp_path: Path) -> None:
 
 def test_events_that_share_a_time_keep_the_stream_order(spark: Any, tmp_path: Path) -> None:
     """A nack with requeue, and the redelivery it makes room for, happen in one event-loop
-    iteration and share one time (broker/trace_events.py TraceClock): the job orders them
+    iteration and share one time (broker/tracing/events.py TraceClock): the job orders them
     as the broker wrote them, not by a guess from their names."""
     trace = tmp_path / "trace"
     with run_broker(trace_enabled=True, trace_dir=str(trace)) as broker:

@@ -1,5 +1,5 @@
 """Exchange types from RabbitMQ's plugins and 4.x core: consistent hash, modulus hash,
-local random, delayed message (broker/exchange_plugins.py, docs/plugin-exchanges.md)."""
+local random, delayed message (broker/engine/exchange_plugins.py, docs/plugin-exchanges.md)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 from tests.http_api import HttpApi, q
 from tests.test_durability import free_port, start_server
-from warren.broker.erlang_hash import jump_consistent_hash, phash2
+from warren.broker.engine.erlang_hash import jump_consistent_hash, phash2
 from warren.broker.testkit import RunningBroker, run_broker
 
 Channel = pika.adapters.blocking_connection.BlockingChannel

@@ -477,7 +477,7 @@ def test_plugin_does_not_import_the_broker_until_used(project: pytest.Pytester) 
 
         def test_no_broker_imported(pytestconfig):
             assert pytestconfig.pluginmanager.has_plugin("warren")
-            assert "warren.broker.server" not in sys.modules
+            assert "warren.broker.server.shell" not in sys.modules
         """
     )
     project.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
@@ -540,10 +540,10 @@ def test_installed_wheel_gives_the_fixture_to_another_project(tmp_path: Path) ->
         (other / f"{name}.py").write_text(f"OWNER = 'other-project:{name}'\n")
     (other / "test_where.py").write_text(
         "import broker, config, pipeline, protocol\n"
-        "import warren, warren.broker.server\n\n"
+        "import warren, warren.broker.server.shell\n\n"
         "def test_warren_comes_from_the_wheel():\n"
         f"    assert warren.__file__.startswith({str(env_dir)!r})\n"
-        f"    assert warren.broker.server.__file__.startswith({str(env_dir)!r})\n\n"
+        f"    assert warren.broker.server.shell.__file__.startswith({str(env_dir)!r})\n\n"
         "def test_the_project_keeps_its_module_names(warren_broker):\n"
         "    for module in (broker, config, pipeline, protocol):\n"
         "        assert module.OWNER == 'other-project:' + module.__name__\n"

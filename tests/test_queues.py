@@ -638,7 +638,7 @@ def test_ttl_ceiling_is_rabbitmqs_ten_years(
 def test_a_deleted_queue_is_freed_without_the_cyclic_collector() -> None:
     """A queue's timers call its methods; once it is deleted they let go of it, so that
     refcounting frees it at once. warren-server runs the cyclic collector rarely
-    (broker/__main__.py GC_THRESHOLDS): garbage cycles of every deleted queue (an RPC
+    (broker/server/main.py GC_THRESHOLDS): garbage cycles of every deleted queue (an RPC
     client's reply queue each call) would pile up until it did."""
     import gc
 

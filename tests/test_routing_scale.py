@@ -31,7 +31,7 @@ from tests.amqp_raw import (
     header_payload,
     method_payload,
 )
-from warren.broker.exchange import (
+from warren.broker.engine.exchange import (
     Binding,
     DirectExchange,
     Exchange,
@@ -39,7 +39,7 @@ from warren.broker.exchange import (
     TopicExchange,
     TopicTrie,
 )
-from warren.broker.message import Message
+from warren.broker.engine.message import Message
 from warren.broker.testkit import RunningBroker, run_broker
 
 CURVE = Path(__file__).resolve().parent / "benchmarks" / "routing_curve.py"

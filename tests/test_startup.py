@@ -86,9 +86,9 @@ def test_help_and_config_errors_do_not_load_the_engine(tmp_path: Path) -> None:
     bad.write_text("heartbeat = often\n")
     code = (
         "import sys\n"
-        "from warren.broker.__main__ import main\n"
+        "from warren.broker.server.main import main\n"
         f"status = main(['--config', {str(bad)!r}])\n"
-        "mods = ('warren.broker.server', 'structlog', 'uvloop')\n"
+        "mods = ('warren.broker.server.shell', 'structlog', 'uvloop')\n"
         "loaded = [m for m in mods if m in sys.modules]\n"
         "print(status, loaded)\n"
     )
@@ -139,9 +139,9 @@ def test_http_endpoint_ports_from_the_command_line(tmp_path: Path) -> None:
 
 
 def test_gc_thresholds_from_the_environment() -> None:
-    """warren-server sets the collector's thresholds (broker/__main__.py GC_THRESHOLDS);
+    """warren-server sets the collector's thresholds (broker/server/main.py GC_THRESHOLDS);
     WARREN_GC_THRESHOLDS overrides them, and a bad value stops start-up with exit 2."""
-    from warren.broker.__main__ import GC_THRESHOLDS, gc_thresholds
+    from warren.broker.server.main import GC_THRESHOLDS, gc_thresholds
 
     assert gc_thresholds(None) == gc_thresholds("") == GC_THRESHOLDS
     assert gc_thresholds("700,10,10") == (700, 10, 10)

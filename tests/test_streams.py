@@ -395,7 +395,7 @@ def test_consumers_read_independently(conn: BlockingConnection, name: str) -> No
 def test_a_reader_that_falls_behind_holds_one_read_at_most(broker: Any, name: str) -> None:
     """The broker keeps no messages of the log in memory: a stuck reader holds its last read
     (whole chunks, about 256 KB), however far behind the head it is."""
-    from warren.broker.stream import READ_SIZE
+    from warren.broker.streams.stream import READ_SIZE
 
     conn = pika.BlockingConnection(pika.URLParameters(broker.url))
     ch = conn.channel()
@@ -805,7 +805,7 @@ def test_exclusive_consumer_is_allowed(conn: BlockingConnection, name: str) -> N
 
 
 def test_stream_policy_keys(broker: Any, name: str) -> None:
-    from warren.broker.policy import Policy, PolicyError
+    from warren.broker.engine.policy import Policy, PolicyError
 
     Policy("/", "p", ".*", {"max-age": "1h", "stream-max-segment-size-bytes": 1000,
                              "stream-filter-size-bytes": 16, "initial-cluster-size": 1},
@@ -876,7 +876,7 @@ def test_retention_from_a_policy(broker: Any, name: str) -> None:
         publish(ch, name, [b"x" * 1000])
     log = stream_log(broker, name)
     assert log.first_offset == 0
-    from warren.broker.policy import Policy
+    from warren.broker.engine.policy import Policy
 
     vhost = broker.server.broker.vhosts["/"]
     broker.call(

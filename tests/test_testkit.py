@@ -432,7 +432,7 @@ def test_reset_with_100_queues(manual: RunningBroker) -> None:
 
 
 def _set_policy(broker: RunningBroker) -> None:
-    from warren.broker.policy import Policy
+    from warren.broker.engine.policy import Policy
 
     broker.server.broker.vhosts["/"].set_policy(Policy("/", "p", ".*", {"max-length": 10}))
 
@@ -572,7 +572,7 @@ def test_test_api_key_from_rabbitmq_conf() -> None:
 def test_warren_server_does_not_record() -> None:
     """Off unless warren.test_api: the engine's tracer hook stays None, so the message
     path pays nothing; the test kit switches it on."""
-    from warren.broker.broker import Broker
+    from warren.broker.engine.broker import Broker
     from warren.config import Settings
 
     plain = Broker(Settings(data_dir=None))
@@ -735,8 +735,8 @@ def test_delivery_limit_after_delayed_retries_pika(manual: RunningBroker) -> Non
 
 def test_recorder_answers_every_event_the_tracer_has() -> None:
     """The recorder stands where the tracer stands: an event it lacks is an internal error."""
-    from warren.broker.recorder import Recorder
-    from warren.broker.tracing import Tracer
+    from warren.broker.testkit.recorder import Recorder
+    from warren.broker.tracing.tracer import Tracer
 
     events = [n for n, v in vars(Tracer).items() if callable(v) and not n.startswith("_")]
     assert "delayed" in events

@@ -30,8 +30,9 @@ from tests.amqp_raw import (
     method_payload,
     publish_frames,
 )
-from warren.broker import trace_format, trace_writer
 from warren.broker.testkit import RunningBroker, run_broker
+from warren.broker.tracing import format as trace_format
+from warren.broker.tracing import handover as trace_writer
 from warren.config import ConfigError, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +72,7 @@ def connect(broker: RunningBroker) -> pika.BlockingConnection:
 
 
 def test_off_unless_configured(trace_dir: Path) -> None:
-    # record=False: the test kit's recorder would sit on the same hook (broker/recorder.py)
+    # record=False: the test kit's recorder would sit on the same hook (broker/testkit/recorder.py)
     with run_broker(trace_dir=str(trace_dir), record=False) as broker:
         conn = connect(broker)
         ch = conn.channel()
@@ -447,7 +448,7 @@ def test_decode_prints_the_lines_and_a_torn_file_reads_to_its_tear(trace_dir: Pa
         conn.close()
     whole = read_lines(trace_dir)
     out = subprocess.run(
-        [sys.executable, "-m", "warren.broker.trace_format", "decode", str(trace_dir)],
+        [sys.executable, "-m", "warren.broker.tracing.format", "decode", str(trace_dir)],
         capture_output=True,
         text=True,
         check=True,

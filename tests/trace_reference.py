@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from warren.broker import trace_format
+from warren.broker.tracing import format as trace_format
 
 # the events of one copy (a message in one queue); routed is split into one arrival per queue
 COPY_EVENTS = frozenset(

@@ -2,7 +2,8 @@
 
 The installed package holds the repository's top-level folders as
 subpackages: ``warren.protocol`` (sans-IO codec and state), ``warren.broker``
-(the engine, the asyncio server, ``tools`` and ``testkit``), ``warren.config``
+(the engine, the store, streams, tracing, the asyncio server,
+operations, ``tools`` and ``testkit``), ``warren.config``
 (rabbitmq.conf parsing) and ``warren.pipeline`` (the PySpark trace report).
 """
 
@@ -11,6 +12,19 @@ from importlib.machinery import EXTENSION_SUFFIXES
 
 __version__ = "0.1.0"
 
+# the folders that hold modules setup.py may compile
+PACKAGES = (
+    "protocol",
+    "broker",
+    "broker/engine",
+    "broker/server",
+    "broker/store",
+    "broker/streams",
+    "broker/testkit",
+    "broker/tracing",
+    "config",
+)
+
 
 def compiled_modules() -> list[str]:
     """The modules that run as C extensions built by mypyc (``WARREN_COMPILE=1``, see
@@ -18,7 +32,7 @@ def compiled_modules() -> list[str]:
     .py file of the same name in the same folder, so being there is being used."""
     here = os.path.dirname(__file__)
     found = []
-    for package in ("protocol", "broker", "broker/store", "config"):
+    for package in PACKAGES:
         for name in os.listdir(os.path.join(here, package)):
             for suffix in EXTENSION_SUFFIXES:
                 if name.endswith(suffix):

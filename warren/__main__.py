@@ -2,7 +2,7 @@
 
 import sys
 
-from warren.broker.__main__ import main
+from warren.broker.server.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

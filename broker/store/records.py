@@ -15,7 +15,7 @@ PUBLISH_V1 = 1  # a persistent message entered a durable queue (before trace ids
 REMOVE = 2  # acked, expired, purged, dead-lettered or dropped
 DELIVERED = 3  # delivered at least once: it comes back with redelivered=true
 STATE = 4  # delivery count and retry state after a return
-PUBLISH = 5  # PUBLISH_V1 with the message's trace id (broker/tracing.py)
+PUBLISH = 5  # PUBLISH_V1 with the message's trace id (broker/tracing/tracer.py)
 
 _head = Struct(">II")
 # id, queue, expires (wall), delivery count, retries, retry at, flags; PUBLISH adds the trace id

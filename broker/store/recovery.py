@@ -2,7 +2,7 @@
 
 Recovery reads the segments oldest first and must apply each REMOVE, DELIVERED and
 STATE record to the message it names, so it needs every live message by id until
-the last segment is read. A message a queue will keep packed (broker/paged.py) needs
+the last segment is read. A message a queue will keep packed (broker/store/paged.py) needs
 no more than its place, so that is all this index holds for it: a few array columns
 (33 bytes a record), not an object, and the recovery of a long backlog peaks near
 the packed backlog's own size. Messages that come back as objects (bodies kept in

@@ -4,7 +4,7 @@ The event loop only builds records and hands whole batches to the writer
 thread, which writes them, fsyncs once per batch, and calls back on the loop
 with the batch number. Publisher confirms of persistent messages wait for that
 callback, so a confirm means "on disk", while many messages share one fsync.
-A round of stream chunks alone (broker/stream.py) is reported once written, as
+A round of stream chunks alone (broker/streams/stream.py) is reported once written, as
 RabbitMQ's streams confirm, and fdatasynced by a second thread meanwhile.
 
 Segments are deleted oldest first, when nothing in them is live any more; a
@@ -23,18 +23,18 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from warren.broker.message import READY, UNACKED, Message, page_out, unpage
-from warren.broker.paged import MESSAGE_MEMORY, REDELIVERED, PagedRun
-from warren.broker.stats import IOStats
+from warren.broker.engine.message import READY, UNACKED, Message, page_out, unpage
+from warren.broker.engine.stats import IOStats
 from warren.broker.store import records
+from warren.broker.store.paged import MESSAGE_MEMORY, REDELIVERED, PagedRun
 from warren.broker.store.recovery import DECODED, Block, RecoveryIndex
 from warren.broker.store.recovery import DELIVERED as DELIVERED_FLAG
 from warren.broker.store.recovery import STATE as STATE_FLAG
 from warren.broker.store.writer import Writer, segment_name
 
 if TYPE_CHECKING:
-    from warren.broker.exchange_plugins import DelayedMessageExchange
-    from warren.broker.vhost import VirtualHost
+    from warren.broker.engine.exchange_plugins import DelayedMessageExchange
+    from warren.broker.engine.vhost import VirtualHost
 
 SEGMENT_SIZE = 16 * 1024 * 1024
 COMPACT_BELOW = 0.5  # live share under which the oldest segment is rewritten
@@ -70,7 +70,7 @@ class MessageStore:
         self._next_id = 1
         self.published = 0  # PUBLISH records appended: tells a channel its confirm must wait
         self.messages: dict[int, Message] = {}  # live persistent messages by id
-        self.io = IOStats()  # Prometheus' io_* and msg_store_* (broker/metrics.py)
+        self.io = IOStats()  # Prometheus' io_* and msg_store_* (broker/ops/metrics.py)
         self.first_id = 1  # the first id this run gives: msg_store_write_total counts from it
         self._live: dict[int, int] = {}  # segment -> live messages published in it
         self._total: dict[int, int] = {}  # segment -> messages published in it
@@ -84,7 +84,7 @@ class MessageStore:
         self._writer: Writer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._compacting: dict[int, int] = {}  # segment being compacted -> batch of its copies
-        # purged queues whose messages the reaper is still letting go of (broker/reaper.py):
+        # purged queues whose messages the reaper is still letting go of (broker/engine/reaper.py):
         # no compaction meanwhile, or it would copy records that are about to die
         self.reaping = 0
         self._after_sync: deque[tuple[int, Callable[[bool], None]]] = deque()  # (batch, callback)
@@ -94,7 +94,7 @@ class MessageStore:
         # messages a delayed exchange holds (no queue yet): their holder, by msg id, for
         # compaction to copy their record with the exchange's id
         self.holders: dict[int, DelayedMessageExchange] = {}
-        # packed paged-out messages (broker/paged.py): every live run, and those with messages
+        # packed paged-out messages (broker/store/paged.py): every live run, and those with messages
         # waiting for their record to be written
         self.runs: set[PagedRun] = set()
         self._pending_runs: dict[PagedRun, None] = {}
@@ -106,7 +106,7 @@ class MessageStore:
         self._written = (0, 0)  # (segment, offset) up to which the log is on disk
         self._readers: dict[int, int] = {}  # segment -> file descriptor to read bodies back
         self._opened: set[int] = set()  # segments opened for reading at least once
-        # other logs (streams, broker/stream.py) writing through this writer and its batches
+        # other logs (streams, broker/streams/stream.py) writing through this writer and its batches
         self._external: list[Any] = []  # with data for the open batch
         # (batch, the logs with a chunk in it), oldest first: told when their batch is written
         self._external_batches: deque[tuple[int, list[Any]]] = deque()

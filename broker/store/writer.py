@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from warren.broker.stats import IOStats
+from warren.broker.engine.stats import IOStats
 
 T = TypeVar("T")
 

@@ -34,9 +34,9 @@ from typing import Any, cast
 
 from pamqp import commands
 
-from warren.broker.broker import Broker
-from warren.broker.connection import Connection
-from warren.broker.timers import ManualTimers, TimerHandle
+from warren.broker.engine.broker import Broker
+from warren.broker.engine.timers import ManualTimers, TimerHandle
+from warren.broker.server.amqp_connection import Connection
 from warren.config import Settings
 from warren.protocol.constants import (
     FRAME_BODY,

@@ -35,12 +35,12 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
-from warren.broker.server import Server
-from warren.broker.timers import ManualTimers
+from warren.broker.engine.timers import ManualTimers
+from warren.broker.server.shell import Server
 from warren.config import Listener, Settings
 
 if TYPE_CHECKING:
-    from warren.broker.recorder import Outcome, Published, Recording
+    from warren.broker.testkit.recorder import Outcome, Published, Recording
 
 __all__ = [
     "BrokerRunner",
@@ -272,7 +272,7 @@ class RunningBroker:
         deleted queues then get basic.cancel). Broker time is not turned back.
         Returns how many queues, exchanges, policies and connections went.
         """
-        from warren.broker.recorder import reset_vhost
+        from warren.broker.testkit.recorder import reset_vhost
 
         return self._run(lambda: reset_vhost(self.server.broker, self.vhost, close_connections))
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pika
 
-from warren.broker import exchange_plugins
+from warren.broker.engine import exchange_plugins
 from warren.broker.testkit import run_broker
 
 

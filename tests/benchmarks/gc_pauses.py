@@ -21,7 +21,7 @@ import time
 from collections import deque
 from typing import Any
 
-from warren.broker.message import Message
+from warren.broker.engine.message import Message
 
 
 def one_run(thresholds: tuple[int, int, int], messages: int) -> tuple[float, float, float, int]:

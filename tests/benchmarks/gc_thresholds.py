@@ -1,5 +1,5 @@
 """What warren-server's collector thresholds give: bench.py against Warren with
-broker/__main__.py's GC_THRESHOLDS and with Python's default (700, 10, 10).
+broker/server/main.py's GC_THRESHOLDS and with Python's default (700, 10, 10).
 
     python tests/benchmarks/gc_thresholds.py [--seconds 4] [--rounds 3] [--against 700,10,10]
 

@@ -136,7 +136,7 @@ def main() -> int:
     parser.add_argument("--rabbitmq", action="store_true", help="also time a RabbitMQ restart")
     parser.add_argument("--rabbitmq-runs", type=int, default=3)
     args = parser.parse_args()
-    from warren.broker.logging import configure_logging
+    from warren.broker.server.logging import configure_logging
 
     configure_logging("none")  # the in-process brokers' connection logs are noise here
     server_script = shutil.which("warren-server", path=os.path.dirname(sys.executable))

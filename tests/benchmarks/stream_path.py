@@ -36,12 +36,12 @@ import uvloop
 from pamqp import body as pbody
 from pamqp import commands, frame, header
 
-from warren.broker.broker import Broker
-from warren.broker.connection import PUBLISH_EVENTS_PER_TURN, Connection
-from warren.broker.logging import configure_logging
-from warren.broker.message import Message
-from warren.broker.stream import StreamQueue
-from warren.broker.timers import Timers
+from warren.broker.engine.broker import Broker
+from warren.broker.engine.message import Message
+from warren.broker.engine.timers import Timers
+from warren.broker.server.amqp_connection import PUBLISH_EVENTS_PER_TURN, Connection
+from warren.broker.server.logging import configure_logging
+from warren.broker.streams.stream import StreamQueue
 from warren.config import Settings
 
 BATCH = 500  # messages per data_received

@@ -25,9 +25,9 @@ sys.path.insert(0, ROOT)
 
 import pika  # noqa: E402
 
-from warren.broker.policy import Policy  # noqa: E402
-from warren.broker.recorder import reset_vhost  # noqa: E402
+from warren.broker.engine.policy import Policy  # noqa: E402
 from warren.broker.testkit import RunningBroker, run_broker  # noqa: E402
+from warren.broker.testkit.recorder import reset_vhost  # noqa: E402
 
 
 def fill(broker: RunningBroker, queues: int) -> pika.BlockingConnection:

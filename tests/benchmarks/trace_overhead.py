@@ -80,7 +80,7 @@ def run(
 
 def trace_counts(directory: str) -> tuple[int, int]:
     """(events written, events dropped) in a trace directory (its files decoded)."""
-    from warren.broker import trace_format
+    from warren.broker.tracing import format as trace_format
 
     written = 0
     dropped: dict[str, int] = {}  # per broker process: its writer counts from 0

@@ -36,10 +36,10 @@ import uvloop
 from pamqp import body as pbody
 from pamqp import commands, frame, header
 
-from warren.broker.broker import Broker
-from warren.broker.connection import Connection
-from warren.broker.logging import configure_logging
-from warren.broker.timers import Timers
+from warren.broker.engine.broker import Broker
+from warren.broker.engine.timers import Timers
+from warren.broker.server.amqp_connection import Connection
+from warren.broker.server.logging import configure_logging
 from warren.config import Settings
 
 BATCH = 500  # messages per data_received: what one socket read might carry

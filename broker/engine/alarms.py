@@ -1,0 +1,74 @@
+"""Memory and disk alarms, checked once a second off the message path.
+
+Above ``vm_memory_high_watermark`` or below ``disk_free_limit`` the broker
+raises an alarm; connections that publish get connection.blocked and are not
+read until every alarm clears, while consumers keep draining (RabbitMQ's
+flow control, on a single process).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from warren.broker.engine.broker import Broker
+    from warren.broker.engine.timers import TimerHandle
+
+CHECK_INTERVAL = 1.0  # seconds
+
+
+def total_memory() -> int:
+    """Physical memory, or the cgroup limit when the container has a smaller one."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as fh:
+                value = fh.read().strip()
+        except OSError:
+            continue
+        if value.isdigit() and 0 < int(value) < total:
+            total = int(value)
+    return total
+
+
+def resident_memory() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class ResourceMonitor:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        settings = broker.settings
+        if settings.vm_memory_high_watermark_absolute is not None:
+            self.memory_limit = settings.vm_memory_high_watermark_absolute
+        else:
+            relative = settings.vm_memory_high_watermark_relative
+            self.memory_limit = int(total_memory() * (relative if relative is not None else 0.6))
+        self.disk_limit = settings.disk_free_limit_absolute
+        self.memory_used = 0
+        self.disk_free: int | None = None
+        self._handle: TimerHandle | None = None
+
+    def start(self) -> None:
+        self.check()
+        self._handle = self.broker.timers.call_later(CHECK_INTERVAL, self._tick)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _tick(self) -> None:
+        self.check()
+        self._handle = self.broker.timers.call_later(CHECK_INTERVAL, self._tick)
+
+    def check(self) -> None:
+        self.memory_used = resident_memory()
+        self.broker.set_alarm("memory", self.memory_used > self.memory_limit)
+        data_dir = self.broker.settings.data_dir
+        if data_dir and os.path.isdir(data_dir):
+            self.disk_free = shutil.disk_usage(data_dir).free
+            self.broker.set_alarm("disk", self.disk_free < self.disk_limit)

@@ -1,0 +1,1121 @@
+"""A channel: what each AMQP method does; ``HANDLERS`` maps a method to its ``on_...`` handler.
+
+Errors are raised as ``ChannelError``/``ConnectionError_`` anywhere below and
+turned into channel.close or connection.close by the connection.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from pamqp import commands
+
+from warren.broker.engine.arguments import MAX_TTL, validate_consumer_arguments
+from warren.broker.engine.confirms import Confirms
+from warren.broker.engine.consumer import Consumer
+from warren.broker.engine.exchange import Exchange
+from warren.broker.engine.message import Message, routing_headers
+from warren.broker.engine.queue import fan_out
+from warren.broker.engine.stats import (
+    SIZE_BOUNDS,
+    SIZE_BUCKET_BY_BITS,
+    ChannelStats,
+    ConfirmedByExchange,
+)
+from warren.broker.streams.stream import check_consume
+from warren.broker.tracing import firehose
+from warren.protocol.connection import Content
+from warren.protocol.constants import (
+    ACCESS_REFUSED,
+    INTERNAL_ERROR,
+    NO_ROUTE,
+    NOT_ALLOWED,
+    NOT_FOUND,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+    SYNTAX_ERROR,
+)
+from warren.protocol.errors import ChannelError, ConnectionError_
+from warren.protocol.frames import body_frames, content_frames
+from warren.protocol.methods import (
+    AccessRequest,
+    BasicAck,
+    BasicNack,
+    BasicReject,
+    access_request_ok_frame,
+    ack_frame,
+    cancel_frame,
+    deliver_frame,
+    delivery_head,
+    get_ok_frame,
+    make,
+    nack_frame,
+    return_frame,
+    shortstr,
+)
+from warren.protocol.properties import (
+    FLAG_EXPIRATION,
+    FLAG_HEADERS,
+    FLAG_REPLY_TO,
+    FLAG_USER_ID,
+    decode_field,
+    encode_shortstr,
+    join_properties,
+    split_properties,
+)
+
+if TYPE_CHECKING:
+    from warren.broker.engine.queue import Queue
+    from warren.broker.server.amqp_connection import Connection
+    from warren.broker.store import MessageStore
+
+
+def parse_expiration(value: str) -> int:
+    """RabbitMQ's reading of the expiration property (Erlang's string:to_integer)."""
+    digits = value[1:] if value[:1] in "+-" else value
+    n = 0
+    while n < len(digits) and digits[n].isdigit():
+        n += 1
+    if n == 0:
+        raise ChannelError(PRECONDITION_FAILED, f"invalid expiration '{value}': no_integer")
+    number = int(value[: len(value) - len(digits) + n])
+    leftover = digits[n:]
+    if leftover:
+        raise ChannelError(
+            PRECONDITION_FAILED, f"invalid expiration '{value}': {{leftover_string,\"{leftover}\"}}"
+        )
+    if number < 0:
+        raise ChannelError(
+            PRECONDITION_FAILED, f"invalid expiration '{value}': {{value_negative,{number}}}"
+        )
+    if number > MAX_TTL:
+        raise ChannelError(
+            PRECONDITION_FAILED, f"invalid expiration '{value}': {{value_too_large,{number}}}"
+        )
+    return number
+
+
+FLUSH_AT: Final = 1024 * 1024  # bodies buffered for one connection before writing mid-turn
+
+REPLY_TO: Final = "amq.rabbitmq.reply-to"
+REPLY_TO_PREFIX: Final = REPLY_TO + "."
+
+
+def _ctag() -> str:
+    return "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+
+
+class Channel:
+    def __init__(self, connection: Connection, channel_id: int) -> None:
+        self.id = channel_id
+        self.conn = connection
+        self.vhost = connection.vhost
+        self.stats = ChannelStats()  # added to the broker's when the channel closes
+        connection.broker.stats.channels_opened += 1
+        self.consumers: dict[str, Consumer] = {}
+        self.unacked: dict[int, Message] = {}
+        self._low_tag = 1  # every tag below is settled: where a multiple ack starts looking
+        # tags of deliveries returned on a consumer timeout: settling them is a no-op
+        self.timed_out: dict[int, Consumer] = {}
+        self.next_tag = 0
+        self.prefetch_count = 0  # basic.qos global=false: for consumers created later
+        self.prefetch_global = 0  # basic.qos global=true: shared by the channel
+        self.flow_active = True  # never false: RabbitMQ refuses channel.flow(active=false)
+        self.closed = False
+        self.last_queue = ""  # the queue name an empty name stands for
+        # consumer tags whose basic.cancel waits for this channel's queue.delete-ok (RabbitMQ's
+        # order: the queue's deletion reaches the channel after the method it is busy with)
+        self._cancels_after: list[str] | None = None
+        self.trace_ref = 0  # its id in the trace stream (broker/tracing/tracer.py), 0: none yet
+        self._allowed: set[tuple[str, str, str]] = set()  # permission checks that passed
+        self._allowed_version = -1
+        self._published_to: str | None = None  # the exchange of the last publish allowed
+        # direct reply-to: the no-ack consumer of the pseudo-queue amq.rabbitmq.reply-to
+        self.reply_tag: str | None = None
+        self.reply_token = ""
+        # publisher confirms: the order of acks and nacks is Confirms' (broker/engine/confirms.py)
+        self.confirm = False
+        self.confirms = Confirms()
+        self.confirmed_by_exchange = ConfirmedByExchange()
+        # transactions
+        self.tx = False
+        self.tx_publishes: list[tuple[Exchange, Message, bool, int | None]] = []
+        self.tx_settles: list[tuple[str, list[Message], bool]] = []
+        persistence = connection.broker.persistence
+        self._store: MessageStore | None = persistence.messages if persistence else None
+        self._max_unconfirmed = connection.broker.settings.max_unconfirmed_per_channel
+
+    def allow(self, kind: str, resource: str, name: str) -> None:
+        """RabbitMQ's permission check: configure, write or read on a queue or exchange."""
+        access = self.conn.broker.access
+        key = (kind, resource, name)
+        if self._allowed_version == access.version and key in self._allowed:
+            return
+        access.check(self.conn.user, self.vhost.name, kind, resource, name)
+        if self._allowed_version != access.version:
+            self._allowed.clear()
+            self._allowed_version = access.version
+        if len(self._allowed) < 1024:
+            self._allowed.add(key)
+
+    def reply(self, method: Any) -> None:
+        self.conn.send_method(self.id, method)
+
+    def on_ignored(self, method: Any) -> None:
+        pass
+
+    def on_access_request(self, method: AccessRequest) -> None:
+        self.conn.write(access_request_ok_frame(self.id))  # ticket 1, as RabbitMQ
+
+    # ---- delivery (called by queues) ----
+
+    def can_deliver(self, consumer: Consumer) -> bool:
+        return (
+            self.conn.writable
+            and not consumer.timed_out
+            and (not consumer.prefetch or consumer.unacked < consumer.prefetch)
+            and (
+                not self.prefetch_global
+                or consumer.no_ack
+                or len(self.unacked) < self.prefetch_global
+            )
+        )
+
+    def deliver(self, consumer: Consumer, msg: Message, content: bytes | None = None) -> None:
+        """``content``: the content frames already encoded (streams share them among readers)."""
+        self.next_tag = tag = self.next_tag + 1
+        if (tracer := self.vhost.tracer) is not None:
+            tracer.delivered(self, consumer, msg, tag)
+            if tracer.firehose.bindings:
+                firehose.delivered(tracer.firehose, self, consumer.queue.name, msg)
+        stats = self.stats
+        if msg.redelivered:
+            stats.redelivered += 1
+            consumer.queue.stats.redeliveries += 1
+        if consumer.no_ack:
+            stats.delivered_consume_auto += 1
+            queue = consumer.queue
+            queue.stats.delivered_auto += 1
+            queue.settled(msg)
+        else:
+            stats.delivered_consume_manual += 1
+            msg.tag = tag
+            msg.channel = self
+            msg.consumer = consumer
+            self.unacked[tag] = msg
+            consumer.unacked += 1
+            if consumer.timeout is not None:
+                consumer.queue.lock(msg, self, tag, consumer.timeout)
+        conn = self.conn
+        if content is not None:
+            conn.write(deliver_frame(self.id, consumer.tag_enc, tag, msg.redelivered, msg.ex_rk))
+            conn.write(content)
+        else:
+            body = msg.body
+            size = len(body)
+            whole = 0 < size <= conn.protocol.frame_max - 8
+            head = delivery_head(
+                self.id, consumer.tag_enc, tag, msg.redelivered, msg.ex_rk, msg.properties,
+                size, whole,
+            )  # fmt: skip
+            if whole:
+                conn.write_content(head, body)
+            else:
+                conn.write(head)
+                if size:
+                    conn.write_many(body_frames(self.id, body, conn.protocol.frame_max))
+        conn.out_bytes += len(msg.body)
+        if conn.out_bytes > FLUSH_AT:
+            conn.flush()  # lets the transport say "stop" (pause_writing) before more piles up
+
+    def deliveries_timed_out(
+        self, consumer: Consumer | None, msgs: list[Message], timeout: int
+    ) -> None:
+        """RabbitMQ 4.3: return only what timed out, then cancel the consumer or close the channel.
+
+        A consumer that is still registered and whose client understands basic.cancel
+        gets one (nowait) and stays, in the timeout state, until the client cancels it or
+        settles every timed-out tag. Anything else (basic.get, an already cancelled
+        consumer, a client without consumer_cancel_notify) closes the channel with 406.
+        """
+        if self.closed:
+            return
+        tags = [msg.tag for msg in msgs]
+        for tag in tags:
+            del self.unacked[tag]
+        registered = consumer is not None and self.consumers.get(consumer.tag) is consumer
+        if consumer is not None:
+            consumer.unacked -= len(msgs)
+            if registered:
+                consumer.timed_out += len(msgs)  # before the requeue: none comes straight back
+                for tag in tags:
+                    self.timed_out[tag] = consumer
+        queue = msgs[0].queue
+        assert queue is not None
+        queue.stats.consumer_timeouts += 1
+        self.stats.consumer_timeouts += 1
+        if (tracer := self.vhost.tracer) is not None:
+            tracer.consumer_timed_out(self, consumer, msgs, timeout)
+        queue.return_unacked(msgs, "consumer_timeout", failed=False)
+        notify = registered and self.conn.capabilities.get("consumer_cancel_notify") is True
+        self.conn.broker.log.warning(
+            "consumer timeout",
+            consumer_tag=consumer.tag if consumer is not None else None,
+            channel=self.id,
+            queue=queue.name,
+            vhost=self.vhost.name,
+            delivery_tags=tags,
+            timeout_ms=timeout,
+            action="cancel" if notify else "channel close",
+        )
+        if notify and consumer is not None:
+            self.conn.write(cancel_frame(self.id, consumer.tag))
+        else:
+            self.conn.channel_error(
+                self,
+                ChannelError(
+                    PRECONDITION_FAILED,
+                    f"delivery acknowledgement on channel {self.id} timed out. Timeout value "
+                    f"used: {timeout} ms. This timeout value can be configured, see consumers "
+                    "doc guide to learn more",
+                ),
+            )
+
+    def _settle_timed_out(self, tags: list[int]) -> None:
+        for tag in tags:
+            consumer = self.timed_out.pop(tag)
+            consumer.timed_out -= 1
+            if not consumer.timed_out and consumer.tag in self.consumers:
+                consumer.queue.dispatch()  # out of the timeout state
+
+    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
+        """The queue went away: tell clients that understand basic.cancel."""
+        if self.consumers.pop(consumer.tag, None) is None:
+            return
+        if self.conn.capabilities.get("consumer_cancel_notify") is True and not self.closed:
+            if self._cancels_after is not None:
+                self._cancels_after.append(consumer.tag)
+            else:
+                self.conn.write(cancel_frame(self.id, consumer.tag))
+
+    # ---- basic.publish ----
+
+    def on_content(self, content: Content) -> None:
+        method = content.method
+        if method.immediate:
+            raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true", 60, 40)
+        stats = self.stats
+        stats.received += 1
+        size = len(content.body)
+        # rabbitmq_message_size_bytes' bucket: by bit length, then one step down if it fits
+        bucket = SIZE_BUCKET_BY_BITS[size.bit_length()]
+        if bucket and size <= SIZE_BOUNDS[bucket - 1]:
+            bucket -= 1
+        stats.size_buckets[bucket] += 1
+        stats.size_sum += size
+        if (
+            method.exchange != self._published_to
+            or self._allowed_version != self.conn.broker.access.version
+        ):  # fmt: skip
+            self.allow("write", "exchange", method.exchange or "amq.default")
+            self._published_to = method.exchange  # allow() brought _allowed_version up to date
+        exchange = self.vhost.exchanges.get(method.exchange)
+        if exchange is None:
+            raise ChannelError(
+                NOT_FOUND, f"no exchange '{method.exchange}' in vhost '{self.vhost.name}'"
+            )
+        if exchange.internal:
+            raise ChannelError(
+                ACCESS_REFUSED,
+                f"cannot publish to internal exchange '{exchange.name}' "
+                f"in vhost '{self.vhost.name}'",
+            )
+        props = content.properties
+        flags = (props[0] << 8) | props[1]
+        sender_keys = None
+        # "CC" or "BCC" somewhere in the headers? (find: about half the cost of ``in`` here)
+        if flags & FLAG_HEADERS and props.find(b"CC") >= 0:
+            props, sender_keys = routing_headers(props)
+        ttl = None
+        if flags & (FLAG_EXPIRATION | FLAG_USER_ID | FLAG_REPLY_TO):
+            ttl, props = self._check_properties(props)
+        ex_rk = method.ex_rk or None  # the short strings as received: never encoded again
+        msg = Message(method.exchange, method.routing_key, props, content.body, ex_rk)
+        if sender_keys is not None:
+            msg.sender_keys = sender_keys
+        if not method.exchange and method.routing_key.startswith(REPLY_TO_PREFIX):
+            exchange.published += 1
+            self._publish_reply(exchange, msg, method.mandatory)
+            return
+        if self.tx:
+            self.tx_publishes.append((exchange, msg, method.mandatory, ttl))
+            return
+        seq = self.confirms.published() if self.confirm else 0
+        self._route(exchange, msg, method.mandatory, ttl, seq)
+
+    def _check_properties(self, props: bytes) -> tuple[int | None, bytes]:
+        """Validate user-id and expiration; point a direct reply-to at this channel."""
+        try:
+            fields = split_properties(props)
+        except ValueError as exc:
+            text = f"content header properties: {exc}"
+            raise ConnectionError_(SYNTAX_ERROR, text, 60, 40) from None
+        reply_to = fields.get("reply_to")
+        if reply_to is not None and decode_field("reply_to", reply_to) == REPLY_TO:
+            if self.reply_tag is None:
+                raise ChannelError(PRECONDITION_FAILED, "fast reply consumer does not exist")
+            fields["reply_to"] = encode_shortstr(REPLY_TO_PREFIX + self.reply_token)
+            props = join_properties(fields)
+        user_id = fields.get("user_id")
+        if user_id is not None:
+            claimed = decode_field("user_id", user_id)
+            if claimed != self.conn.user:
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"user_id property set to '{claimed}' but authenticated user was "
+                    f"'{self.conn.user}'",
+                )
+        expiration = fields.get("expiration")
+        if expiration is None:
+            return None, props
+        return parse_expiration(decode_field("expiration", expiration)), props
+
+    def _publish_reply(self, exchange: Exchange, msg: Message, mandatory: bool) -> None:
+        """A reply to a direct reply-to address goes straight to the waiting consumer."""
+        target = self.conn.broker.reply_channels.get(msg.routing_key[len(REPLY_TO_PREFIX) :])
+        seq = self.confirms.published() if self.confirm else 0
+        if seq and exchange is not self.confirmed_by_exchange.last:
+            self.confirmed_by_exchange.switch(seq, exchange)
+        if target is not None and target.reply_tag is not None and not target.closed:
+            target.next_tag = tag = target.next_tag + 1
+            out = target.conn
+            out.write(deliver_frame(target.id, shortstr(target.reply_tag), tag, False, msg.ex_rk))
+            out.write_many(
+                content_frames(target.id, msg.properties, msg.body, out.protocol.frame_max)
+            )
+        elif mandatory:
+            self.conn.write(return_frame(self.id, NO_ROUTE, "NO_ROUTE", msg.ex_rk))
+            self.conn.write_many(
+                content_frames(self.id, msg.properties, msg.body, self.conn.protocol.frame_max)
+            )
+        if seq:
+            self.confirms.accepted(seq)
+            self.conn.pending_confirms.add(self)
+
+    def _route(
+        self, exchange: Exchange, msg: Message, mandatory: bool, ttl: int | None, seq: int
+    ) -> None:
+        exchange.published += 1  # exchange_messages_published_total
+        store = self._store
+        stored_before = store.published if store is not None else 0
+        # x-delayed-message keeps a delayed message back: no queue now, as the plugin
+        delay = exchange.delay(msg) if exchange.delays else 0
+        queues = [] if delay else self.vhost.route(exchange, msg)
+        if (tracer := self.vhost.tracer) is not None:
+            tracer.published(self, msg, queues, mandatory, seq)
+            if delay:
+                tracer.delayed(msg, exchange.name, delay)
+            if tracer.firehose.bindings:
+                firehose.published(tracer.firehose, self, msg, queues)
+        if delay:
+            exchange.hold(msg, ttl, delay)
+        accepted = True
+        owned = elided = 0
+        if queues:
+            self.stats.routed += 1
+            if seq and store is not None:
+                # the copies stored now settle this confirm one by one (MessageStore._fresh)
+                store.confirm_owner, store.confirm_seq = self, seq
+                owned, elided = store.fresh_owned, store.fresh_elided
+                try:
+                    if len(queues) == 1:
+                        accepted = queues[0].publish(msg, ttl)
+                    else:
+                        accepted = fan_out(queues, msg, ttl) == len(queues)
+                finally:
+                    store.confirm_owner = None
+                owned = store.fresh_owned - owned
+                elided = store.fresh_elided - elided
+            elif len(queues) == 1:  # the usual case, without fan_out's call (hot path)
+                accepted = queues[0].publish(msg, ttl)
+            else:
+                accepted = fan_out(queues, msg, ttl) == len(queues)
+        elif mandatory:
+            self.stats.unroutable_returned += 1
+            exchange.unroutable_returned += 1
+            self.conn.write(return_frame(self.id, NO_ROUTE, "NO_ROUTE", msg.ex_rk))
+            self.conn.write_many(
+                content_frames(self.id, msg.properties, msg.body, self.conn.protocol.frame_max)
+            )
+        else:
+            self.stats.unroutable_dropped += 1
+            exchange.unroutable_dropped += 1
+        if seq:
+            if exchange is not self.confirmed_by_exchange.last:
+                self.confirmed_by_exchange.switch(seq, exchange)
+            if accepted and store is not None and store.error is not None:
+                accepted = store.published == stored_before  # never on disk now: a nack
+            if not accepted:
+                self.confirms.nacked(seq)  # RabbitMQ too nacks at once, acks the rest later
+                self.flush_confirms()
+            elif store is not None and (
+                store.published - stored_before != owned or owned != elided
+            ):
+                self._wait_for_disk(store, seq, store.published - stored_before != owned,
+                                    owned - elided)  # fmt: skip
+            else:
+                self.confirms.accepted(seq)  # waits behind earlier publishes' disk writes
+                self.conn.pending_confirms.add(self)
+
+    def _wait_for_disk(self, store: MessageStore, seq: int, batch: bool, copies: int) -> None:
+        """The confirm of ``seq`` (and of everything after it) waits for the open batch's
+        fsync (``batch``: records not settled one by one, a stream's chunk), and for each
+        of ``copies`` to be written or gone (store_settled)."""
+        confirms = self.confirms
+        confirms.wait_disk(seq, store.open_batch if batch else -1, copies)
+        store.waiters.add(self)
+        limit = self._max_unconfirmed
+        # waiting() is at most the unconfirmed count: mostly that bound settles it
+        if limit is not None and seq - confirms.confirmed > limit and confirms.waiting() > limit:
+            self.conn.hold(self)  # this publish is taken, the next waits for the disk
+
+    def store_synced(self, batch: int) -> None:
+        """The store made batches up to ``batch`` durable: confirm what waited for them."""
+        self._settled(self.confirms.synced(batch))
+
+    def store_settled(self, seq: int) -> None:
+        """A stored copy of ``seq`` is on disk, or gone from its queue unwritten."""
+        if not self.closed:
+            self._settled(self.confirms.settled(seq))
+
+    def store_settled_all(self, seqs: list[int]) -> None:
+        """Stored copies of ``seqs`` are on disk (one batch's)."""
+        if not self.closed:
+            confirms = self.confirms
+            due = False
+            for seq in seqs:
+                if confirms.settled(seq):
+                    due = True
+            self._settled(due)
+
+    def _settled(self, due: bool) -> None:
+        confirms = self.confirms
+        if due:
+            self.conn.pending_confirms.add(self)
+            self.conn.schedule_flush()
+            limit = self._max_unconfirmed
+            if limit is not None and confirms.waiting() < limit and self in self.conn.held:
+                self.conn.release(self)
+        if not confirms.waiting_for_disk and self._store is not None:
+            self._store.waiters.discard(self)
+
+    def store_failed(self) -> None:
+        """The message store stopped writing: nack every publish still waiting for the disk."""
+        if not self.confirms.waiting_for_disk:
+            return
+        self.confirms.disk_failed()  # acks already due go first, then the nacks in order
+        self.flush_confirms()
+        if self in self.conn.held:
+            self.conn.release(self)
+        self.conn.schedule_flush()
+
+    def flush_confirms(self) -> None:
+        """Write the acks and nacks that are due, each covering a run of publishes."""
+        due = self.confirms.due()
+        if not due:
+            return
+        tracer = self.vhost.tracer
+        for ack, first, last in due:
+            if tracer is not None:
+                tracer.confirmed(self, first, last, ack)
+            if ack:
+                self.stats.confirmed += last - first + 1
+                self.confirmed_by_exchange.confirmed(first, last)
+                self.conn.write(ack_frame(self.id, last, last > first))
+            else:
+                self.conn.write(nack_frame(self.id, last, last > first))
+        if self.confirmed_by_exchange.runs:
+            self.confirmed_by_exchange.settled(self.confirms.confirmed)
+
+    # ---- acks ----
+
+    def _take(self, tag: int, multiple: bool) -> list[Message]:
+        """Remove and return the unacked deliveries a settle names (RabbitMQ's rules)."""
+        unacked = self.unacked
+        if self.timed_out:
+            return self._take_with_timed_out(tag, multiple)
+        if multiple:
+            if tag == 0:
+                taken = list(unacked.values())
+                unacked.clear()
+                return taken
+            if tag not in unacked:
+                raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+            # tags from the lowest that may be unacked up: iterating the dict instead would
+            # step over every entry popped from its front since it was last rebuilt
+            taken = []
+            for t in range(self._low_tag, tag + 1):
+                msg = unacked.pop(t, None)
+                if msg is not None:
+                    taken.append(msg)
+            self._low_tag = tag + 1
+            return taken
+        msg = unacked.pop(tag, None)
+        if msg is None:
+            raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+        return [msg]
+
+    def _take_with_timed_out(self, tag: int, multiple: bool) -> list[Message]:
+        """As ``_take``, where some tags belong to deliveries returned on a timeout."""
+        known = tag in self.unacked or tag in self.timed_out or (multiple and tag == 0)
+        if not known:
+            raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+        if multiple:
+            stale = [t for t in self.timed_out if tag == 0 or t <= tag]
+            live = [t for t in self.unacked if tag == 0 or t <= tag]
+        else:
+            stale = [tag] if tag in self.timed_out else []
+            live = [tag] if tag in self.unacked else []
+        self._settle_timed_out(stale)
+        return [self.unacked.pop(t) for t in live]
+
+    def on_basic_ack(self, method: BasicAck) -> None:
+        msgs = self._take(method.delivery_tag, method.multiple)
+        if self.tx:
+            self.tx_settles.append(("ack", msgs, False))
+            return
+        self._ack(msgs)
+
+    def _ack(self, msgs: list[Message]) -> None:
+        if (tracer := self.vhost.tracer) is not None:
+            tracer.acked(self, msgs)
+        self.stats.acked += len(msgs)
+        touched: list[Queue] = []
+        for msg in msgs:
+            queue = msg.queue
+            assert queue is not None
+            consumer = msg.consumer
+            if consumer is not None:
+                consumer.unacked -= 1
+                if not touched or touched[-1] is not queue:
+                    touched.append(queue)
+            queue.settled(msg)
+        # one multiple ack may settle deliveries from thousands of queues: deduplicated in a
+        # dict (a list's `in` made it O(queues^2)), and only then (the usual ack has one)
+        self._redispatch(touched if len(touched) < 2 else list(dict.fromkeys(touched)))
+
+    def on_basic_nack(self, method: BasicNack) -> None:
+        msgs = self._take(method.delivery_tag, method.multiple)
+        if self.tx:
+            self.tx_settles.append(("nack", msgs, method.requeue))
+            return
+        self._reject(msgs, method.requeue)
+
+    def on_basic_reject(self, method: BasicReject) -> None:
+        msgs = self._take(method.delivery_tag, False)
+        if self.tx:
+            self.tx_settles.append(("reject", msgs, method.requeue))
+            return
+        self._reject(msgs, method.requeue, rejected=True)
+
+    def _reject(self, msgs: list[Message], requeue: bool, rejected: bool = False) -> None:
+        by_queue = self._group(msgs)
+        for queue, group in by_queue.items():
+            if (tracer := self.vhost.tracer) is not None:
+                tracer.nacked(queue, group, requeue, rejected)
+            if requeue:
+                queue.return_unacked(group, "nack")
+            else:
+                for msg in group:
+                    queue.rejected(msg)
+        self._redispatch(list(by_queue))
+
+    def _group(self, msgs: list[Message]) -> dict[Queue, list[Message]]:
+        """Group deliveries by queue, taking them off their consumers' counts."""
+        by_queue: dict[Queue, list[Message]] = {}
+        for msg in msgs:
+            if msg.consumer is not None:
+                msg.consumer.unacked -= 1
+            queue = msg.queue
+            assert queue is not None
+            by_queue.setdefault(queue, []).append(msg)
+        return by_queue
+
+    def dispatch_all(self) -> None:
+        """Capacity came back for every consumer (qos, flow, a drained socket): offer messages."""
+        # each queue once, in consumer order (a dict: a list's `in` made this O(consumers^2))
+        for queue in dict.fromkeys(consumer.queue for consumer in self.consumers.values()):
+            if queue.consumers and not queue.deleted:
+                queue.dispatch()
+
+    def _redispatch(self, queues: list[Queue]) -> None:
+        """Deliveries on ``queues`` were settled: their consumers may take more."""
+        if self.prefetch_global:  # room on the channel: any consumer of it may take more
+            for queue in dict.fromkeys([*queues, *(c.queue for c in self.consumers.values())]):
+                if queue.consumers and not queue.deleted:
+                    queue.dispatch()
+            return
+        for queue in queues:
+            if queue.consumers and not queue.deleted:
+                queue.dispatch_settled()
+
+    # ---- consumers ----
+
+    def on_basic_qos(self, method: commands.Basic.Qos) -> None:
+        if method.prefetch_size:
+            raise ConnectionError_(
+                NOT_IMPLEMENTED, f"prefetch_size!=0 ({method.prefetch_size})", 60, 10
+            )
+        # RabbitMQ 4.3 (rabbit_channel, basic.qos): a denied global qos is applied as
+        # global=false, with no error to the client
+        if method.global_ and self.vhost.deprecated.is_permitted("global_qos"):
+            self.prefetch_global = method.prefetch_count
+        else:
+            self.prefetch_count = method.prefetch_count
+            self.prefetch_global = 0  # rabbit_limiter:unlimit_prefetch/1, as 3.10 does too
+        self.reply(commands.Basic.QosOk())
+        self.dispatch_all()
+
+    def _queue_name(self, name: str) -> str:
+        """An empty name means the queue this channel declared last."""
+        name = name or self.last_queue
+        if not name:
+            raise ChannelError(NOT_FOUND, "no previously declared queue")
+        return name
+
+    def on_basic_consume(self, method: commands.Basic.Consume) -> None:
+        if method.queue == REPLY_TO:
+            self._consume_reply_to(method)
+            return
+        self.allow("read", "queue", self._queue_name(method.queue))
+        queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
+        arguments = method.arguments or {}
+        # RabbitMQ's stream consume checks (broker/streams/stream.py)
+        if queue.queue_type == "stream":
+            check_consume(
+                queue, arguments, method.no_ack, self.prefetch_count, bool(self.prefetch_global)
+            )
+        else:
+            validate_consumer_arguments(arguments, queue.name, self.vhost.name)
+        tag = method.consumer_tag or _ctag()
+        if tag in self.consumers:
+            raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", 60, 20)
+        if queue.exclusive_consumer is not None or (
+            method.exclusive and (queue.consumers or queue.single_active_consumer)
+        ):
+            raise ChannelError(
+                ACCESS_REFUSED,
+                f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use",
+            )
+        limit = self.conn.broker.settings.consumer_max_per_channel
+        if limit is not None and len(self.consumers) >= limit:
+            raise ConnectionError_(
+                NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel", 60, 20
+            )
+        consumer = Consumer(
+            tag,
+            self,
+            queue,
+            method.no_ack,
+            method.exclusive,
+            0 if method.no_ack else self.prefetch_count,
+            arguments,
+        )
+        self.consumers[tag] = consumer
+        if not method.nowait:
+            self.reply(make(commands.Basic.ConsumeOk, consumer_tag=tag))
+        if (tracer := self.vhost.tracer) is not None:
+            tracer.consumer_added(consumer)
+        queue.add_consumer(consumer)
+
+    def _consume_reply_to(self, method: commands.Basic.Consume) -> None:
+        if not method.no_ack:
+            raise ChannelError(PRECONDITION_FAILED, "reply consumer cannot acknowledge")
+        if self.reply_tag is not None:
+            raise ChannelError(PRECONDITION_FAILED, "reply consumer already set")
+        tag = method.consumer_tag or _ctag()
+        if tag in self.consumers:
+            raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", 60, 20)
+        self.reply_tag = tag
+        if not self.reply_token:
+            self.reply_token = base64.urlsafe_b64encode(os.urandom(18)).decode()
+            self.conn.broker.reply_channels[self.reply_token] = self
+        if not method.nowait:
+            self.reply(make(commands.Basic.ConsumeOk, consumer_tag=tag))
+
+    def on_basic_cancel(self, method: commands.Basic.Cancel) -> None:
+        if self.reply_tag is not None and method.consumer_tag == self.reply_tag:
+            self.reply_tag = None
+            if not method.nowait:
+                self.reply(make(commands.Basic.CancelOk, consumer_tag=method.consumer_tag))
+            return
+        consumer = self.consumers.pop(method.consumer_tag or "", None)
+        if not method.nowait:
+            self.reply(make(commands.Basic.CancelOk, consumer_tag=method.consumer_tag))
+        if consumer is not None and (tracer := self.vhost.tracer) is not None:
+            tracer.consumer_cancelled(consumer, "client")
+        if consumer is not None:
+            consumer.queue.remove_consumer(consumer)
+
+    def on_basic_cancel_ok(self, method: commands.Basic.CancelOk) -> None:
+        """A client's answer to a broker-sent basic.cancel: the consumer goes (RabbitMQ 4.3)."""
+        consumer = self.consumers.pop(method.consumer_tag or "", None)
+        if consumer is not None:
+            consumer.queue.remove_consumer(consumer)
+
+    def on_basic_get(self, method: commands.Basic.Get) -> None:
+        self.allow("read", "queue", self._queue_name(method.queue))
+        queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
+        msg = queue.get()
+        if msg is None:
+            self.stats.get_empty += 1
+            queue.stats.get_empty += 1
+            self.reply(commands.Basic.GetEmpty())
+            return
+        self.next_tag = tag = self.next_tag + 1
+        if (tracer := self.vhost.tracer) is not None:
+            tracer.got(self, queue, msg, tag)
+            if tracer.firehose.bindings:
+                firehose.delivered(tracer.firehose, self, queue.name, msg)
+        if msg.redelivered:  # rabbit_channel:record_sent/6 counts a get's as a delivery's
+            self.stats.redelivered += 1
+            queue.stats.redeliveries += 1
+        if method.no_ack:
+            self.stats.delivered_get_auto += 1
+            queue.stats.get_auto += 1
+            queue.settled(msg)
+        else:
+            self.stats.delivered_get_manual += 1
+            queue.stats.get_manual += 1
+            msg.tag = tag
+            msg.channel = self
+            msg.consumer = None
+            self.unacked[tag] = msg
+            timeout = queue.consumer_timeout_for({})
+            if timeout is not None:
+                queue.lock(msg, self, tag, timeout)
+        self.conn.write(get_ok_frame(self.id, tag, msg.redelivered, msg.ex_rk, queue.ready_count))
+        conn = self.conn
+        conn.write_many(content_frames(self.id, msg.properties, msg.body, conn.protocol.frame_max))
+        conn.out_bytes += len(msg.body)
+        if conn.out_bytes > FLUSH_AT:
+            conn.flush()
+
+    def on_basic_recover(self, method: commands.Basic.Recover) -> None:
+        self._recover(method.requeue)
+        self.reply(commands.Basic.RecoverOk())
+
+    def on_basic_recover_async(self, method: commands.Basic.RecoverAsync) -> None:
+        self._recover(method.requeue)
+
+    def _recover(self, requeue: bool) -> None:
+        if not requeue:
+            raise ConnectionError_(NOT_IMPLEMENTED, "requeue=false", 60, 110)
+        msgs = list(self.unacked.values())
+        self.unacked.clear()
+        self._reject(msgs, True)
+
+    def on_channel_flow(self, method: commands.Channel.Flow) -> None:
+        # RabbitMQ 4.3 (rabbit_channel.erl, handle_method channel.flow): a client may not
+        # stop deliveries this way, only prefetch limits them
+        if not method.active:
+            raise ConnectionError_(NOT_IMPLEMENTED, "active=false", 20, 20)
+        self.reply(commands.Channel.FlowOk(active=True))
+
+    # ---- exchanges ----
+
+    def on_exchange_declare(self, method: commands.Exchange.Declare) -> None:
+        if not method.passive and method.exchange:
+            self.allow("configure", "exchange", method.exchange)
+            alternate = (method.arguments or {}).get("alternate-exchange")
+            if isinstance(alternate, str):  # RabbitMQ: the exchange passes messages on to it
+                self.allow("read", "exchange", method.exchange)
+                self.allow("write", "exchange", alternate)
+        self.vhost.declare_exchange(
+            method.exchange,
+            method.exchange_type,
+            passive=method.passive,
+            durable=method.durable,
+            auto_delete=method.auto_delete,
+            internal=method.internal,
+            arguments=method.arguments or {},
+        )
+        if not method.nowait:
+            self.reply(commands.Exchange.DeclareOk())
+
+    def on_exchange_delete(self, method: commands.Exchange.Delete) -> None:
+        self.vhost.not_default(method.exchange)
+        if method.exchange.startswith("amq."):  # checked before permissions, as RabbitMQ does
+            raise ChannelError(
+                ACCESS_REFUSED,
+                f"deletion of system exchange '{method.exchange}' in vhost "
+                f"'{self.vhost.name}' not allowed",
+            )
+        self.allow("configure", "exchange", method.exchange)
+        self.vhost.delete_exchange(method.exchange, method.if_unused)
+        if not method.nowait:
+            self.reply(commands.Exchange.DeleteOk())
+
+    def on_exchange_bind(self, method: commands.Exchange.Bind) -> None:
+        # RabbitMQ's order: write on the destination, neither end the default, read on the source
+        self.allow("write", "exchange", method.destination)
+        self.vhost.not_default(method.destination)
+        self.vhost.not_default(method.source)
+        self.allow("read", "exchange", method.source)
+        destination = self.vhost.exchange(method.destination)
+        self.vhost.bind(method.source, destination, method.routing_key, method.arguments or {})
+        if not method.nowait:
+            self.reply(commands.Exchange.BindOk())
+
+    def on_exchange_unbind(self, method: commands.Exchange.Unbind) -> None:
+        self.allow("write", "exchange", method.destination)
+        self.vhost.not_default(method.destination)
+        self.vhost.not_default(method.source)
+        self.allow("read", "exchange", method.source)
+        destination = self.vhost.exchanges.get(method.destination)
+        if destination is not None:  # RabbitMQ: unbinding what is not there succeeds
+            self.vhost.unbind(
+                method.source, destination, method.routing_key, method.arguments or {}
+            )
+        if not method.nowait:
+            self.reply(commands.Exchange.UnbindOk())
+
+    # ---- queues ----
+
+    def on_queue_declare(self, method: commands.Queue.Declare) -> None:
+        name = method.queue
+        if name == REPLY_TO or name.startswith(REPLY_TO_PREFIX):
+            # direct reply-to's pseudo-queue: always there, with its one (virtual) consumer;
+            # a reply address exists while the channel that owns it is open
+            token = name[len(REPLY_TO_PREFIX) :]
+            if name != REPLY_TO and token not in self.conn.broker.reply_channels:
+                raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.vhost.name}'")
+            if not method.nowait:
+                self.reply(
+                    make(commands.Queue.DeclareOk, queue=name, message_count=0, consumer_count=1)
+                )
+            return
+        server_named = not name and not method.passive
+        if server_named:
+            name = self.vhost.new_queue_name()
+        if not method.passive:
+            self.allow("configure", "queue", name)
+            self.conn.broker.stats.queues_declared += 1  # as RabbitMQ: once permitted
+            dlx = (method.arguments or {}).get("x-dead-letter-exchange")
+            if isinstance(dlx, str):  # RabbitMQ: the queue passes messages on to it
+                self.allow("read", "queue", name)
+                self.allow("write", "exchange", dlx or "amq.default")
+        queue = self.vhost.declare_queue(
+            self._queue_name(name),
+            server_named=server_named,
+            connection=self.conn,
+            passive=method.passive,
+            # RabbitMQ makes an exclusive queue transient (rabbit_channel, queue.declare)
+            durable=method.durable and not method.exclusive,
+            exclusive=method.exclusive,
+            auto_delete=method.auto_delete,
+            arguments=method.arguments or {},
+        )
+        if queue.exclusive_owner is self.conn:
+            self.conn.exclusive_queues[queue.name] = queue
+        self.last_queue = queue.name
+        if not method.nowait:
+            self.reply(
+                make(
+                    commands.Queue.DeclareOk,
+                    queue=queue.name,
+                    message_count=queue.ready_count,
+                    consumer_count=len(queue.consumers),
+                )
+            )
+
+    def on_queue_bind(self, method: commands.Queue.Bind) -> None:
+        self.allow("write", "queue", self._queue_name(method.queue))
+        self.vhost.not_default(method.exchange)
+        self.allow("read", "exchange", method.exchange)
+        self.vhost.exchange(method.exchange)  # RabbitMQ names a missing exchange first
+        queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
+        self.vhost.bind(method.exchange, queue, method.routing_key, method.arguments or {})
+        if not method.nowait:
+            self.reply(commands.Queue.BindOk())
+
+    def on_queue_unbind(self, method: commands.Queue.Unbind) -> None:
+        self.allow("write", "queue", self._queue_name(method.queue))
+        self.vhost.not_default(method.exchange)
+        self.allow("read", "exchange", method.exchange)
+        queue = self.vhost.queues.get(self._queue_name(method.queue))
+        exchange = self.vhost.exchanges.get(method.exchange)
+        arguments = method.arguments or {}
+        # RabbitMQ: unbinding what is not there succeeds, before exclusivity is checked
+        if (
+            queue is not None
+            and exchange is not None
+            and exchange.has_binding(queue, method.routing_key, arguments)
+        ):
+            self.vhost.check_exclusive(queue, self.conn)
+            self.vhost.unbind(method.exchange, queue, method.routing_key, arguments)
+        self.reply(commands.Queue.UnbindOk())
+
+    def on_queue_purge(self, method: commands.Queue.Purge) -> None:
+        self.allow("read", "queue", self._queue_name(method.queue))
+        queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
+        count = queue.purge()
+        if not method.nowait:
+            self.reply(commands.Queue.PurgeOk(message_count=count))
+
+    def on_queue_delete(self, method: commands.Queue.Delete) -> None:
+        name = self._queue_name(method.queue)
+        self.allow("configure", "queue", name)
+        queue = self.vhost.queues.get(name)
+        count = 0
+        if queue is not None:
+            self.vhost.check_exclusive(queue, self.conn)
+            where = f"queue '{name}' in vhost '{self.vhost.name}'"
+            if method.if_unused and queue.consumers:
+                raise ChannelError(PRECONDITION_FAILED, f"{where} in use")
+            if method.if_empty and queue.ready_count:
+                raise ChannelError(PRECONDITION_FAILED, f"{where} not empty")
+            self._cancels_after = []
+            try:
+                count = self.vhost.delete_queue(queue)
+            finally:
+                cancels, self._cancels_after = self._cancels_after, None
+            self.conn.exclusive_queues.pop(name, None)
+        else:
+            cancels = []
+        if not method.nowait:
+            self.reply(commands.Queue.DeleteOk(message_count=count))
+        for tag in cancels:
+            self.conn.write(cancel_frame(self.id, tag))
+
+    # ---- confirms and transactions ----
+
+    def on_confirm_select(self, method: commands.Confirm.Select) -> None:
+        if self.tx:
+            raise ChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
+        self.confirm = True
+        if not method.nowait:
+            self.reply(commands.Confirm.SelectOk())
+
+    def on_tx_select(self, method: commands.Tx.Select) -> None:
+        if self.confirm:
+            raise ChannelError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
+        self.tx = True
+        self.reply(commands.Tx.SelectOk())
+
+    def _require_tx(self) -> None:
+        if not self.tx:
+            raise ChannelError(PRECONDITION_FAILED, "channel is not transactional")
+
+    def on_tx_commit(self, method: commands.Tx.Commit) -> None:
+        self._require_tx()
+        publishes, self.tx_publishes = self.tx_publishes, []
+        settles, self.tx_settles = self.tx_settles, []
+        store = self._store
+        stored_before = store.published if store is not None else 0
+        for exchange, msg, mandatory, ttl in publishes:
+            if not exchange.deleted:
+                self._route(exchange, msg, mandatory, ttl, 0)
+        for kind, msgs, requeue in settles:
+            if kind == "ack":
+                self._ack(msgs)
+            else:
+                self._reject(msgs, requeue, kind == "reject")
+        if store is not None and (store.published != stored_before or store.commits_waiting):
+            store.after_sync(self._commit_synced)  # like a confirm: once the messages are on disk
+            return
+        self.reply(commands.Tx.CommitOk())
+
+    def _commit_synced(self, on_disk: bool) -> None:
+        if self.closed:
+            return
+        if on_disk:
+            self.reply(commands.Tx.CommitOk())
+        else:
+            store = self._store
+            error = store.error if store is not None else None
+            self.conn.connection_error(
+                ConnectionError_(INTERNAL_ERROR, f"message store failed: {error}", 90, 20)
+            )
+
+    def on_tx_rollback(self, method: commands.Tx.Rollback) -> None:
+        self._require_tx()
+        self.tx_publishes = []
+        settles, self.tx_settles = self.tx_settles, []
+        if settles:
+            for _, msgs, _ in settles:
+                for msg in msgs:
+                    self.unacked[msg.tag] = msg
+            self.unacked = dict(sorted(self.unacked.items()))
+            self._low_tag = min(self.unacked)
+        self.reply(commands.Tx.RollbackOk())
+
+    # ---- closing ----
+
+    def close(self) -> None:
+        """The channel ends (closed by either side, or its connection went): requeue its work."""
+        if self.closed:
+            return
+        self.closed = True
+        node = self.conn.broker.stats
+        node.add(self.stats)  # the node's totals keep what this channel counted
+        if self.confirm:
+            node.received_confirm += self.confirms.seq
+        node.channels_closed += 1
+        why = "channel_closed"  # only the trace tells the kinds of closing apart
+        if (tracer := self.vhost.tracer) is not None:
+            why = tracer.channel_closed(self)
+        if self._store is not None:
+            self._store.waiters.discard(self)
+        self.conn.release(self)
+        if self.reply_token:
+            self.conn.broker.reply_channels.pop(self.reply_token, None)
+            self.reply_tag = None
+        consumers = list(self.consumers.values())
+        self.consumers.clear()
+        for consumer in consumers:
+            consumer.queue.remove_consumer(consumer)
+        msgs = list(self.unacked.values())
+        self.unacked.clear()
+        for _, settled, _ in self.tx_settles:  # never committed: still unacked
+            msgs.extend(settled)
+        self.tx_publishes = []
+        self.tx_settles = []
+        if msgs:
+            for queue, group in self._group(msgs).items():
+                queue.return_unacked(group, why)
+
+
+# What handles each method a client may send on a channel (connection.py looks it up by type).
+HANDLERS: dict[type, Callable[[Channel, Any], None]] = {
+    Content: Channel.on_content,
+    AccessRequest: Channel.on_access_request,
+    BasicAck: Channel.on_basic_ack,
+    BasicNack: Channel.on_basic_nack,
+    BasicReject: Channel.on_basic_reject,
+    commands.Basic.Qos: Channel.on_basic_qos,
+    commands.Basic.Consume: Channel.on_basic_consume,
+    commands.Basic.Cancel: Channel.on_basic_cancel,
+    commands.Basic.CancelOk: Channel.on_basic_cancel_ok,
+    commands.Basic.Get: Channel.on_basic_get,
+    commands.Basic.Recover: Channel.on_basic_recover,
+    commands.Basic.RecoverAsync: Channel.on_basic_recover_async,
+    commands.Channel.Flow: Channel.on_channel_flow,
+    commands.Channel.FlowOk: Channel.on_ignored,
+    commands.Exchange.Declare: Channel.on_exchange_declare,
+    commands.Exchange.Delete: Channel.on_exchange_delete,
+    commands.Exchange.Bind: Channel.on_exchange_bind,
+    commands.Exchange.Unbind: Channel.on_exchange_unbind,
+    commands.Queue.Declare: Channel.on_queue_declare,
+    commands.Queue.Bind: Channel.on_queue_bind,
+    commands.Queue.Unbind: Channel.on_queue_unbind,
+    commands.Queue.Purge: Channel.on_queue_purge,
+    commands.Queue.Delete: Channel.on_queue_delete,
+    commands.Confirm.Select: Channel.on_confirm_select,
+    commands.Tx.Select: Channel.on_tx_select,
+    commands.Tx.Commit: Channel.on_tx_commit,
+    commands.Tx.Rollback: Channel.on_tx_rollback,
+}

@@ -1,0 +1,1115 @@
+"""A queue: ready messages in publish order, consumers, and the message lifecycle.
+
+Ready messages sit in a deque ordered by ``seq`` (their arrival number), so a
+requeued message goes back to its original place. A message that leaves the
+middle of the deque (expiry) is marked GONE and skipped when it reaches the
+head: counts are exact at once, the deque entry goes later.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from mypy_extensions import mypyc_attr
+
+from warren.broker.engine.message import (
+    DELAYED,
+    GONE,
+    READY,
+    UNACKED,
+    Message,
+    page_out,
+    unpage,
+)
+from warren.broker.engine.ready import PriorityReady, merge_in_order
+from warren.broker.engine.reaper import EVERYTHING
+from warren.broker.engine.retry import RetryPolicy, parse_schedule
+from warren.broker.engine.stats import ConsumerUse
+from warren.broker.engine.timers import Deadline, DeadlineHeap
+from warren.broker.store.paged import MESSAGE_MEMORY, PagedRun
+from warren.protocol.properties import (
+    FLAG_PRIORITY,
+    decode_field,
+    has_flag,
+    is_persistent,
+    set_header,
+    split_properties,
+)
+
+if TYPE_CHECKING:
+    from warren.broker.engine.channel import Channel
+    from warren.broker.engine.consumer import Consumer
+    from warren.broker.engine.exchange import Exchange
+    from warren.broker.engine.policy import Policy
+    from warren.broker.engine.vhost import VirtualHost
+    from warren.broker.store import MessageStore, StoredMessage
+
+
+class QueueStats:
+    """Cumulative counters of one queue (management API message_stats, metrics)."""
+
+    __slots__ = (
+        "acked",
+        "consumer_timeouts",
+        "dead_lettered",
+        "delivered",
+        "delivered_auto",
+        "disk_reads",
+        "disk_writes",
+        "expired",
+        "get_auto",
+        "get_empty",
+        "get_manual",
+        "persistent",
+        "persistent_bytes",
+        "published",
+        "redelivered",
+        "redeliveries",
+        "retried",
+    )
+
+    def __init__(self) -> None:
+        self.published = 0
+        self.delivered = 0  # basic.deliver and basic.get-ok
+        self.acked = 0
+        self.redelivered = 0  # messages returned to the queue for another delivery
+        self.expired = 0
+        self.dead_lettered: dict[str, int] = {}  # by reason
+        self.consumer_timeouts = 0
+        self.retried = 0  # returns that waited for a delayed retry
+        # Prometheus' per-queue split (broker/ops/metrics.py): consume no-ack deliveries (the
+        # queue settles them as acks), basic.get by ack mode and empty, counted by the channel
+        self.delivered_auto = self.get_auto = self.get_manual = self.get_empty = 0
+        self.redeliveries = 0  # deliveries and get-oks of a message marked redelivered
+        # persistent messages in the store (gauge), publish records written, bodies read back
+        self.persistent = self.persistent_bytes = self.disk_writes = self.disk_reads = 0
+
+
+def message_priority(properties: bytes, default: int = 0) -> int:
+    if not has_flag(properties, FLAG_PRIORITY):
+        return default
+    raw = split_properties(properties).get("priority")
+    value = decode_field("priority", raw) if raw is not None else default
+    return value if isinstance(value, int) else default
+
+
+def retry_policy(args: dict[str, Any], definition: dict[str, Any]) -> RetryPolicy:
+    """The delayed-retry settings; a queue argument wins over the policy key."""
+
+    def pick(key: str) -> Any:
+        arg = "x-" + key
+        return args[arg] if arg in args else definition.get(key)
+
+    kind = pick("delayed-retry-type")
+    schedule = pick("delayed-retry-schedule")
+    max_ms = pick("delayed-retry-max")
+    multiplier = pick("delayed-retry-multiplier")
+    return RetryPolicy(
+        kind=kind if isinstance(kind, str) else "disabled",
+        min_ms=pick("delayed-retry-min") or 0,
+        max_ms=max_ms if isinstance(max_ms, int) else None,
+        multiplier=multiplier if isinstance(multiplier, int) else None,
+        schedule=parse_schedule(schedule) if isinstance(schedule, str) else (),
+    )
+
+
+# subclasses need not be compiled with it (a build that leaves broker/streams/stream.py out)
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Queue:
+    def __init__(
+        self,
+        vhost: VirtualHost,
+        name: str,
+        *,
+        durable: bool = False,
+        exclusive_owner: object | None = None,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.durable = durable
+        self.exclusive_owner = exclusive_owner  # the owning connection of an exclusive queue
+        self.auto_delete = auto_delete
+        self.arguments = arguments or {}
+        max_priority = self.arguments.get("x-max-priority")
+        self.max_priority: int = (
+            max_priority if isinstance(max_priority, int) and max_priority > 0 else 0
+        )
+        self.default_priority = 0  # of a message without the priority property
+        if self.arguments.get("x-queue-type") == "quorum" and not self.max_priority:
+            # RabbitMQ 4.3 (rabbit_fifo:msg_priority/1, rabbit_fifo_pq): quorum queues take
+            # priorities 0-31 without x-max-priority; no priority property counts as 4
+            self.max_priority, self.default_priority = 31, 4
+        self.ready: Any = PriorityReady(self.max_priority) if self.max_priority else deque()
+        self.ready_count = 0
+        self.ready_bytes = 0
+        # Past its memory limit a durable queue's newer ready messages wait in ``tail``, after
+        # ``ready`` and all later than it: Messages, and runs of paged-out persistent ones
+        # (broker/store/paged.py) that come back a batch at a time when ``ready`` runs dry.
+        self.tail: deque[Message | PagedRun] = deque()
+        # ready messages (and bytes) on disk only: packed in runs, or paged Messages (TTL, priority)
+        self.paged_count = 0
+        self.paged_bytes = 0
+        self.unacked_count = 0
+        self.consumers: list[Consumer] = []
+        self.exclusive_consumer: Consumer | None = None
+        # Plain dispatch (no priorities, no single active consumer) offers messages to the
+        # consumers of ``_turns`` in turn; one found at its limit (prefetch, a paused socket,
+        # a timeout) waits in ``_blocked`` until a settle of its own delivery or a change
+        # that may concern any consumer (dispatch()) brings it back: a delivery costs the
+        # same however many consumers wait at their limit (RabbitMQ's blocked consumers).
+        self._turns: deque[Consumer] = deque()
+        self._blocked: dict[Consumer, None] = {}
+        # Prioritised dispatch (consumers of more than one x-priority, or single active
+        # consumer) keeps the consumers in turn by priority, in ``_levels``, and ``_order``
+        # lists the priorities that have any, lowest first; ``_turns`` then only holds the
+        # consumers that arrived or came back since the last delivery, filed by priority
+        # (_file_turns) before the next. One at its limit waits in ``_blocked`` as above, and
+        # a priority whose consumers all wait leaves ``_order``: a delivery costs the same
+        # however many wait. (RabbitMQ 4.3, rabbit_queue_consumers:deliver/6: the head of a
+        # priority queue of consumers takes the message and goes back last of its priority;
+        # block_consumer/2 moves one at its limit aside, unblock/2 joins it back last.)
+        # A consumer is in exactly one of ``_turns``, ``_levels`` and ``_blocked``.
+        self._levels: dict[int, deque[Consumer]] = {}
+        self._order: list[int] = []
+        self._rescan = True  # dispatch() rechecks the blocked ones (dispatch_settled: not)
+        self._next_seq = 0
+        self.deleted = False
+        self.stats = QueueStats()
+        self._had_consumers = False
+        # consumer capacity (RabbitMQ's rabbit_queue_consumers use/avg): set while every
+        # consumer is blocked with messages ready; its moving average lives in
+        # broker/engine/stats.py
+        self.idle = False
+        timers = vhost.timers
+        self._now = timers.clock()
+        self._wall = timers.wall  # the store's deadlines: broker time, as the wall clock
+        self.use = ConsumerUse(self._now)
+        # per-message deadlines: (expires_at, seq, message), earliest first
+        self._expiry: DeadlineHeap[tuple[float, int, Message]] = DeadlineHeap(
+            timers, self._expire_due, _may_expire
+        )
+        self._unused_timer = Deadline(timers, self._check_unused)
+        self._last_used = self._now()
+        queue_type = self.arguments.get("x-queue-type", "classic")
+        self.queue_type: str = queue_type if isinstance(queue_type, str) else "classic"
+        self.store_id = 0  # the queue's id in the store when it keeps persistent messages
+        self.trace_ref = 0  # its id in the trace stream (broker/tracing/tracer.py), 0: none yet
+        self.message_store: MessageStore | None = None
+        self.policy: Policy | None = None
+        # exchanges with a binding to this queue (Exchange.bind keeps it): deleting the queue
+        # visits them, not every exchange of the vhost
+        self.sources: dict[Exchange, None] = {}
+        # consumer timeouts (quorum queues): (deadline, n, message, channel, tag, timeout),
+        # earliest first
+        self._lock_heap: DeadlineHeap[tuple[float, int, Message, Channel, int, int]] = DeadlineHeap(
+            timers, self._locks_due, _locked
+        )
+        self._lock_count = 0
+        # delayed retries: (ready_at, seq, message), earliest first
+        self._delayed: DeadlineHeap[tuple[float, int, Message]] = DeadlineHeap(
+            timers, self._release_delayed, _still_delayed
+        )
+        self.delayed_count = 0
+        sac = self.arguments.get("x-single-active-consumer")
+        self.single_active_consumer = sac is True
+        self._plain_dispatch = not self.single_active_consumer  # no SAC, equal priorities
+        self.apply_settings()
+        self.touch()
+
+    def apply_settings(self) -> None:
+        """Effective limits from the arguments and the policy (RabbitMQ's precedence)."""
+        old_expires = getattr(self, "expires", None)
+        self._apply_settings()
+        if self.expires != old_expires:
+            self._unused_timer.cancel()  # another x-expires: count it from the last use
+            if self.expires is not None and not self.consumers:
+                self._unused_timer.arm(self._last_used + self.expires / 1000)
+        if self._limited and self.overflow == "drop-head":
+            self._drop_head_over_limit()  # a lower limit trims the queue at once, as in RabbitMQ
+
+    def _apply_settings(self) -> None:
+        args = self.arguments
+        definition = self.policy.definition if self.policy is not None else {}
+
+        def smallest(arg: str, key: str) -> int | None:
+            values: list[int] = []
+            for value in (args.get(arg), definition.get(key)):
+                if isinstance(value, int) and not isinstance(value, bool):
+                    values.append(value)
+            return min(values) if values else None
+
+        def argument_first(arg: str, key: str) -> Any:
+            return args[arg] if arg in args else definition.get(key)
+
+        self.message_ttl: int | None = smallest("x-message-ttl", "message-ttl")
+        self.expires: int | None = smallest("x-expires", "expires")
+        self.max_length: int | None = smallest("x-max-length", "max-length")
+        self.max_length_bytes: int | None = smallest("x-max-length-bytes", "max-length-bytes")
+        overflow = argument_first("x-overflow", "overflow")
+        self.overflow: str = overflow if isinstance(overflow, str) else "drop-head"
+        dlx = argument_first("x-dead-letter-exchange", "dead-letter-exchange")
+        self.dead_letter_exchange: str | None = dlx if isinstance(dlx, str) else None
+        dlrk = argument_first("x-dead-letter-routing-key", "dead-letter-routing-key")
+        self.dead_letter_routing_key: str | None = dlrk if isinstance(dlrk, str) else None
+        self._limited = self.max_length is not None or self.max_length_bytes is not None
+        limits: list[int] = [
+            v
+            for v in (args.get("x-delivery-limit"), definition.get("delivery-limit"))
+            if isinstance(v, int) and not isinstance(v, bool)
+        ]
+        # RabbitMQ 4 (resolve_delivery_limit): the smaller, but -1 (none) loses to any limit
+        limit = (max(limits) if min(limits) < 0 else min(limits)) if limits else None
+        if limit is None and self.queue_type == "quorum":
+            limit = 20  # RabbitMQ 4.0+ default for quorum queues
+        self.delivery_limit: int | None = None if limit is None or limit < 0 else limit
+        self.retry = retry_policy(args, definition)
+        self.counts_deliveries = self.queue_type == "quorum" or self.retry.enabled
+        self.consumer_timeout_setting: int | None = smallest(
+            "x-consumer-timeout", "consumer-timeout"
+        )
+        for consumer in self.consumers:
+            consumer.timeout = self.consumer_timeout_for(consumer.arguments)
+
+    def consumer_timeout_for(self, consumer_arguments: dict[str, Any]) -> int | None:
+        """RabbitMQ 4.3: the consumer's argument, else min(queue argument, policy), else global."""
+        if self.queue_type != "quorum":
+            return None  # classic queues do not evaluate consumer timeouts
+        own = consumer_arguments.get("x-consumer-timeout")
+        if isinstance(own, int) and not isinstance(own, bool):
+            return own
+        if self.consumer_timeout_setting is not None:
+            return self.consumer_timeout_setting
+        return self.vhost.default_consumer_timeout
+
+    # ---- in ----
+
+    def publish(self, msg: Message, ttl: int | None) -> bool:
+        """Enqueue; False if the queue refused it (overflow reject-publish)."""
+        if self._limited and self.overflow != "drop-head" and self._full_for(len(msg.body)):
+            if self.overflow == "reject-publish-dlx":
+                self._dead_letter(msg, "maxlen")
+            elif (tracer := self.vhost.tracer) is not None:
+                tracer.dropped(self, msg, "overflow")
+            return False
+        self._next_seq += 1
+        msg.seq = self._next_seq
+        msg.queue = self
+        self.stats.published += 1
+        if self.max_priority:
+            msg.priority = message_priority(msg.properties, self.default_priority)
+        queue_ttl = self.message_ttl
+        if queue_ttl is not None and (ttl is None or queue_ttl < ttl):
+            ttl = queue_ttl
+        packed = False  # in a paged run (broker/store/paged.py), not in ready or tail
+        if self.store_id and is_persistent(msg.properties):
+            store = self.message_store
+            assert store is not None
+            store.publish(self.store_id, msg, self._wall() + ttl / 1000 if ttl is not None else 0.0)
+            stats = self.stats
+            stats.persistent += 1
+            stats.persistent_bytes += len(msg.body)
+            stats.disk_writes += 1
+            limit = store.page_limit
+            if limit is not None and self._over_limit(len(msg.body), limit):
+                # over the memory limit: it leaves memory once on disk, packed in a run, or
+                # (deadlines and priorities need the object) its body only
+                if ttl is None and not self.max_priority:
+                    self._page_later(msg, store)
+                    packed = True
+                else:
+                    store.page_later(msg)
+        if not packed:
+            (self.tail or self.ready).append(msg)
+        self.ready_count += 1
+        self.ready_bytes += len(msg.body)
+        if self.consumers:
+            self._deliver()  # a consumer that can take it gets it before any limit applies
+        if self._limited:
+            self._drop_head_over_limit()
+        if ttl is not None:
+            # delivered at once or not, the deadline counts from now: a requeue keeps it
+            msg.expires_at = self._now() + ttl / 1000
+            if msg.state == READY:
+                if ttl == 0:
+                    self._expire(msg)  # nobody could take it at once: RabbitMQ's immediate
+                else:
+                    self._track_expiry(msg)
+        return True
+
+    def _append_ready(self, msg: Message) -> None:
+        if self.tail:
+            self.tail.append(msg)
+        else:
+            self.ready.append(msg)
+
+    def _over_limit(self, size: int, limit: int) -> bool:
+        in_memory = self.ready_count - self.paged_count
+        return in_memory * MESSAGE_MEMORY + self.ready_bytes - self.paged_bytes + size > limit
+
+    def _page_later(self, msg: Message, store: MessageStore) -> None:
+        tail = self.tail
+        run = tail[-1] if tail else None
+        if run is None or run.__class__ is not PagedRun or not run.open:
+            run = PagedRun(self, msg.seq)
+            tail.append(run)
+        assert isinstance(run, PagedRun)
+        run.pending.append(msg)
+        store.page_run_later(run)
+
+    def _refill(self) -> bool:
+        """``ready`` ran dry: the next messages of ``tail`` come into it (a batch of a run)."""
+        tail, ready = self.tail, self.ready
+        while tail and not ready:
+            item = tail[0]
+            if item.__class__ is PagedRun:
+                assert isinstance(item, PagedRun)
+                if item.packed:
+                    assert self.message_store is not None
+                    self.message_store.materialise(item, ready)
+                else:
+                    for msg in item.pending:
+                        if msg.state == READY:
+                            ready.append(msg)
+                    item.pending.clear()
+                if not len(item):
+                    tail.popleft()
+                    assert self.message_store is not None
+                    self.message_store.run_done(item)
+            else:
+                assert isinstance(item, Message)
+                tail.popleft()
+                ready.append(item)
+        return bool(ready)
+
+    def ready_messages(self) -> list[Message]:
+        """The ready messages held as objects (not those packed on disk), in order."""
+        found = list(self.ready)
+        for item in self.tail:
+            if isinstance(item, PagedRun):
+                found.extend(item.pending)
+            else:
+                found.append(item)
+        return found
+
+    def _full_for(self, size: int) -> bool:
+        # delayed messages count towards the limits: they are still in the queue
+        if self.max_length is not None and self.ready_count + self.delayed_count >= self.max_length:
+            return True
+        return self.max_length_bytes is not None and self.ready_bytes + size > self.max_length_bytes
+
+    def _drop_head_over_limit(self) -> None:
+        max_len, max_bytes = self.max_length, self.max_length_bytes
+        while self.ready_count and (
+            (max_len is not None and self.ready_count + self.delayed_count > max_len)
+            or (max_bytes is not None and self.ready_bytes > max_bytes)
+        ):
+            msg = self._pop_ready(deliver=False)
+            if msg is None:
+                break
+            self._gone(msg)
+            self._dead_letter(msg, "maxlen")
+
+    def requeue(self, msgs: list[Message], why: str) -> None:
+        """Put unacked messages back at their original positions, marked redelivered."""
+        now = self._now()
+        back: list[Message] = []
+        for msg in msgs:
+            if msg.state != UNACKED:
+                continue
+            msg.channel = None
+            msg.consumer = None
+            msg.tag = 0
+            msg.redelivered = True
+            if msg.expires_at is not None and msg.expires_at <= now:
+                self._expired(msg)
+                continue
+            msg.state = READY
+            back.append(msg)
+        if not back:
+            return
+        if (tracer := self.vhost.tracer) is not None:
+            tracer.requeued(self, back, why)
+        back.sort(key=_seq)
+        if self.max_priority:
+            self.ready.reinsert(back)
+        else:
+            self.ready = merge_in_order(self.ready, back)
+        self.ready_count += len(back)
+        self.stats.redelivered += len(back)
+        for msg in back:
+            self.ready_bytes += len(msg.body)
+            if msg.expires_at is not None:
+                self._track_expiry(msg)
+        self._deliver()
+
+    # ---- out ----
+
+    def _pop_ready(self, deliver: bool = True) -> Message | None:
+        """The head of the ready messages, taken out of them.
+
+        ``deliver``: for a consumer or basic.get, the one place a message is handed over
+        (an expired head expires on the way; the message becomes unacked, counted, and
+        its first delivery recorded in the store). The hand-over is here, not in a helper
+        of its own, so that a delivery costs no extra call (hot path). Without it (a
+        drop-head), the head as it is.
+        """
+        ready = self.ready
+        while ready or (self.tail and self._refill()):
+            msg: Message = ready.popleft()
+            if msg.state != READY:
+                continue  # expired or otherwise gone while waiting
+            if deliver and msg.expires_at is not None and msg.expires_at < self._now():
+                self._expire(msg)
+                continue
+            if self.paged_count and msg.paged_size >= 0:
+                self._read_ahead(msg)
+            self.ready_count -= 1
+            self.ready_bytes -= len(msg.body)
+            if deliver:
+                msg.state = UNACKED
+                self.unacked_count += 1
+                self.stats.delivered += 1
+                if msg.store_id and not msg.redelivered:
+                    self.message_store.delivered(msg)  # type: ignore[union-attr]
+            return msg
+        return None
+
+    def _read_ahead(self, head: Message) -> None:
+        """The head's body is on disk: bring it back with the next paged ones, in one go."""
+        assert self.message_store is not None
+        self.message_store.read_ahead(itertools.chain((head,), self.ready))
+
+    def dispatch(self) -> None:
+        """Hand ready messages to consumers with capacity, round-robin: capacity may have
+        come back for any consumer (qos, flow, a drained socket, the end of a timeout), so
+        the blocked ones are offered messages again."""
+        if self._blocked and self._rescan:
+            self._turns.extend(self._blocked)
+            self._blocked.clear()
+        self._deliver()
+
+    def dispatch_settled(self) -> None:
+        """Deliveries were settled (the channel has no global prefetch): only their
+        consumers gained room, and they are back in turn already (_unblock)."""
+        self._rescan = False
+        try:
+            self.dispatch()  # a stream's own (broker/streams/stream.py)
+        finally:
+            self._rescan = True
+
+    def _unblock(self, consumer: Consumer | None) -> None:
+        """One of ``consumer``'s deliveries is settled: it may take more. (With a channel-wide
+        limit, the room is any of the channel's consumers': dispatch() offers it in turn.)"""
+        if (
+            consumer is not None and consumer in self._blocked
+            and not consumer.channel.prefetch_global
+        ):  # fmt: skip
+            del self._blocked[consumer]
+            self._turns.append(consumer)
+
+    def _file_turns(self) -> None:
+        """Prioritised dispatch: the consumers of ``_turns`` take their turns, each last of
+        its priority."""
+        levels = self._levels
+        arrived = self._turns
+        while arrived:
+            consumer = arrived.popleft()
+            priority = consumer.priority
+            turns = levels.get(priority)
+            if turns is None:
+                levels[priority] = turns = deque()
+                bisect.insort(self._order, priority)
+            turns.append(consumer)
+
+    def _deliver(self) -> None:
+        if not self._plain_dispatch:
+            self._dispatch_ordered()
+            return
+        turns = self._turns
+        while self.ready_count and turns:
+            consumer = turns[0]
+            if not consumer.channel.can_deliver(consumer):
+                turns.popleft()
+                self._blocked[consumer] = None
+                continue
+            if self.idle:
+                self.use.unblocked(self)
+            msg = self._pop_ready()
+            if msg is None:
+                return
+            turns.rotate(-1)  # its turn is over (before the delivery, which may cancel it)
+            consumer.channel.deliver(consumer, msg)
+        if self.ready_count and self.consumers and not turns:
+            self.use.blocked(self)
+
+    def _dispatch_ordered(self) -> None:
+        """Consumer priorities: the highest priority with a consumer in turn gets the
+        message, round-robin among its equals; one found at its limit waits aside
+        (``_blocked``), and its priority leaves ``_order`` once none of it is in turn."""
+        if self.single_active_consumer:
+            self._dispatch_single()
+            return
+        levels = self._levels
+        order = self._order  # changed in place only: a delivery may add or cancel consumers
+        while self.ready_count:
+            if self._turns:
+                if self._plain_dispatch:  # a delivery cancelled the last of other priorities
+                    self._deliver()
+                    return
+                self._file_turns()
+            if not order:
+                break
+            priority = order[-1]
+            turns = levels[priority]
+            consumer = turns[0]
+            if not consumer.channel.can_deliver(consumer):
+                turns.popleft()
+                self._blocked[consumer] = None
+                if not turns:
+                    del levels[priority]
+                    order.pop()
+                continue
+            # the same steps as _deliver's, inline in both: a shared helper would be one
+            # more call per message on the plain path
+            if self.idle:
+                self.use.unblocked(self)
+            msg = self._pop_ready()
+            if msg is None:
+                return
+            turns.rotate(-1)  # its turn is over (before the delivery, which may cancel it)
+            consumer.channel.deliver(consumer, msg)
+        if self.ready_count and self.consumers and not order:
+            self.use.blocked(self)
+
+    def _dispatch_single(self) -> None:
+        """Single active consumer: only the first consumer is ever offered messages."""
+        consumers = self.consumers
+        while self.ready_count and consumers:
+            active = consumers[0]
+            if not active.channel.can_deliver(active):
+                self.use.blocked(self)
+                return
+            if self.idle:
+                self.use.unblocked(self)
+            msg = self._pop_ready()
+            if msg is None:
+                return
+            active.channel.deliver(active, msg)
+
+    def get(self) -> Message | None:
+        """basic.get: the head message, now unacked (the channel settles it for no-ack)."""
+        self.touch()
+        return self._pop_ready()
+
+    # ---- settling ----
+
+    def settled(self, msg: Message) -> None:
+        """Acked (or delivered with no-ack): the message is done."""
+        if self._blocked:
+            self._unblock(msg.consumer)
+        if msg.state == UNACKED:
+            self._gone(msg)
+            self.unacked_count -= 1
+            self.stats.acked += 1
+            if msg.expires_at is not None:
+                self._expiry.compact(self.ready_count + self.delayed_count)
+
+    def rejected(self, msg: Message) -> None:
+        """basic.reject or basic.nack without requeue: dead-letter it (or drop it)."""
+        if self._blocked:
+            self._unblock(msg.consumer)
+        if msg.state != UNACKED:
+            return
+        self._gone(msg)
+        self.unacked_count -= 1
+        self._dead_letter(msg, "rejected")
+
+    def return_unacked(self, msgs: list[Message], why: str, failed: bool = True) -> None:
+        """Unacked messages of this queue come back (channel closed, nack, recover, timeout).
+
+        ``why`` is the trace's reason (broker/tracing/tracer.py: nack, channel_closed, ...).
+        ``failed`` is False for consumer-timeout returns, which do not count as a failed
+        delivery attempt (RabbitMQ 4.3).
+        """
+        if self._blocked:
+            for msg in msgs:
+                self._unblock(msg.consumer)
+        live = [m for m in msgs if m.state == UNACKED]
+        self.unacked_count -= len(live)
+        if self.deleted:
+            for msg in live:
+                self._gone(msg)
+            return
+        if failed and self.counts_deliveries:
+            live = self._count_failed_delivery(live)
+        if self.retry.enabled and self.retry.applies(failed):
+            self._delay(live, why)
+        else:
+            self.requeue(live, why)
+
+    # ---- delayed retry ----
+
+    def _delay(self, msgs: list[Message], why: str) -> None:
+        """Returned messages wait, invisible, for their retry delay (RocketMQ's WaitingRetry)."""
+        now = self._now()
+        for msg in msgs:
+            if msg.state != UNACKED:
+                continue
+            msg.channel = None
+            msg.consumer = None
+            msg.tag = 0
+            msg.redelivered = True
+            msg.retries += 1
+            msg.state = DELAYED
+            self.delayed_count += 1
+            self.stats.retried += 1
+            self._count_node("retried")
+            delay = self.retry.delay_ms(msg.retries) / 1000
+            if (tracer := self.vhost.tracer) is not None:
+                tracer.retry_scheduled(self, msg, round(delay * 1000), why)
+            self._delayed.push((now + delay, msg.seq, msg), self.delayed_count)
+            if msg.expires_at is not None:
+                self._track_expiry(msg)  # it may expire while it waits
+            if msg.store_id:
+                self.message_store.state(msg, self._wall() + delay)  # type: ignore[union-attr]
+
+    def _release_delayed(self) -> None:
+        """Delays are over: the messages join the tail of the queue, redelivered."""
+        now = self._now()
+        heap = self._delayed.entries
+        released = False
+        while heap and heap[0][0] <= now:
+            _, _, msg = heapq.heappop(heap)
+            if msg.state != DELAYED:
+                continue
+            self.delayed_count -= 1
+            if msg.expires_at is not None and msg.expires_at <= now:
+                self._expired(msg)
+                continue
+            self._next_seq += 1
+            msg.seq = self._next_seq  # the tail, not its old place
+            msg.state = READY
+            self._append_ready(msg)
+            self.ready_count += 1
+            self.ready_bytes += len(msg.body)
+            if msg.expires_at is not None:
+                self._track_expiry(msg)
+            released = True
+        self._delayed.rearm()
+        if released:
+            self._deliver()
+
+    def _count_failed_delivery(self, msgs: list[Message]) -> list[Message]:
+        """Quorum semantics: a failed delivery counts; past the limit it is dead-lettered."""
+        limit = self.delivery_limit
+        back = []
+        for msg in msgs:
+            msg.delivery_count += 1
+            if limit is not None and msg.delivery_count > limit:
+                self._gone(msg)
+                self._dead_letter(msg, "delivery_limit")
+                continue
+            msg.properties = set_header(msg.properties, "x-delivery-count", msg.delivery_count)
+            if msg.store_id:
+                self.message_store.state(msg, 0.0)  # type: ignore[union-attr]
+            back.append(msg)
+        return back
+
+    def purge(self) -> int:
+        """Drop the ready messages and those waiting for a retry; unacked ones stay.
+
+        The queue is empty at once. A long one's messages are let go of by the reaper, a
+        slice a loop turn (broker/engine/reaper.py), so that nobody else waits for that."""
+        count = self.ready_count + self.delayed_count
+        if count and (tracer := self.vhost.tracer) is not None:
+            tracer.purged(self)
+        for _, _, msg in self._delayed:
+            self._gone(msg)
+        self._delayed.clear()
+        self.delayed_count = 0
+        expiring = self._expiry.take()
+        if self.ready or self.tail or expiring:
+            held: deque[Any] = deque((self.ready, self.tail, expiring))
+            self.ready = PriorityReady(self.max_priority) if self.max_priority else deque()
+            self.tail = deque()
+            reaper = self.vhost.reaper
+            if self.ready_count > reaper.slice:
+                reaper.add(self, held)
+            else:
+                self.let_go(held, EVERYTHING)
+        self.ready_count = 0
+        self.ready_bytes = 0
+        return count
+
+    def let_go(self, held: deque[Any], budget: int) -> int:
+        """Let go of at most ``budget`` messages that left in a purge, oldest first;
+        ``held`` is the containers they were in (``ready``, ``tail``, then the expiry heap's
+        entries, which only need freeing), emptied as it goes. Returns the budget left."""
+        while held and budget > 0:
+            box = held[0]
+            if not box:
+                held.popleft()
+                continue
+            if box.__class__ is list:  # expiry heap entries
+                keep = max(0, len(box) - budget)
+                budget -= len(box) - keep
+                del box[keep:]
+                continue
+            item = box.popleft()
+            if isinstance(item, PagedRun):
+                for msg in item.pending:
+                    self._gone(msg)
+                budget -= len(item.pending)
+                item.pending.clear()
+                assert self.message_store is not None
+                budget -= self.message_store.drop_run(item, self.deleted, max(budget, 1))
+                if not item.dead:
+                    box.appendleft(item)  # the rest of it next time
+            else:
+                self._gone(item)
+                if item.paged_size >= 0:
+                    unpage(item, b"")
+                budget -= 1
+        return budget
+
+    # ---- consumers ----
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        # highest priority first, registration order within a priority (the management
+        # API's consumer lists and single active consumer read it in this order)
+        consumers = self.consumers
+        consumers.insert(bisect.bisect_right(consumers, -consumer.priority, key=_rank), consumer)
+        self._choose_dispatch()
+        self._turns.append(consumer)
+        if consumer.exclusive:
+            self.exclusive_consumer = consumer
+        self._had_consumers = True
+        self._unused_timer.cancel()
+        self._deliver()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        try:
+            self.consumers.remove(consumer)
+        except ValueError:
+            return
+        if consumer in self._blocked:
+            del self._blocked[consumer]
+        elif self._plain_dispatch:
+            self._turns.remove(consumer)
+        else:
+            self._file_turns()
+            priority = consumer.priority
+            turns = self._levels[priority]
+            turns.remove(consumer)
+            if not turns:
+                del self._levels[priority]
+                self._order.remove(priority)
+        if self.exclusive_consumer is consumer:
+            self.exclusive_consumer = None
+        self._choose_dispatch()
+        if self.single_active_consumer and self.consumers:
+            self.dispatch()  # the next consumer takes over
+        if not self.consumers:
+            if self.auto_delete and self._had_consumers:
+                self.vhost.delete_queue(self)
+                return
+            self.touch()
+
+    def _choose_dispatch(self) -> None:
+        """Plain dispatch while the consumers share one priority and there is no single
+        active consumer, prioritised otherwise. Going prioritised, ``_turns`` is filed by
+        priority at the next delivery; going plain, the one priority left goes back first."""
+        consumers = self.consumers
+        plain = not self.single_active_consumer and (
+            not consumers or consumers[0].priority == consumers[-1].priority
+        )
+        if plain == self._plain_dispatch:
+            return
+        self._plain_dispatch = plain
+        if plain:  # one priority left, if any: its turns, then those not filed yet
+            for priority in self._order:
+                self._turns.extendleft(reversed(self._levels[priority]))
+            self._levels.clear()
+            self._order.clear()
+
+    # ---- consumer timeouts ----
+
+    def lock(self, msg: Message, channel: Channel, tag: int, timeout_ms: int) -> None:
+        """Start the clock on an unacked delivery: past its deadline it goes back to the queue."""
+        self._lock_count += 1
+        deadline = self._now() + timeout_ms / 1000
+        entry = (deadline, self._lock_count, msg, channel, tag, timeout_ms)
+        self._lock_heap.push(entry, self.unacked_count)  # settled ones are swept out there
+
+    def _locks_due(self) -> None:
+        now = self._now()
+        heap = self._lock_heap.entries
+        due: dict[tuple[Channel, Consumer | None], tuple[list[Message], int]] = {}
+        while heap and heap[0][0] <= now:
+            entry = heapq.heappop(heap)
+            if _locked(entry):
+                msg = entry[2]
+                group = due.setdefault((entry[3], msg.consumer), ([], entry[5]))
+                group[0].append(msg)
+        self._lock_heap.rearm()
+        for (channel, consumer), (msgs, timeout) in due.items():
+            channel.deliveries_timed_out(consumer, msgs, timeout)
+
+    # ---- TTL ----
+
+    def _track_expiry(self, msg: Message) -> None:
+        assert msg.expires_at is not None
+        # delivered messages linger in the heap until their deadline; push sweeps them out
+        self._expiry.push((msg.expires_at, msg.seq, msg), self.ready_count + self.delayed_count)
+
+    def _expire_due(self) -> None:
+        now = self._now()
+        heap = self._expiry.entries
+        while heap and heap[0][0] <= now:
+            _, _, msg = heapq.heappop(heap)
+            if msg.expires_at is None or msg.expires_at > now:
+                continue
+            if msg.state == READY:
+                self._expire(msg)
+            elif msg.state == DELAYED:  # its entry in the delay heap is skipped when due
+                self.delayed_count -= 1
+                self._expired(msg)
+        self._expiry.rearm()  # drops the delivered ones that reached the top meanwhile
+
+    def _gone(self, msg: Message) -> None:
+        """The message leaves the queue for good (acked, expired, dropped, dead-lettered)."""
+        msg.state = GONE
+        if msg.store_id:
+            stats = self.stats
+            stats.persistent -= 1
+            stats.persistent_bytes -= msg.body_size()
+            store = self.message_store
+            assert store is not None
+            if self.deleted:
+                store.forget(msg)  # the queue's definition is gone: no record needed
+            else:
+                store.remove(msg)
+
+    def _expire(self, msg: Message) -> None:
+        """Remove a ready message wherever it is in the queue."""
+        self.ready_count -= 1
+        self.ready_bytes -= msg.body_size()
+        if self.ready and self.ready[0] is msg:
+            self.ready.popleft()
+        self._expired(msg)
+        if not self.ready_count:
+            self.ready.clear()
+
+    def _expired(self, msg: Message) -> None:
+        """Its TTL ran out (ready, waiting for a retry, or coming back unacked): it leaves
+        the queue, counted, for the dead-letter exchange if there is one."""
+        self._gone(msg)
+        self.stats.expired += 1
+        self._count_node("expired")
+        self._dead_letter(msg, "expired")
+
+    def _count_node(self, counter: str) -> None:
+        stats = self.vhost.stats
+        if stats is not None:
+            setattr(stats, counter, getattr(stats, counter) + 1)
+
+    def _dead_letter(self, msg: Message, reason: str) -> None:
+        if (tracer := self.vhost.tracer) is not None:
+            tracer.dead_lettered(self, msg, reason)
+        if self.dead_letter_exchange is not None:
+            self.stats.dead_lettered[reason] = self.stats.dead_lettered.get(reason, 0) + 1
+            if self.vhost.stats is not None:
+                node = self.vhost.stats.dead_lettered
+                node[reason] = node.get(reason, 0) + 1
+            self.vhost.dead_letter(self, msg, reason)
+        msg.body = b""  # free the memory now; a GONE deque entry may linger until the head
+
+    # ---- recovery ----
+
+    def restore_messages(
+        self, records: list[StoredMessage], now_wall: float, now_mono: float
+    ) -> list[Message]:
+        """Take back persistent messages after a restart, in publish order (in several calls
+        for a long queue: each goes on where the last stopped).
+
+        TTLs keep counting from the original publish; delivered ones come back
+        redelivered; those waiting for a retry wait out the rest of their delay.
+        """
+        restored = []
+        expired = []
+        store = self.message_store
+        tail = self.tail
+        ready_count = 0
+        for record in records:
+            body = record.body
+            if (
+                body is None and store is not None and not self.max_priority
+                and not record.expires_wall and not record.retry_at_wall
+                and not record.delivery_count and not record.retries
+            ):  # fmt: skip
+                # past the memory limit, and nothing but its place to remember: packed
+                self._next_seq += 1
+                run = tail[-1] if tail else None
+                if run is None or run.__class__ is not PagedRun or not run.open:
+                    run = PagedRun(self, self._next_seq)
+                    tail.append(run)
+                    store.runs.add(run)
+                assert isinstance(run, PagedRun)
+                size = record.body_size
+                run.add(
+                    record.msg_id, record.segment, record.record_start,
+                    record.body_offset + size - record.record_start, size, record.delivered,
+                )  # fmt: skip
+                self.paged_count += 1
+                self.paged_bytes += size
+                self.ready_bytes += size
+                self.stats.persistent += 1
+                self.stats.persistent_bytes += size
+                ready_count += 1
+                continue
+            if not record.decoded:  # only its place was read (for a queue that packs)
+                assert store is not None
+                length = record.body_offset + record.body_size - record.record_start
+                whole = store.read_record(record.segment, record.record_start, length)
+                whole.body, whole.delivered = None, record.delivered
+                record = whole
+            msg = Message(record.exchange, record.routing_key, record.properties, body or b"")
+            msg.store_id = record.msg_id
+            msg.store_segment, msg.store_offset = record.segment, record.body_offset
+            msg.trace_id = record.trace_id
+            if body is None:  # past the memory limit: the body stays on disk
+                if record.retry_at_wall > now_wall:  # only ready messages are paged out
+                    assert store is not None
+                    msg.body = store.read_body(record.segment, record.body_offset, record.body_size)
+                else:
+                    self.paged_bytes += page_out(msg, record.body_size)
+                    self.paged_count += 1
+            self._next_seq += 1
+            msg.seq = self._next_seq
+            msg.queue = self
+            msg.redelivered = record.delivered
+            msg.delivery_count = record.delivery_count
+            msg.retries = record.retries
+            if self.max_priority:
+                msg.priority = message_priority(msg.properties, self.default_priority)
+            if record.expires_wall:
+                msg.expires_at = now_mono + (record.expires_wall - now_wall)
+            restored.append(msg)
+            self.stats.persistent += 1
+            self.stats.persistent_bytes += record.body_size
+            if record.retry_at_wall > now_wall:
+                msg.state = DELAYED
+                self.delayed_count += 1
+                ready_at = now_mono + (record.retry_at_wall - now_wall)
+                self._delayed.push((ready_at, msg.seq, msg), self.delayed_count)
+                continue
+            self._append_ready(msg)
+            ready_count += 1
+            self.ready_bytes += record.body_size
+            if msg.expires_at is not None:
+                if msg.expires_at <= now_mono:
+                    expired.append(msg)
+                else:
+                    self._track_expiry(msg)
+        self.ready_count += ready_count
+        earlier: list[Message] | None = getattr(self, "_expired_at_start", None)
+        if earlier:
+            earlier.extend(expired)
+        else:
+            self._expired_at_start = expired
+        return restored
+
+    def expire_restored(self) -> None:
+        """Messages whose TTL ran out while the broker was down expire now (dead-lettering)."""
+        for msg in getattr(self, "_expired_at_start", ()):
+            if msg.state == READY:
+                self._expire(msg)
+        self._expired_at_start = []
+
+    # ---- x-expires ----
+
+    def touch(self) -> None:
+        """A use that restarts the x-expires timer (declare, get, last consumer gone)."""
+        if self.expires is None:
+            return
+        self._last_used = self._now()
+        if not self.consumers:
+            self._unused_timer.cancel()
+            self._unused_timer.arm(self._last_used + self.expires / 1000)
+
+    def _check_unused(self) -> None:
+        if self.deleted or self.consumers or self.expires is None:
+            return
+        due = self._last_used + self.expires / 1000
+        if self._now() >= due:
+            self.vhost.log.info(
+                "queue expired", queue=self.name, vhost=self.vhost.name, expires_ms=self.expires
+            )
+            if (tracer := self.vhost.tracer) is not None:
+                tracer.queue_expired(self)
+            self.vhost.delete_queue(self)
+        else:
+            self._unused_timer.arm(due)
+
+    def close(self) -> None:
+        """Deleted: stop the timers and drop the messages."""
+        self.deleted = True
+        self._lock_heap.clear()
+        self._delayed.cancel()  # purge below empties it and the expiry heap
+        self._expiry.cancel()
+        self._unused_timer.cancel()
+        self.purge()
+        self._turns.clear()  # the consumers go (vhost.delete_queue cancels them)
+        self._levels.clear()
+        self._order.clear()
+        self._blocked.clear()
+        # the timers call the queue's methods: let go, so that the queue is freed at once
+        for deadline in (self._lock_heap, self._delayed, self._expiry, self._unused_timer):
+            deadline.release()
+
+
+def fan_out(queues: list[Queue], msg: Message, ttl: int | None) -> int:
+    """Enqueue ``msg`` in each of ``queues``; returns how many took it.
+
+    Every place that routes one message to several queues goes through here. All the
+    copies are made before any queue sees the message: a queue may dead-letter or drop
+    it at once (TTL 0, a length limit), which frees its body. One queue takes the
+    message itself, with no copy.
+    """
+    if len(queues) == 1:
+        return 1 if queues[0].publish(msg, ttl) else 0
+    copies = [msg, *(msg.copy() for _ in range(len(queues) - 1))]
+    taken = 0
+    for queue, copy in zip(queues, copies, strict=True):
+        if queue.publish(copy, ttl):
+            taken += 1
+    return taken
+
+
+def _rank(consumer: Consumer) -> int:
+    return -consumer.priority  # self.consumers' order: highest priority first
+
+
+def _locked(entry: tuple[float, int, Message, Channel, int, int]) -> bool:
+    """Is the delivery this heap entry timed still out with its consumer?"""
+    msg = entry[2]
+    return msg.state == UNACKED and msg.channel is entry[3] and msg.tag == entry[4]
+
+
+def _may_expire(entry: tuple[float, int, Message]) -> bool:
+    """Is the message this expiry entry times still in the queue, waiting?"""
+    return entry[2].state in (READY, DELAYED)
+
+
+def _still_delayed(entry: tuple[float, int, Message]) -> bool:
+    return entry[2].state == DELAYED
+
+
+def _seq(msg: Message) -> int:
+    return msg.seq

@@ -1,0 +1,42 @@
+"""The management API's routes, gathered from one module per resource family."""
+
+from __future__ import annotations
+
+from warren.broker.ops.management import (
+    access,
+    bindings,
+    connections,
+    definitions,
+    exchanges,
+    overview,
+    policies,
+    queues,
+    trace,
+)
+from warren.broker.ops.management.app import HttpSite, ManagementApp, Router
+from warren.broker.ops.management.core import Management
+
+
+def build_router(test_api: bool = False) -> Router:
+    router = Router()
+    for module in (
+        overview,
+        access,
+        exchanges,
+        queues,
+        bindings,
+        connections,
+        policies,
+        definitions,
+        trace,
+    ):
+        module.routes(router)
+    if test_api:  # warren.test_api: without it these paths do not exist (404)
+        from warren.broker.ops.management import testapi
+
+        testapi.routes(router)
+    return router
+
+
+def management_app(mgmt: Management) -> HttpSite:
+    return HttpSite(ManagementApp(mgmt, build_router(mgmt.broker.settings.test_api)).app)

@@ -1,0 +1,121 @@
+"""/api/connections, /api/channels, /api/consumers and their per-vhost forms.
+
+Monitors and administrators see everyone's; other users only their own.
+``DELETE /api/connections/{name}`` closes a connection with 320
+CONNECTION_FORCED and the ``X-Reason`` header as its text.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from warren.broker.ops.management import auth
+from warren.broker.ops.management.app import Ctx, Router, no_content, reply, reply_list
+from warren.broker.ops.management.errors import not_found
+from warren.broker.ops.management.formats import (
+    channel_json,
+    channel_name,
+    connection_json,
+    connection_name,
+    consumer_json,
+)
+
+if TYPE_CHECKING:
+    from warren.broker.engine.channel import Channel
+    from warren.broker.server.amqp_connection import Connection
+
+CLOSE_REASON = "Closed via management plugin"
+
+
+def _visible(ctx: Ctx, owner: str) -> bool:
+    return auth.is_monitor(ctx.user) or owner == ctx.user.name
+
+
+def _connections(ctx: Ctx) -> list[Connection]:
+    only = ctx.vhost_or_none()
+    return [
+        c
+        for c in ctx.mgmt.connections()
+        if _visible(ctx, c.user) and (only is None or c.vhost.name == only)
+    ]
+
+
+def _channels(ctx: Ctx) -> list[Channel]:
+    return [ch for c in _connections(ctx) for ch in c.channels.values() if not ch.closed]
+
+
+def list_connections(ctx: Ctx) -> web.StreamResponse:
+    return reply_list(ctx, [connection_json(ctx.mgmt, c) for c in _connections(ctx)])
+
+
+def _connection(ctx: Ctx) -> Connection:
+    name = ctx.params["connection"]
+    for conn in ctx.mgmt.connections():
+        if connection_name(conn) == name:
+            auth.owner_or(ctx, conn.user)
+            return conn
+    raise not_found()
+
+
+def get_connection(ctx: Ctx) -> web.StreamResponse:
+    return reply(ctx, connection_json(ctx.mgmt, _connection(ctx)))
+
+
+def close_connection(ctx: Ctx) -> web.StreamResponse:
+    conn = _connection(ctx)
+    conn.force_close(ctx.request.headers.get("X-Reason", CLOSE_REASON))
+    return no_content()
+
+
+def connection_channels(ctx: Ctx) -> web.StreamResponse:
+    conn = _connection(ctx)
+    channels = [ch for ch in conn.channels.values() if not ch.closed]
+    return reply_list(ctx, [channel_json(ctx.mgmt, ch) for ch in channels])
+
+
+def user_connections(ctx: Ctx) -> web.StreamResponse:
+    name = ctx.params["username"]
+    conns = [c for c in _connections(ctx) if c.user == name]
+    return reply_list(ctx, [connection_json(ctx.mgmt, c) for c in conns])
+
+
+def list_channels(ctx: Ctx) -> web.StreamResponse:
+    return reply_list(ctx, [channel_json(ctx.mgmt, ch) for ch in _channels(ctx)])
+
+
+def get_channel(ctx: Ctx) -> web.StreamResponse:
+    name = ctx.params["channel"]
+    for conn in ctx.mgmt.connections():
+        for ch in conn.channels.values():
+            if not ch.closed and channel_name(ch) == name:
+                auth.owner_or(ctx, conn.user)
+                return reply(ctx, channel_json(ctx.mgmt, ch, full=True))
+    raise not_found()
+
+
+def list_consumers(ctx: Ctx) -> web.StreamResponse:
+    only = ctx.vhost_or_none()
+    out: list[dict[str, Any]] = []
+    for conn in ctx.mgmt.connections():
+        if not _visible(ctx, conn.user) or (only is not None and conn.vhost.name != only):
+            continue
+        for ch in conn.channels.values():
+            if not ch.closed:
+                out.extend(consumer_json(ctx.mgmt, c) for c in ch.consumers.values())
+    return reply_list(ctx, out, ("queue.vhost", "queue.name", "consumer_tag"))
+
+
+def routes(router: Router) -> None:
+    router.add("GET", "connections", list_connections, auth.any_user)
+    router.add("GET", "connections/{connection}", get_connection, auth.any_user)
+    router.add("DELETE", "connections/{connection}", close_connection, auth.any_user)
+    router.add("GET", "connections/{connection}/channels", connection_channels, auth.any_user)
+    router.add("GET", "connections/username/{username}", user_connections, auth.any_user)
+    router.add("GET", "vhosts/{vhost}/connections", list_connections, auth.vhost_visible)
+    router.add("GET", "channels", list_channels, auth.any_user)
+    router.add("GET", "channels/{channel}", get_channel, auth.any_user)
+    router.add("GET", "vhosts/{vhost}/channels", list_channels, auth.vhost_visible)
+    router.add("GET", "consumers", list_consumers, auth.any_user)
+    router.add("GET", "consumers/{vhost}", list_consumers, auth.vhost)

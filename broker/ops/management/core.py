@@ -1,0 +1,207 @@
+"""What the management API, the metrics and definitions share: the broker and a rate sampler.
+
+Rates are differences of the engine's cumulative counters between two samples,
+taken every few seconds on the loop: the message path only increments counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import platform
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from warren.broker.engine.queue import Queue
+from warren.broker.server.amqp_connection import VERSION
+
+if TYPE_CHECKING:
+    from warren.broker.engine.broker import Broker
+    from warren.broker.server.amqp_connection import Connection
+
+SAMPLE_INTERVAL = 5.0  # seconds, RabbitMQ's default collect_statistics_interval
+HISTORY = 121  # global samples kept: 10 minutes at the default interval, for the console's chart
+
+Key = object  # "global", ("vhost", name) or a Queue
+
+
+@dataclass
+class VhostMeta:
+    """What RabbitMQ keeps about a vhost beyond its name (the engine keeps only the name)."""
+
+    description: str = ""
+    tags: list[str] = field(default_factory=list)
+    tracing: bool = False
+
+
+@dataclass
+class Retired:
+    """Final counters of deleted queues, so Warren's global counters never go down."""
+
+    expired: int = 0
+    retried: int = 0
+    consumer_timeouts: int = 0
+    dead_lettered: dict[tuple[str, str], int] = field(default_factory=dict)  # (type, reason)
+
+    def add(self, queue: Queue) -> None:
+        stats = queue.stats
+        self.expired += stats.expired
+        self.retried += stats.retried
+        self.consumer_timeouts += stats.consumer_timeouts
+        for reason, count in stats.dead_lettered.items():
+            key = (queue.queue_type, reason)
+            self.dead_lettered[key] = self.dead_lettered.get(key, 0) + count
+
+
+class RateSampler:
+    def __init__(self, mgmt: Management, interval: float = SAMPLE_INTERVAL) -> None:
+        self.mgmt = mgmt
+        self.interval = interval
+        self._prev: dict[Key, tuple[float, tuple[int, ...]]] = {}
+        self._rates: dict[Key, dict[str, float]] = {}
+        self.retired = Retired()
+        self.known: set[Queue] = set()  # queues seen at the last sample
+        # (wall-clock ms, global counters) of the last samples, oldest first
+        self.history: deque[tuple[int, tuple[int, ...]]] = deque(maxlen=HISTORY)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            self.sample()
+
+    def _current(self) -> dict[Key, tuple[tuple[str, ...], tuple[int, ...]]]:
+        broker = self.mgmt.broker
+        stats = broker.message_totals()
+        out: dict[Key, tuple[tuple[str, ...], tuple[int, ...]]] = {}
+        total = [0, 0, 0]
+        for vhost in broker.vhosts.values():
+            counts = [0, 0, 0]
+            for queue in vhost.queues.values():
+                ready, unacked = queue.ready_count, queue.unacked_count
+                counts[0] += ready + unacked
+                counts[1] += ready
+                counts[2] += unacked
+                s = queue.stats
+                out[queue] = (
+                    QUEUE_FIELDS,
+                    (
+                        s.published,
+                        s.delivered,
+                        s.acked,
+                        s.redelivered,
+                        ready + unacked,
+                        ready,
+                        unacked,
+                    ),
+                )
+            out[("vhost", vhost.name)] = (LENGTH_FIELDS, tuple(counts))
+            total = [a + b for a, b in zip(total, counts, strict=True)]
+        out["global"] = (
+            GLOBAL_FIELDS,
+            (
+                stats.received,
+                stats.delivered,
+                stats.acked,
+                stats.confirmed,
+                stats.redelivered,
+                stats.unroutable_returned,
+                stats.unroutable_dropped,
+                *total,
+            ),
+        )
+        return out
+
+    def sample(self) -> None:
+        now = time.monotonic()
+        current = self._current()
+        rates: dict[Key, dict[str, float]] = {}
+        for key, (names, values) in current.items():
+            prev = self._prev.get(key)
+            if prev is not None and now > prev[0]:
+                elapsed = now - prev[0]
+                rates[key] = {
+                    name: (value - old) / elapsed
+                    for name, value, old in zip(names, values, prev[1], strict=True)
+                }
+        self._rates = rates
+        self._prev = {key: (now, values) for key, (_, values) in current.items()}
+        self.history.append((int(self.mgmt.wall_clock() * 1000), current["global"][1]))
+        live = {key for key in current if isinstance(key, Queue)}
+        for queue in self.known - live:
+            self.retired.add(queue)
+        self.known = live
+
+    def rates(self, key: Key) -> dict[str, float]:
+        return self._rates.get(key, {})
+
+
+QUEUE_FIELDS = (
+    "publish",
+    "deliver_get",
+    "ack",
+    "redeliver",
+    "messages",
+    "messages_ready",
+    "messages_unacknowledged",
+)
+LENGTH_FIELDS = ("messages", "messages_ready", "messages_unacknowledged")
+GLOBAL_FIELDS = (
+    "publish",
+    "deliver_get",
+    "ack",
+    "confirm",
+    "redeliver",
+    "return_unroutable",
+    "drop_unroutable",
+    *LENGTH_FIELDS,
+)
+
+
+class Management:
+    """The shared state of the HTTP API, the metrics endpoint and definitions import."""
+
+    def __init__(self, broker: Broker, sample_interval: float = SAMPLE_INTERVAL) -> None:
+        self.broker = broker
+        self.rates = RateSampler(self, sample_interval)
+        self.vhost_meta: dict[str, VhostMeta] = {}
+        self.node = f"warren@{platform.node() or 'localhost'}"
+        self.version = VERSION  # Warren's own (the node's "applications")
+        # product.name / product.version: what product_name and product_version report
+        self.product_name = broker.settings.product_name
+        self.product_version = broker.settings.product_version or VERSION
+        # ports actually bound (port 0 in the settings picks a free one)
+        self.management_port: int | None = None
+        self.prometheus_port: int | None = None
+        self.listeners: list[tuple[str, int]] = []  # AMQP
+
+    @staticmethod
+    def wall_clock() -> float:
+        return time.time()
+
+    def meta(self, vhost: str) -> VhostMeta:
+        meta = self.vhost_meta.get(vhost)
+        if meta is None:
+            meta = self.vhost_meta[vhost] = VhostMeta()
+        return meta
+
+    def queues(self) -> Iterator[Queue]:
+        for vhost in self.broker.vhosts.values():
+            yield from vhost.queues.values()
+
+    def connections(self) -> list[Connection]:
+        """Open AMQP connections (the server also tracks sockets still in the handshake)."""
+        return [c for c in self.broker.connections if c.opened and not c.closed]

@@ -1,0 +1,233 @@
+"""/api/overview, /api/whoami, /api/cluster-name, health checks and the aliveness test."""
+
+from __future__ import annotations
+
+import platform
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from warren.broker.ops.management import auth
+from warren.broker.ops.management.app import Ctx, Router, json_response, reply, reply_list
+from warren.broker.ops.management.core import GLOBAL_FIELDS
+from warren.broker.ops.management.errors import bad_request, not_found
+from warren.broker.ops.management.formats import message_stats, with_details
+
+if TYPE_CHECKING:
+    from warren.broker.ops.management.core import Management
+
+# RabbitMQ's own answer for the version its API speaks; Warren follows 3.10's management API
+API_VERSION = "3.10.8"
+EXCHANGE_TYPES = (
+    ("direct", "AMQP direct exchange, as per the AMQP specification"),
+    ("fanout", "AMQP fanout exchange, as per the AMQP specification"),
+    ("headers", "AMQP headers exchange, as per the AMQP specification"),
+    ("topic", "AMQP topic exchange, as per the AMQP specification"),
+    # plugins' and 4.x core's types, with the descriptions they register
+    ("x-consistent-hash", "Consistent Hashing Exchange"),
+    ("x-delayed-message", "Delayed Message Exchange."),
+    ("x-local-random", "Picks one random local binding (queue) to route via (to)."),
+    ("x-modulus-hash", "Modulus Hashing Exchange"),
+)
+
+
+def _global_counts(mgmt: Management) -> dict[str, int]:
+    stats = mgmt.broker.message_totals()
+    return {
+        "publish": stats.received,
+        "deliver_get": stats.delivered,
+        "ack": stats.acked,
+        "confirm": stats.confirmed,
+        "redeliver": stats.redelivered,
+        "return_unroutable": stats.unroutable_returned,
+        "drop_unroutable": stats.unroutable_dropped,
+    }
+
+
+def _add_samples(mgmt: Management, stats: dict[str, Any], age_text: str) -> None:
+    """RabbitMQ's ``msg_rates_age``: the counters' samples of the last seconds, newest first."""
+    try:
+        age = int(age_text)
+    except ValueError:
+        raise bad_request(f"invalid msg_rates_age: {age_text}") from None
+    since = int(mgmt.wall_clock() * 1000) - age * 1000
+    recent = [(ms, values) for ms, values in reversed(mgmt.rates.history) if ms >= since]
+    for i, name in enumerate(GLOBAL_FIELDS):  # the message counters; lengths are not here
+        details = stats.get(name + "_details")
+        if details is not None:
+            details["samples"] = [{"sample": v[i], "timestamp": ms} for ms, v in recent]
+
+
+def overview(ctx: Ctx) -> web.StreamResponse:
+    mgmt = ctx.mgmt
+    broker = mgmt.broker
+    user = ctx.user
+    vhosts = [broker.vhosts[v] for v in auth.visible_vhosts(mgmt, user)]
+    queues = [q for v in vhosts for q in v.queues.values()]
+    connections = [c for c in mgmt.connections() if auth.is_monitor(user) or c.user == user.name]
+    channels = [ch for c in connections for ch in c.channels.values() if not ch.closed]
+    ready = sum(q.ready_count for q in queues)
+    unacked = sum(q.unacked_count for q in queues)
+    global_rates = mgmt.rates.rates("global")
+    if auth.is_monitor(user):
+        stats = message_stats(_global_counts(mgmt), global_rates)
+        age = ctx.query("msg_rates_age")
+        if age is not None:
+            _add_samples(mgmt, stats, age)
+        length_rates = global_rates
+    else:  # other users see the sum over their own vhosts' queues
+        counts = {"publish": 0, "deliver_get": 0, "ack": 0, "redeliver": 0}
+        for q in queues:
+            counts["publish"] += q.stats.published
+            counts["deliver_get"] += q.stats.delivered
+            counts["ack"] += q.stats.acked
+            counts["redeliver"] += q.stats.redelivered
+        stats = message_stats(counts, {})
+        length_rates = {}
+    totals: dict[str, Any] = {}
+    with_details(totals, "messages", ready + unacked, length_rates)
+    with_details(totals, "messages_ready", ready, length_rates)
+    with_details(totals, "messages_unacknowledged", unacked, length_rates)
+    listeners: list[dict[str, Any]] = [
+        {"node": mgmt.node, "protocol": "amqp", "ip_address": host, "port": port}
+        for host, port in mgmt.listeners
+    ]
+    if mgmt.management_port is not None:
+        listeners.append(
+            {
+                "node": mgmt.node,
+                "protocol": "http",
+                "ip_address": broker.settings.management_ip,
+                "port": mgmt.management_port,
+            }
+        )
+    if mgmt.prometheus_port is not None:
+        listeners.append(
+            {
+                "node": mgmt.node,
+                "protocol": "http/prometheus",
+                "ip_address": broker.settings.prometheus_ip,
+                "port": mgmt.prometheus_port,
+            }
+        )
+    body = {
+        "management_version": API_VERSION,
+        "rabbitmq_version": API_VERSION,
+        "product_name": mgmt.product_name,
+        "product_version": mgmt.product_version,
+        "python_version": platform.python_version(),
+        "rates_mode": "basic",
+        "sample_retention_policies": {"global": [600], "basic": [600], "detailed": [600]},
+        "exchange_types": [
+            {"name": name, "description": text, "enabled": True} for name, text in EXCHANGE_TYPES
+        ],
+        "cluster_name": mgmt.node,
+        "node": mgmt.node,
+        "disable_stats": False,
+        "enable_queue_totals": False,
+        "statistics_db_event_queue": 0,
+        "message_stats": stats,
+        "queue_totals": totals,
+        "object_totals": {
+            "connections": len(connections),
+            "channels": len(channels),
+            "consumers": sum(len(q.consumers) for q in queues),
+            "exchanges": sum(len(v.exchanges) for v in vhosts),
+            "queues": len(queues),
+        },
+        "listeners": listeners,
+        "contexts": [],
+        "uptime": int((mgmt.wall_clock() - broker.started_at) * 1000),
+    }
+    return reply(ctx, body)
+
+
+def whoami(ctx: Ctx) -> web.StreamResponse:
+    return reply(ctx, {"name": ctx.user.name, "tags": list(ctx.user.tags)})
+
+
+def cluster_name(ctx: Ctx) -> web.StreamResponse:
+    return reply(ctx, {"name": ctx.mgmt.node})
+
+
+def current_alarms(mgmt: Management) -> list[dict[str, Any]]:
+    """The engine's resource alarms (memory, disk), as RabbitMQ lists them."""
+    return [{"resource": name, "node": mgmt.node} for name in sorted(mgmt.broker.alarms)]
+
+
+def health_alarms(ctx: Ctx) -> web.StreamResponse:
+    alarms = current_alarms(ctx.mgmt)
+    if not alarms:
+        return reply(ctx, {"status": "ok"})
+    return json_response(
+        {
+            "status": "failed",
+            "reason": "There are alarms in effect in the cluster",
+            "alarms": alarms,
+        },
+        503,
+    )
+
+
+def aliveness(ctx: Ctx) -> web.StreamResponse:
+    """RabbitMQ 4.3 (rabbit_mgmt_wm_aliveness_test:to_json/2): a no-op for a user who may use
+    the vhost (the route checks that). 3.x declared a transient queue, which 4.3 refuses."""
+    ctx.vhost()  # 404 for a vhost that does not exist
+    return reply(ctx, {"status": "ok"})
+
+
+def node_json(mgmt: Management) -> dict[str, Any]:
+    """This node as /api/nodes shows it: memory and disk against their alarm thresholds."""
+    monitor = mgmt.broker.monitor  # measured once a second by the engine
+    alarms = mgmt.broker.alarms
+    return {
+        "name": mgmt.node,
+        "type": "disc",
+        "running": True,
+        "being_drained": False,
+        "uptime": int((mgmt.wall_clock() - mgmt.broker.started_at) * 1000),
+        "mem_used": monitor.memory_used,
+        "mem_limit": monitor.memory_limit,
+        "mem_alarm": "memory" in alarms,
+        "disk_free": monitor.disk_free,
+        "disk_free_limit": monitor.disk_limit,
+        "disk_free_alarm": "disk" in alarms,
+        "partitions": [],
+        "applications": [{"name": "warren", "description": "Warren", "version": mgmt.version}],
+    }
+
+
+def list_nodes(ctx: Ctx) -> web.StreamResponse:
+    return reply(ctx, [node_json(ctx.mgmt)])
+
+
+def get_node(ctx: Ctx) -> web.StreamResponse:
+    if ctx.params["node"] != ctx.mgmt.node:
+        raise not_found()
+    return reply(ctx, node_json(ctx.mgmt))
+
+
+def deprecated_features(ctx: Ctx) -> web.StreamResponse:
+    """RabbitMQ 4.3's /api/deprecated-features (rabbit_depr_ff_extra:cli_info(all))."""
+    return reply_list(ctx, ctx.mgmt.broker.deprecated.listing(), sort=("name",))
+
+
+def deprecated_features_used(ctx: Ctx) -> web.StreamResponse:
+    broker = ctx.mgmt.broker
+    queues = (q for vhost in broker.vhosts.values() for q in vhost.queues.values())
+    return reply_list(
+        ctx, broker.deprecated.listing(broker.deprecated.used(queues)), sort=("name",)
+    )
+
+
+def routes(router: Router) -> None:
+    router.add("GET", "nodes", list_nodes, auth.monitor)
+    router.add("GET", "nodes/{node}", get_node, auth.monitor)
+    router.add("GET", "overview", overview, auth.any_user)
+    router.add("GET", "whoami", whoami, auth.any_user)
+    router.add("GET", "cluster-name", cluster_name, auth.any_user)
+    router.add("GET", "health/checks/alarms", health_alarms, auth.any_user)
+    router.add("GET", "health/checks/local-alarms", health_alarms, auth.any_user)
+    router.add("GET", "aliveness-test/{vhost}", aliveness, auth.vhost)
+    router.add("GET", "deprecated-features", deprecated_features, auth.any_user)
+    router.add("GET", "deprecated-features/used", deprecated_features_used, auth.any_user)
