@@ -38,6 +38,7 @@ run: $(RUN_STAMP)
 # The compiled build is made while the pure-Python suite runs: each takes one core.
 test: $(STAMP) $(CHROMIUM) $(GO_AMQP) $(GCC)
 	$(BIN)/ruff check broker protocol config tests pipeline warren
+	$(BIN)/lint-imports
 	$(BIN)/mypy
 	mkdir -p build
 	$(MAKE) -s compile >build/compile.log 2>&1 & compiling=$$!; \
@@ -77,6 +78,7 @@ test-compiled: compile
 
 lint: $(STAMP)
 	$(BIN)/ruff check broker protocol config tests pipeline warren
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -48,6 +48,7 @@ FLAG_CORRELATION_ID: Final = 1 << 10
 FLAG_REPLY_TO: Final = 1 << 9
 FLAG_EXPIRATION: Final = 1 << 8
 FLAG_MESSAGE_ID: Final = 1 << 7
+FLAG_TIMESTAMP: Final = 1 << 6
 FLAG_USER_ID: Final = 1 << 4
 # the trace's message fields (delivery_mode, correlation_id, message_id) as a test of the two
 # flag bytes, so the per-publish check needs no unpacking: raw[0] & HI or raw[1] & LO
@@ -169,6 +170,14 @@ def set_header(raw: bytes, key: str, value: FieldValue) -> bytes:
 def read_properties(raw: bytes) -> dict[str, Any]:
     """All properties, decoded (for the management API and tests)."""
     return {name: decode_field(name, value) for name, value in split_properties(raw).items()}
+
+
+def timestamp_of(raw: bytes) -> int | None:
+    """The timestamp property (seconds), None without one."""
+    if not has_flag(raw, FLAG_TIMESTAMP):
+        return None
+    field = split_properties(raw).get("timestamp")
+    return int.from_bytes(field, "big") if field is not None else None
 
 
 def has_flag(raw: bytes, flag: int) -> bool:

@@ -573,13 +573,19 @@ def test_warren_server_does_not_record() -> None:
     """Off unless warren.test_api: the engine's tracer hook stays None, so the message
     path pays nothing; the test kit switches it on."""
     from warren.broker.engine.broker import Broker
+    from warren.broker.ops.management.core import Management
+    from warren.broker.testkit.recorder import recording_of
     from warren.config import Settings
 
     plain = Broker(Settings(data_dir=None))
-    assert plain.recording is None and plain.vhosts["/"].tracer is None
-    assert Broker(Settings(data_dir=None, test_api=True)).recording is not None
+    Management(plain)
+    assert recording_of(plain) is None and plain.vhosts["/"].tracer is None
+    assert plain.read_coalescing > 0
+    with_api = Broker(Settings(data_dir=None, test_api=True))
+    Management(with_api)
+    assert recording_of(with_api) is not None and with_api.vhosts["/"].tracer is not None
     with run_broker(record=False) as broker:
-        assert broker.call(lambda: broker.server.broker.recording) is None
+        assert broker.call(lambda: recording_of(broker.server.broker)) is None
 
 
 # --------------------------------------------------------------------------

@@ -1,2 +1,2 @@
 """The engine: vhosts, exchanges, queues, consumers, channels, messages, confirms, deadlines,
-dead-lettering, policy, users. Must not import ops, tools, testkit (until #42 step 4), pipeline."""
+dead-lettering, policy, users. Imports no ops, tools, testkit or pipeline (import contracts)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -21,7 +21,14 @@ from warren.config import Settings
 if TYPE_CHECKING:
     from warren.broker.engine.channel import Channel
     from warren.broker.server.amqp_connection import Connection
-    from warren.broker.testkit.recorder import Recording
+
+
+class VhostObserver(Protocol):
+    """Something attached to every vhost while it exists (the test kit's recording)."""
+
+    def attach(self, vhost: VirtualHost) -> None: ...
+
+    def detach(self, vhost: VirtualHost) -> None: ...
 
 
 class Broker:
@@ -39,8 +46,11 @@ class Broker:
             clock = ManualTimers() if self.settings.clock == "manual" else self.timers
         # broker time (broker/engine/timers.py): what messages and queues wait for, in every vhost
         self.clock: Timers = clock
-        # the test kit's record of what happened (broker/testkit/recorder.py); None: not recording
-        self.recording: Recording | None = None
+        # attached to each vhost as it is made, by name (Broker.observe); none in warren-server
+        self.observers: dict[str, VhostObserver] = {}
+        # seconds a publishing connection's reads wait to take several segments at once
+        # (server/amqp_connection.py); the test kit's recording turns it off
+        self.read_coalescing = self.settings.read_coalescing_interval / 1000
         self.log: Any = structlog.get_logger("warren")
         self.deprecated = DeprecatedFeatures(self.settings.deprecated_features_permit, self.log)
         self.vhosts: dict[str, VirtualHost] = {}
@@ -60,8 +70,6 @@ class Broker:
         self.tracing = Tracing(self.settings, self.timers)
         self.reaper = Reaper(self.timers)  # broker/engine/reaper.py
         self._unopened_vhost: VirtualHost | None = None  # see default_vhost_obj
-        if settings.test_api:
-            self.record(True)
         self.add_vhost(settings.default_vhost)
         self.access.set_permissions(
             settings.default_user, settings.default_vhost, *settings.default_permissions
@@ -82,24 +90,22 @@ class Broker:
             if not self.settings.local_random_exchange_enabled:
                 vhost.disabled_exchange_types = frozenset({"x-local-random"})
             self.tracing.attach(vhost)
-            if self.recording is not None:
-                self.recording.attach(vhost)
+            for observer in self.observers.values():
+                observer.attach(vhost)
             if persist and self.persistence is not None:
                 self.persistence.vhost_added(name, vhost.default_queue_type)
         return vhost
 
-    def record(self, on: bool) -> Recording | None:
-        """Start (or stop) recording publishes and outcomes in every vhost (the test kit)."""
-        from warren.broker.testkit.recorder import Recording
-
-        if on and self.recording is None:
-            self.recording = Recording()
+    def observe(self, name: str, observer: VhostObserver | None) -> None:
+        """Attach ``observer`` to every vhost, now and as they are made (None: detach it)."""
+        old = self.observers.pop(name, None)
+        if old is not None:
             for vhost in self.vhosts.values():
-                self.recording.attach(vhost)
-        elif not on and self.recording is not None:
-            self.recording.close()
-            self.recording = None
-        return self.recording
+                old.detach(vhost)
+        if observer is not None:
+            self.observers[name] = observer
+            for vhost in self.vhosts.values():
+                observer.attach(vhost)
 
     def open_store(self) -> None:
         """Open the data directory and rebuild what it holds (before listening)."""
@@ -127,8 +133,8 @@ class Broker:
         if vhost is None:
             return False
         self.tracing.disable(vhost)
-        if self.recording is not None:
-            self.recording.detach(vhost)
+        for observer in self.observers.values():
+            observer.detach(vhost)
         # RabbitMQ 4.3's order (rabbit_vhost.erl): the queues go first, so their consumers
         # get basic.cancel, then the connections are closed
         for queue in list(vhost.queues.values()):

@@ -35,7 +35,7 @@ from warren.broker.engine.message import READY, Message
 from warren.broker.engine.stats import SIZE_BOUNDS, ChannelStats, IOStats
 from warren.broker.ops.management.formats import channel_name, connection_name
 from warren.broker.ops.management.overview import API_VERSION
-from warren.protocol.properties import has_flag, split_properties
+from warren.protocol.properties import timestamp_of
 
 if TYPE_CHECKING:
     from warren.broker.engine.channel import Channel
@@ -60,7 +60,6 @@ DEAD_LETTER_HELP = {
 }
 PROTOCOL = {"protocol": "amqp091"}
 MAX_QUEUE_FILTER_LENGTH = 1000  # RabbitMQ's limit on the `queue` regex
-FLAG_TIMESTAMP = 1 << 6  # the basic properties' timestamp flag
 
 Labels = dict[str, str]
 Sample = tuple[Labels, float]
@@ -133,10 +132,7 @@ def _delivered_consume_manual(q: Queue) -> int:
 
 
 def _timestamp(msg: Message) -> int | None:
-    if not has_flag(msg.properties, FLAG_TIMESTAMP):
-        return None
-    raw = split_properties(msg.properties).get("timestamp")
-    return int.from_bytes(raw, "big") if raw is not None else None
+    return timestamp_of(msg.properties)
 
 
 def _head_message_timestamp(q: Queue, scope: Scope) -> float | None:

@@ -123,7 +123,7 @@ class Connection:
         self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
         self._flush_scheduled = False
         self.flow = FlowControl(transport)  # why the socket is not read (broker/server/flow.py)
-        self._coalescing = settings.read_coalescing_interval / 1000  # seconds, 0 = off
+        self._coalescing = broker.read_coalescing  # seconds, 0 = off
         self._last_read = -1.0  # broker.timers.instant() of the previous read
         self._sends_at_read = 0  # send_cnt at the previous read: more means it was answered
         self.coalesced = 0  # times _coalesce held the socket (read by tests)
@@ -237,9 +237,7 @@ class Connection:
         self._received = True
         self.protocol.receive_data(data)
         self._process()
-        # a broker that records (the test kit, warren.test_api) reads every publish as it
-        # comes: a test that asks what was published right after publishing finds it
-        if self.publisher and self._coalescing and self.broker.recording is None:
+        if self.publisher and self._coalescing:
             self._coalesce(len(data))
 
     def _coalesce(self, size: int) -> None:

@@ -37,6 +37,7 @@ from pamqp import commands
 from warren.broker.engine.broker import Broker
 from warren.broker.engine.timers import ManualTimers, TimerHandle
 from warren.broker.server.amqp_connection import Connection
+from warren.broker.testkit.recorder import start_recording
 from warren.config import Settings
 from warren.protocol.constants import (
     FRAME_BODY,
@@ -400,7 +401,7 @@ class MemoryBroker:
 
     ``settings`` are :class:`config.Settings` fields (``data_dir=...`` for the message
     store, ``max_unconfirmed_per_channel=...``); ``record`` turns the test kit's record
-    on (``broker.recording``).
+    on (``testkit.recorder.start_recording``).
     """
 
     def __init__(self, record: bool = False, **settings: Any) -> None:
@@ -411,7 +412,7 @@ class MemoryBroker:
         settings.setdefault("read_coalescing_interval", 0)
         self.broker = Broker(Settings(**settings), self.clock, self.clock)
         if record:
-            self.broker.record(True)
+            start_recording(self.broker)
         self.broker.open_store()
         self.clients: list[MemoryClient] = []
         self._peers = 0

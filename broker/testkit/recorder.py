@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from warren.broker.engine.exchange import TopicExchange
 from warren.broker.engine.message import DELAYED, GONE, READY, Message
 from warren.broker.tracing.firehose import TRACE_EXCHANGE
-from warren.broker.tracing.tracer import Tracer, close_why
+from warren.broker.tracing.tracer import Relay, Tracer, close_why
 from warren.protocol.properties import read_properties
 
 if TYPE_CHECKING:
@@ -220,18 +220,16 @@ def _by_order(p: Published) -> int:
     return p.order
 
 
-class Recorder(Tracer):
+class Recorder(Relay):
     """One vhost's record; the engine calls it where it calls the tracer (same methods)."""
 
-    __slots__ = ("by_queue", "host", "inner", "publishes", "recording", "records")
+    __slots__ = ("by_queue", "host", "publishes", "recording", "records")
 
     def __init__(self, recording: Recording, vhost: VirtualHost, inner: Tracer | None) -> None:
-        # no Tracer.__init__: nothing of the trace writer is used here
+        super().__init__(inner, NO_FIREHOSE)
         self.recording = recording
         self.host = vhost
         self.vhost = vhost.name
-        self.inner = inner
-        self.firehose = inner.firehose if inner is not None else NO_FIREHOSE
         self.publishes: list[Published] = []
         self.by_queue: dict[str, list[Outcome]] = {}
         self.records: dict[tuple[str, int], Outcome] = {}
@@ -484,6 +482,35 @@ class Recorder(Tracer):
 # ---- reset ----
 
 
+# the key of the recording among the broker's vhost observers (Broker.observers)
+RECORDING = "testkit.recording"
+
+
+def recording_of(broker: Broker) -> Recording | None:
+    """The broker's recording, None if it does not record."""
+    observer = broker.observers.get(RECORDING)
+    return observer if isinstance(observer, Recording) else None
+
+
+def start_recording(broker: Broker) -> Recording:
+    """Record publishes and outcomes in every vhost, now and as they are made.
+
+    Before clients connect: a recording broker reads every publish as it comes
+    (``read_coalescing`` off for connections made from now on), so a test that asks what
+    was published right after publishing finds it.
+    """
+    recording = recording_of(broker)
+    if recording is None:
+        recording = Recording()
+        broker.observe(RECORDING, recording)
+        broker.read_coalescing = 0.0
+    return recording
+
+
+def stop_recording(broker: Broker) -> None:
+    broker.observe(RECORDING, None)
+
+
 def reset_vhost(broker: Broker, name: str, close_connections: bool = True) -> dict[str, int]:
     """Back to a fresh vhost, on the running broker: no restart, the same port.
 
@@ -522,7 +549,7 @@ def reset_vhost(broker: Broker, name: str, close_connections: bool = True) -> di
     for policy in policies:
         vhost.clear_policy(policy)
     vhost.limits.clear()
-    recording = broker.recording
+    recording = recording_of(broker)
     if recording is not None and (recorder := recording.recorders.get(name)) is not None:
         recorder.clear()
         recording.changed()

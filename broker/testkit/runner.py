@@ -37,6 +37,7 @@ from urllib.parse import quote
 
 from warren.broker.engine.timers import ManualTimers
 from warren.broker.server.shell import Server
+from warren.broker.testkit.recorder import recording_of, start_recording
 from warren.config import Listener, Settings
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ class _Engine:
     async def start(self) -> Server:
         server = Server(self.settings, self.manual)
         if self.record:
-            server.broker.record(True)
+            start_recording(server.broker)
         try:
             await server.start()
         except BaseException:
@@ -228,7 +229,7 @@ class RunningBroker:
 
     @property
     def recording(self) -> Recording:
-        recording = self.server.broker.recording
+        recording = recording_of(self.server.broker)
         if recording is None:
             raise RuntimeError("this broker does not record (run_broker(record=False))")
         return recording

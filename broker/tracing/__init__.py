@@ -1,2 +1,2 @@
 """Tracing: the tracer's hooks, the hand-over to the writer process, the trace format, the
-firehose. Must not import ops, tools, testkit (recorder: until #42 step 4) or pipeline."""
+firehose. Must not import ops, tools, testkit or pipeline."""

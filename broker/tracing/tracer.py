@@ -400,6 +400,25 @@ class Tracer:
         self._put((MARK, self._ts(), self.vhost, event))
 
 
+class Relay(Tracer):
+    """A tracer in front of a vhost's lifecycle tracer: it sees every event and hands each
+    on to ``inner``, the lifecycle tracer while the vhost traces (None otherwise).
+
+    Observers attach this way without the engine knowing them (the test kit's recorder is
+    one): :class:`Tracing` starts and stops the lifecycle trace behind a relay. While
+    ``inner`` is None the relay's ``firehose`` is ``idle_firehose``, an exchange nothing
+    binds to, so the engine builds no firehose copies for it.
+    """
+
+    __slots__ = ("idle_firehose", "inner")
+
+    def __init__(self, inner: Tracer | None, idle_firehose: Exchange) -> None:
+        # no Tracer.__init__: a relay writes nothing of its own to the trace
+        self.inner = inner
+        self.idle_firehose = idle_firehose
+        self.firehose = inner.firehose if inner is not None else idle_firehose
+
+
 class InterpretedTracer(Tracer):
     """The same records, for the interpreted build: there one ``struct.pack`` and one
     write cost less than a call for each field (tests/benchmarks/trace_path.py --callgrind).
@@ -512,12 +531,10 @@ class Tracing:
 
     def enable(self, vhost: VirtualHost) -> bool:
         """Start tracing ``vhost``; False if it already traces."""
-        from warren.broker.testkit.recorder import Recorder
-
         current = vhost.tracer
-        # the test kit's recorder stays in front and hands every event on to the tracer
-        recorder = current if isinstance(current, Recorder) else None
-        if current is not None and (recorder is None or recorder.inner is not None):
+        # a relay (the test kit's recorder) stays in front and hands every event on
+        relay = current if isinstance(current, Relay) else None
+        if current is not None and (relay is None or relay.inner is not None):
             return False
         if self.writer is None:
             settings = self.settings
@@ -532,9 +549,9 @@ class Tracing:
         tracer = (InterpretedTracer if INTERPRETED else Tracer)(
             self.writer, vhost.name, vhost.exchanges[TRACE_EXCHANGE]
         )
-        if recorder is not None:
-            recorder.inner = tracer
-            recorder.firehose = tracer.firehose
+        if relay is not None:
+            relay.inner = tracer
+            relay.firehose = tracer.firehose
         else:
             vhost.tracer = tracer
         tracer.mark("trace_started")
@@ -543,18 +560,16 @@ class Tracing:
 
     def disable(self, vhost: VirtualHost) -> bool:
         """Stop tracing ``vhost``; False if it did not trace."""
-        from warren.broker.testkit.recorder import NO_FIREHOSE, Recorder
-
         tracer = vhost.tracer
-        recorder = tracer if isinstance(tracer, Recorder) else None
-        if recorder is not None:
-            tracer = recorder.inner
+        relay = tracer if isinstance(tracer, Relay) else None
+        if relay is not None:
+            tracer = relay.inner
         if tracer is None:
             return False
         tracer.mark("trace_stopped")
-        if recorder is not None:
-            recorder.inner = None
-            recorder.firehose = NO_FIREHOSE
+        if relay is not None:
+            relay.inner = None
+            relay.firehose = relay.idle_firehose
         else:
             vhost.tracer = None
         if self.writer is not None:

@@ -176,6 +176,10 @@ class Management:
 
     def __init__(self, broker: Broker, sample_interval: float = SAMPLE_INTERVAL) -> None:
         self.broker = broker
+        if broker.settings.test_api:  # the test API reads the test kit's recording
+            from warren.broker.testkit.recorder import start_recording
+
+            start_recording(broker)
         self.rates = RateSampler(self, sample_interval)
         self.vhost_meta: dict[str, VhostMeta] = {}
         self.node = f"warren@{platform.node() or 'localhost'}"

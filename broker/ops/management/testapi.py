@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -18,15 +18,12 @@ from warren.broker.engine.timers import ManualTimers, Timers
 from warren.broker.ops.management import auth
 from warren.broker.ops.management.app import Ctx, Router, json_response
 from warren.broker.ops.management.errors import bad_request, not_found
-from warren.broker.testkit.recorder import reset_vhost
-
-if TYPE_CHECKING:
-    from warren.broker.testkit.recorder import Recording
+from warren.broker.testkit.recorder import Recording, recording_of, reset_vhost
 
 
 def _recording(ctx: Ctx) -> Recording:
-    recording = ctx.mgmt.broker.recording
-    assert recording is not None  # warren.test_api switches recording on
+    recording = recording_of(ctx.mgmt.broker)
+    assert recording is not None  # warren.test_api switches recording on (Management)
     return recording
 
 
