@@ -33,6 +33,7 @@ from tests.amqp_raw import (
 from warren.broker.testkit import RunningBroker, run_broker
 from warren.broker.tracing import format as trace_format
 from warren.broker.tracing import handover as trace_writer
+from warren.broker.tracing import schema
 from warren.config import ConfigError, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +46,40 @@ def read_trace(broker: RunningBroker, directory: Path) -> list[dict[str, Any]]:
 
 
 def read_lines(directory: Path) -> list[dict[str, Any]]:
-    return trace_format.events(str(directory))
+    events = trace_format.events(str(directory))
+    for event in events:
+        conforms(event)
+    return events
+
+
+_JSON_TYPES: dict[str, Any] = {
+    schema.LONG: int,
+    schema.INT: int,
+    schema.STRING: str,
+    schema.BOOL: bool,
+    schema.STRINGS: list,
+    schema.LONGS: list,
+}
+SEEN: set[str] = set()  # the events the tracing tests have decoded (see the last test)
+
+
+def conforms(event: dict[str, Any]) -> None:
+    """A decoded line has exactly its event's declared fields (broker/tracing/schema.py)."""
+    declared = schema.BY_NAME[event["ev"]]
+    required = {*schema.COMMON, *declared.fields} - set(declared.optional)
+    assert required <= event.keys() <= {*schema.COMMON, *declared.fields}, event
+    for name, value in event.items():
+        kind = schema.FIELDS[name]
+        assert value is None or isinstance(value, _JSON_TYPES[kind]), (name, event)
+        if kind in (schema.STRINGS, schema.LONGS):
+            inner = str if kind == schema.STRINGS else int
+            assert all(isinstance(v, inner) for v in value), (name, event)
+    SEEN.add(event["ev"])
+
+
+def test_the_docs_table_is_the_declaration() -> None:
+    docs = (Path(__file__).parent.parent / "docs" / "tracing.md").read_text()
+    assert schema.markdown_table() in docs
 
 
 def of(events: list[dict[str, Any]], ev: str, **match: Any) -> list[dict[str, Any]]:
@@ -715,3 +749,39 @@ def test_firehose_copies_publishes_and_deliveries_as_rabbitmq_does(traced: Runni
         ch.basic_get("fh.sink")
     assert closed.value.reply_code == 403
     conn.close()
+
+
+def test_every_line_of_a_lifecycle_is_as_declared(trace_dir: Path) -> None:
+    """Publish, confirm, get, nack, reject to a dead-letter queue, consume, ack, cancel,
+    expire and delete, then decode: read_lines checks every line against the declaration."""
+    with run_broker(trace_enabled=True, trace_dir=str(trace_dir), clock="manual") as broker:
+        conn = connect(broker)
+        ch = conn.channel()
+        ch.queue_declare("decl-dlq", durable=True)
+        dead_letter = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "decl-dlq"}
+        ch.queue_declare("decl-q", durable=True, arguments=dead_letter)
+        ch.queue_declare("decl-ttl", durable=True, arguments={"x-message-ttl": 1000})
+        ch.confirm_delivery()
+        for body in (b"a", b"b"):
+            ch.basic_publish(
+                "", "decl-q", body, pika.BasicProperties(message_id="m", delivery_mode=2)
+            )
+        ch.basic_publish("", "decl-ttl", b"t")
+        method, _, _ = ch.basic_get("decl-q")
+        ch.basic_nack(method.delivery_tag, requeue=True)
+        method, _, _ = ch.basic_get("decl-q")
+        ch.basic_reject(method.delivery_tag, requeue=False)
+        method, _, body = ch.basic_get("decl-dlq")
+        assert body == b"a"
+        ch.basic_ack(method.delivery_tag)
+        ch.basic_cancel(ch.basic_consume("decl-dlq", lambda *_: None))
+        broker.clock.advance(2)
+        ch.queue_delete("decl-q")
+        conn.close()
+        events = read_trace(broker, trace_dir)
+    seen = {e["ev"] for e in events}
+    assert {
+        "trace_started", "published", "routed", "confirmed", "delivered", "nacked", "requeued",
+        "dead_lettered", "consumer_added", "acked", "consumer_cancelled", "expired",
+        "queue_deleted",
+    } <= seen, seen  # fmt: skip

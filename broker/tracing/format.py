@@ -5,7 +5,7 @@ broker/tracing/handover.py, reads batches of the stream (broker/tracing/events.p
 and appends them as they came to ``warren-trace-*.wtrace`` files, rotated by size and age:
 it formats nothing, so that at full load it takes almost no CPU from the broker. It runs
 at the lowest CPU priority. The rest of the module turns the files into the JSON lines
-broker/tracing/tracer.py's docstring lists: the report job (pipeline/job.py) decodes each file
+broker/tracing/schema.py declares: the report job (pipeline/job.py) decodes each file
 on its own, in parallel, and ``python -m warren.broker.tracing.format decode DIR`` prints a
 whole trace as JSON lines.
 """

@@ -14,40 +14,10 @@ buffers cannot hold is dropped and counted, and the count goes into the trace
 (``trace_dropped``) so that the report can say what is missing.
 
 Decoded, every line has ``ts`` (microseconds since the epoch: the monotonic clock read on the
-loop once per iteration (trace_events.TraceClock), shifted once to wall-clock time, so
-intervals are exact even if the system clock is stepped), ``ev`` and ``vhost``; message
-events have ``msg``, the broker-assigned id that fan-out copies and dead-lettered copies
-keep. The events and their fields:
-
-==================  ==========================================================================
-published           exchange, rk, size, mid, cid (when set), persistent, conn, ch, seq
-                    (the publisher-confirm sequence number, 0 without confirms)
-routed              exchange, rk, queues (empty: unroutable), mandatory, dead_letter
-confirmed           conn, ch, first, seq (every publish first..seq), ack (false: a nack)
-delivered           queue, consumer (null for basic.get), tag, redelivered, count
-                    (x-delivery-count: failed deliveries so far), no_ack, conn, ch
-acked               queue, consumer, tag (no-ack deliveries are acked when delivered)
-nacked              queue, consumer, tag, requeue
-requeued            queue, why: nack, channel_closed, connection_closed, connection_lost,
-                    consumer_timeout
-retry_scheduled     queue, attempt, delay_ms, why
-expired             queue (its TTL ran out)
-dead_lettered       queue, reason (expired, rejected, maxlen, delivery_limit), dlx, dlrk
-dropped             queue, reason: what the queue discarded without a dead-letter exchange
-                    (rejected, maxlen, delivery_limit, overflow, purged, queue_deleted)
-adopted             queue, exchange, rk, size: first sight of a message published before
-                    tracing was on (or recovered from disk), which gets its id here
-consumer_added      queue, consumer, prefetch, no_ack, conn, ch
-consumer_timed_out  queue, consumer, conn, ch, tags, msgs, timeout_ms, action (cancel or
-                    channel_close)
-consumer_cancelled  queue, consumer, why: client, channel_closed, connection_closed,
-                    connection_lost, queue_deleted
-queue_expired       queue (unused past x-expires; queue_deleted follows)
-queue_deleted       queue, messages (ready ones dropped with it)
-trace_started       (tracing turned on for the vhost)
-trace_stopped       (turned off)
-trace_dropped       dropped: events lost so far because the buffers were full (vhost null)
-==================  ==========================================================================
+loop once per iteration (events.TraceClock), shifted once to wall-clock time, so intervals
+are exact even if the system clock is stepped), ``ev`` and ``vhost``; message events have
+``msg``, the broker-assigned id that fan-out copies and dead-lettered copies keep. The
+events and their fields are declared once, in broker/tracing/schema.py.
 """
 
 from __future__ import annotations
