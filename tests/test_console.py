@@ -2,7 +2,7 @@
 filled by real AMQP clients. Every check waits for what the page shows (expect), never sleeps.
 
 Screenshots go to a temporary directory, or to ``$WARREN_CONSOLE_SHOTS`` (``make
-console-screenshots`` sets it to docs/ for the README).
+console-screenshots`` sets it to docs/, for docs/operating.md).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 POLL_MS = 400  # the console's refresh period in these tests (?refresh=)
-SHOT_LIMIT = 200_000  # bytes: screenshots the README embeds stay small
+SHOT_LIMIT = 200_000  # bytes: screenshots the docs embed stay small
 
 
 @pytest.fixture(scope="module")

@@ -252,33 +252,19 @@ import aio_pika
 import pytest
 
 
-@pytest.mark.warren(clock="manual")  # broker time moves only when the test moves it
+@pytest.mark.warren(clock="manual")
 async def test_unpaid_order_expires_after_an_hour(warren_broker):
-    connection = await aio_pika.connect(warren_broker.url)
-    async with connection:
+    async with await aio_pika.connect(warren_broker.url) as connection:
         channel = await connection.channel(publisher_confirms=True)
-        expired = await channel.declare_queue("expired-orders", durable=True)
         await channel.declare_queue("orders", durable=True, arguments={
-            "x-message-ttl": 3_600_000,  # an hour, then dead-lettered to expired-orders
-            "x-dead-letter-exchange": "",
+            "x-message-ttl": 3_600_000, "x-dead-letter-exchange": "",
             "x-dead-letter-routing-key": "expired-orders",
         })
-        await channel.default_exchange.publish(
-            aio_pika.Message(b'{"id": 1}'), routing_key="orders"
-        )
-        assert [p.routed_to for p in warren_broker.published()] == [["orders"]]
+        await channel.declare_queue("expired-orders", durable=True)
+        await channel.default_exchange.publish(aio_pika.Message(b'{"id": 1}'), "orders")
 
         warren_broker.clock.advance(3600)  # the hour passes in about a millisecond
         assert warren_broker.outcome_names("orders") == ["dead-lettered"]
-
-        message = await expired.get()
-        await message.ack()
-        await warren_broker.wait_for_async(  # waits on the broker's events, not a sleep
-            lambda: warren_broker.outcome_names("expired-orders") == ["acked"]
-        )
-
-    warren_broker.reset()  # a fresh broker on the same port, without a restart
-    assert warren_broker.queues() == {} and warren_broker.published() == []
 """
 
 PLUGIN_TESTS = """
