@@ -48,7 +48,7 @@ test: $(STAMP) $(CHROMIUM) $(GO_AMQP) $(GCC)
 	[ $$tests = 0 ] && [ $$built = 0 ]
 	$(COMPILED_PYTEST)
 
-# The optional compiled build (setup.py, README "Performance"): the message path's modules
+# The optional compiled build (setup.py, docs/performance.md): the message path's modules
 # compiled with mypyc into build/compiled, next to their .py files. Needs a C compiler.
 COMPILED := build/compiled
 GCC := /usr/bin/gcc
@@ -83,7 +83,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# Warren's own load test; see README "Performance" for amqp-perf against RabbitMQ.
+# Warren's own load test; see docs/performance.md for amqp-perf against RabbitMQ.
 bench: $(STAMP)
 	$(BIN)/python tests/benchmarks/run_bench.py
 
@@ -99,7 +99,7 @@ conformance: $(STAMP)
 crash-test: $(STAMP)
 	WARREN_CRASH_ROUNDS=100 $(BIN)/pytest -q tests/test_durability.py -k kill_9
 
-# amqp-perf against Warren and a second broker, side by side, S1-S10 (see README "Performance"),
+# amqp-perf against Warren and a second broker, side by side, S1-S10 (see docs/performance.md),
 # then the routing curve, 100 to 100,000 topic bindings (docs/performance-routing.md)
 bench-compare: $(STAMP)
 	PYTHON=$(BIN)/python tests/benchmarks/compare.sh
@@ -120,7 +120,7 @@ SOAK_MINUTES ?= 10
 soak: $(STAMP)
 	$(BIN)/python tests/benchmarks/soak.py --minutes $(SOAK_MINUTES)
 
-# the README's console screenshots, taken by the console's end-to-end tests
+# the console screenshots in docs/operating.md, taken by the console's end-to-end tests
 console-screenshots: $(STAMP) $(CHROMIUM)
 	WARREN_CONSOLE_SHOTS=docs $(BIN)/pytest -q tests/test_console.py
 

@@ -285,7 +285,7 @@ def test_ha_policy_keys_are_not_recognised(
         'Validation failed\n\n[{<<"ha-mode">>,<<"exactly">>},{<<"ha-params">>,2}] are not '
         "recognised policy settings\n"
     )
-    # Warren's 3.x allowance (docs/features.md "Where Warren differs"): accepted, no effect on one node
+    # 3.x allowance (docs/features.md "Where Warren differs"): accepted, no effect on one node
     assert api(permitted).request("PUT", f"/api/policies/%2F/{name}", body).status == 201
 
 
