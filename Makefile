@@ -5,14 +5,21 @@ BIN := $(VENV)/bin
 PORT ?= 5672
 STAMP := $(VENV)/.installed-test
 RUN_STAMP := $(VENV)/.installed
+# the compiled build (setup.py's COMPILED modules), rebuilt when one of them changes
+COMPILED := build/compiled
+COMPILED_STAMP := $(COMPILED)/.built
+COMPILED_SOURCES := $(shell sed -n 's|^    "warren/\(.*\.py\)",$$|\1|p' setup.py)
 
-.PHONY: run test test-compiled compile lint typecheck check bench bench-compare conformance crash-test fuzz soak clean \
-	console-screenshots
+.PHONY: run test test-pure compile lint typecheck check bench bench-compare conformance crash-test fuzz soak clean \
+	console-screenshots wheel test-install
 
-# `make run` needs only the broker; `make test` also the test tools and the PySpark job.
+# `make run` needs the broker and mypyc (the compiled build); `make test` also the test tools
+# and the PySpark job. The editable install itself is pure: the compiled modules live in
+# build/compiled (below), which comes first on the path.
+MYPY := mypy==2.4.1
 $(RUN_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -e .
+	WARREN_NO_EXTENSIONS=1 $(BIN)/pip install -q --disable-pip-version-check -e . '$(MYPY)'
 	touch $(RUN_STAMP)
 
 $(STAMP): pyproject.toml $(RUN_STAMP)
@@ -32,36 +39,61 @@ $(GO_AMQP):
 	$(SUDO) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends golang-go golang-github-rabbitmq-amqp091-go-dev
 
-run: $(RUN_STAMP)
-	$(BIN)/warren-server --port $(PORT)
+# The compiled build, made once and again only when a compiled module's source changes.
+# Without a C compiler setup.py builds it pure, and the broker's first log line says so.
+run: $(COMPILED_STAMP)
+	@$(LINK_SOURCES)
+	PYTHONPATH=$(COMPILED) $(BIN)/warren-server --port $(PORT)
 
-# The compiled build is made while the pure-Python suite runs: each takes one core.
+# The compiled build is made while the message-path tests run on pure Python (one core each),
+# then the whole suite runs on the compiled build, which is what users run.
 test: $(STAMP) $(CHROMIUM) $(GO_AMQP) $(GCC)
 	$(BIN)/ruff check broker protocol config tests pipeline warren
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	mkdir -p build
 	$(MAKE) -s compile >build/compile.log 2>&1 & compiling=$$!; \
-	$(BIN)/pytest -q; tests=$$?; \
+	$(PURE_PYTEST); tests=$$?; \
 	wait $$compiling; built=$$?; \
 	if [ $$built != 0 ]; then cat build/compile.log; echo "make compile failed"; fi; \
 	[ $$tests = 0 ] && [ $$built = 0 ]
 	$(COMPILED_PYTEST)
 
-# The optional compiled build (setup.py, docs/performance.md): the message path's modules
-# compiled with mypyc into build/compiled, next to their .py files. Needs a C compiler.
-COMPILED := build/compiled
+# The compiled build (setup.py, docs/building.md): the message path's modules compiled with
+# mypyc into build/compiled, next to their .py files. Needs a C compiler.
 GCC := /usr/bin/gcc
 $(GCC):
 	$(SUDO) apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends gcc libc6-dev
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends gcc libc6-dev python3-dev
+# The build's copies of the .py files become links to the sources (and new sources get
+# links): a change to a module that is not compiled needs no new build.
+LINK_SOURCES = cp -s --remove-destination "$(CURDIR)"/warren/*.py $(COMPILED)/warren/ && \
+	for d in broker protocol config pipeline; do \
+	cp -rs --remove-destination "$(CURDIR)/$$d/." $(COMPILED)/warren/$$d/; done
+$(COMPILED_STAMP): setup.py $(COMPILED_SOURCES) | $(RUN_STAMP)
+	rm -rf $(COMPILED)
+	$(BIN)/python setup.py -q build --build-lib $(COMPILED)
+	touch $@
 compile: $(STAMP) $(GCC)
 	rm -rf $(COMPILED)
-	WARREN_COMPILE=1 $(BIN)/python setup.py -q build --build-lib $(COMPILED)
+	$(BIN)/python setup.py -q build --build-lib $(COMPILED)
+	$(LINK_SOURCES)
+	touch $(COMPILED_STAMP)
 
-# The same tests on the compiled build: the tests of the compiled modules and the message
-# path (the rest of the suite, management and tools, runs interpreted code either way).
-COMPILED_TESTS := tests/test_compiled.py tests/test_protocol.py tests/test_frames.py \
+# A platform wheel and an sdist in dist/ (compiled when a C compiler is there)
+wheel: $(RUN_STAMP)
+	rm -rf dist
+	$(BIN)/pip wheel -q --disable-pip-version-check --no-deps -w dist .
+	$(BIN)/pip install -q --disable-pip-version-check build
+	$(BIN)/python -m build -q --sdist --outdir dist .
+
+# Installs the checkout and a wheel into fresh venvs, as a user would (minutes: each
+# compiles). Not in `make test`; docs/building.md has its figures.
+test-install: $(STAMP) $(GCC)
+	$(BIN)/pytest -q tests/install_check.py
+
+# The message path's tests, also run on pure Python (the fallback where no compiler is).
+MESSAGE_PATH_TESTS := tests/test_compiled.py tests/test_protocol.py tests/test_frames.py \
 	tests/test_fuzz_protocol.py tests/test_fuzz_broker.py tests/test_handshake.py \
 	tests/test_basic.py tests/test_exchanges.py tests/test_plugin_exchanges.py \
 	tests/test_confirms.py tests/test_confirms_tx.py tests/test_hostile_input.py \
@@ -69,12 +101,16 @@ COMPILED_TESTS := tests/test_compiled.py tests/test_protocol.py tests/test_frame
 	tests/test_protocol_state.py tests/test_engine_in_memory.py tests/test_streams.py \
 	tests/test_paged_backlog.py tests/test_dispatch.py tests/test_durability.py \
 	tests/test_store_failure.py tests/test_tracing.py tests/test_long_purge.py
-# build/compiled comes before the repository on the path: its warren is the one imported
-# (two kill -9 rounds of test_durability.py, not ten: the pure run has the others)
-COMPILED_PYTEST = PYTHONPATH=$(COMPILED):. WARREN_EXPECT_COMPILED=1 WARREN_CRASH_ROUNDS=2 \
-	$(BIN)/pytest -q -o pythonpath= $(COMPILED_TESTS)
-test-compiled: compile
-	$(COMPILED_PYTEST)
+# build/compiled comes before the repository on the path: its warren is the one imported.
+# test_routing_scale.py counts the interpreted lines routing runs (and binds stand-in
+# destinations the compiled exchange refuses): it runs on pure Python only.
+PURE_ONLY := tests/test_routing_scale.py
+COMPILED_PYTEST = PYTHONPATH=$(COMPILED):. WARREN_EXPECT_COMPILED=1 \
+	$(BIN)/pytest -q -o pythonpath= $(addprefix --ignore=,$(PURE_ONLY))
+# (two kill -9 rounds of test_durability.py, not ten: the compiled run has the others)
+PURE_PYTEST = WARREN_CRASH_ROUNDS=2 $(BIN)/pytest -q $(MESSAGE_PATH_TESTS) $(PURE_ONLY)
+test-pure: $(STAMP)
+	$(PURE_PYTEST)
 
 lint: $(STAMP)
 	$(BIN)/ruff check broker protocol config tests pipeline warren

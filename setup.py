@@ -1,11 +1,12 @@
-"""Optional compiled build: ``WARREN_COMPILE=1`` compiles the message path with mypyc.
+"""Warren's build: the message path compiled with mypyc by default, pure Python as the fallback.
 
-Without it (``pip install -e .``, ``make run``) Warren is pure Python and needs no C
-compiler. With it, the modules in ``COMPILED`` become C extensions next to their .py
-files, which stay as the source and the fallback; behaviour is the same, the suite runs
-on both (``make test``). Needs mypy (a test dependency) in the building environment:
-
-    WARREN_COMPILE=1 pip install --no-build-isolation .      # or: make compile
+``pip install .`` (and an sdist, and ``make wheel``) compiles the modules in ``COMPILED``
+into C extensions beside their .py files, which stay the source and the fallback: the
+behaviour is the same and the suite runs on both (``make test``). The build requirements in
+pyproject.toml bring a pinned mypy, whose mypyc does the compiling; gcc and the Python
+headers are needed. Where the compiler or headers are missing, or compiling fails, the
+install goes on pure and says so in one line. ``WARREN_NO_EXTENSIONS=1`` forces pure.
+docs/building.md has the costs.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
 
 # The message path: framing, routing, queues, streams, channels, the messages themselves,
 # the tracing hooks and the message store's loop side. Subclasses are compiled with their
@@ -64,17 +67,73 @@ ignore_missing_imports = True
 """
 
 
-def ext_modules() -> list[Any]:
-    if os.environ.get("WARREN_COMPILE", "0") in ("", "0"):
-        return []
-    if {"egg_info", "dist_info"} & set(sys.argv[1:]):
-        return []  # pip asks for the metadata first: no need to compile for that
-    from mypyc.build import mypycify
+FALLBACK = (
+    "warren: building pure Python, {why}; for the fast compiled build install gcc and the "
+    "Python headers (Debian: apt-get install gcc python3-dev) and reinstall"
+)
 
+
+def _pure(why: str) -> list[Any]:
+    print(FALLBACK.format(why=why), file=sys.stderr)
+    return []
+
+
+def ext_modules() -> list[Any]:
+    if os.environ.get("WARREN_NO_EXTENSIONS", "0") not in ("", "0"):
+        return []
+    if {"egg_info", "dist_info", "sdist", "editable_wheel"} & set(sys.argv[1:]):
+        return []  # metadata, an sdist or an editable install: nothing to compile here
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        return _pure("mypy (mypyc) is not installed in the build environment")
     config = os.path.join(tempfile.mkdtemp(prefix="warren-mypyc-"), "mypy.ini")
     with open(config, "w", encoding="ascii") as f:
         f.write(MYPYC_CONFIG)
-    return mypycify(["--config-file", config, *COMPILED], opt_level="3", debug_level="0")
+    try:
+        # one C file per module (multi_file), so that both cores compile (OptionalBuildExt)
+        return list(
+            mypycify(
+                ["--config-file", config, *COMPILED],
+                opt_level="3",
+                debug_level="0",
+                multi_file=True,
+            )
+        )
+    except BaseException as exc:  # mypyc's own checks failed: the source still runs
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return _pure(f"mypyc failed ({type(exc).__name__}: {exc})")
 
 
-setup(ext_modules=ext_modules())
+class OptionalBuildExt(build_ext):
+    """Compiles a library's C files on every core, and falls back to pure Python if the
+    compiler is missing or fails (the extensions are then left out of the build)."""
+
+    def build_extensions(self) -> None:
+        compiler = self.compiler
+        serial = compiler.compile
+
+        def parallel(sources: list[str], *args: Any, **kwargs: Any) -> list[str]:
+            if len(sources) < 2:
+                return serial(sources, *args, **kwargs)
+            with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+                parts = pool.map(lambda source: serial([source], *args, **kwargs), sources)
+                return [obj for part in parts for obj in part]
+
+        compiler.compile = parallel
+        try:
+            super().build_extensions()
+        except Exception as exc:
+            self.extensions = []
+            _pure(f"the C compiler failed ({type(exc).__name__}: {exc})")
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # no compiler at all (setuptools' CompileError and others)
+            self.extensions = []
+            _pure(f"no working C compiler ({type(exc).__name__}: {exc})")
+
+
+setup(ext_modules=ext_modules(), cmdclass={"build_ext": OptionalBuildExt})

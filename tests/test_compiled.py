@@ -1,13 +1,17 @@
-"""Which build the suite runs on: pure Python, or the mypyc build (`make test-compiled` sets
+"""Which build the suite runs on: pure Python, or the mypyc build (`make test` sets
 WARREN_EXPECT_COMPILED=1 and puts build/compiled first on the path). A run meant for the
 compiled modules that silently imported the .py files would prove nothing."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
+import urllib.request
 from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
 
 import warren
 import warren.broker.engine.channel
@@ -77,3 +81,42 @@ def test_version_names_the_build() -> None:
         assert "compiled with mypyc: " in out.stdout and "broker.engine.exchange" in out.stdout
     else:
         assert "(pure Python)" in out.stdout
+
+
+def test_the_first_log_line_the_api_and_warrenctl_name_the_build(tmp_path: Path) -> None:
+    root = os.path.dirname(os.path.dirname(warren.__file__))  # the build under test
+    config = tmp_path / "rabbitmq.conf"
+    config.write_text("")  # nothing from the machine's own config
+    env = {**os.environ, "PYTHONPATH": root, "RABBITMQ_CONFIG_FILE": str(config)}
+    argv = ["--port", "0", "--bind", "127.0.0.1", "--management-port", "0",
+            "--prometheus-port", "none", "--data-dir", str(tmp_path / "data")]  # fmt: skip
+    server = subprocess.Popen(
+        [sys.executable, "-m", "warren", *argv], cwd=root, env=env, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert server.stderr is not None
+        first = server.stderr.readline()
+        assert "starting warren-server" in first
+        assert f"build={'compiled' if COMPILED else 'pure'}" in first, first
+        management = ""
+        while not management:  # the readiness lines, in the order the server writes them
+            line = server.stderr.readline()
+            assert line, "the server exited"
+            if "management API listening" in line:
+                management = re.search(r"address=(\S+)", line)[1]  # type: ignore[index]
+        request = urllib.request.Request(f"http://{management}/api/overview")
+        request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            overview = json.loads(reply.read())
+        assert overview["warren_build"] == ("compiled" if COMPILED else "pure")
+        status = subprocess.run(
+            [sys.executable, "-m", "warren.broker.tools.warrenctl", "--url",
+             f"http://guest:guest@{management}", "status"],
+            cwd=root, env=env, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert status.returncode == 0, status.stderr
+        assert f"Build: {'compiled' if COMPILED else 'pure'}" in status.stdout
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

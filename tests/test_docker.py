@@ -227,8 +227,9 @@ def test_entrypoint_runs_the_broker_as_the_rabbitmq_image_does(image: Image) -> 
         assert proc.stderr is not None
         events = read_events(proc.stderr, "ready")
         assert events[-1]["address"] == f"127.0.0.1:{image.port}"
+        assert events[0]["event"] == "starting warren-server"  # with the build it runs
         assert {"event": "config key not used by Warren", "key": "cluster_name"}.items() <= (
-            events[0].items()
+            events[1].items()
         )
         # exec: the broker itself is the process Docker signals, with the data dir given
         cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
@@ -353,8 +354,9 @@ def env_of(args: str) -> dict[str, str]:
 
 
 def test_dockerfile_base_user_ports_volume() -> None:
-    (base,) = instructions("FROM")
-    assert re.fullmatch(r"python:3\.1[1-9]-slim", base), base
+    build, final = instructions("FROM")
+    assert re.fullmatch(r"python:3\.1[1-9]-slim AS build", build), build
+    assert re.fullmatch(r"python:3\.1[1-9]-slim", final), final
     user = instructions("USER")[-1]
     assert user.split(":")[0] not in ("root", "0")
     uid = re.search(r"useradd .*--uid (\d+)", " ".join(instructions("RUN")))
@@ -368,10 +370,18 @@ def test_dockerfile_base_user_ports_volume() -> None:
     assert env["RABBITMQ_CONFIG_FILE"] == "/etc/rabbitmq/rabbitmq.conf"
 
 
-def test_dockerfile_copies_what_exists_and_installs_the_package() -> None:
+def final_stage() -> list[tuple[str, str]]:
+    steps = dockerfile()
+    last = max(i for i, (word, _) in enumerate(steps) if word == "FROM")
+    return steps[last:]
+
+
+def test_dockerfile_compiles_in_a_build_stage_and_ships_only_the_wheel() -> None:
     targets = {}
     for args in instructions("COPY"):
         *sources, target = [a for a in args.split() if not a.startswith("--")]
+        if args.startswith("--from="):
+            continue
         for source in sources:
             assert (ROOT / source).exists(), source  # the build context is the repository
             targets[source] = target
@@ -379,8 +389,18 @@ def test_dockerfile_copies_what_exists_and_installs_the_package() -> None:
     included = project["tool"]["setuptools"]["packages"]["find"]["include"]
     for package in {name.split(".")[0] for name in included}:
         assert targets[package] == f"/tmp/warren/{package}", package
-    assert targets["pyproject.toml"] == "/tmp/warren/"
-    assert any(a.startswith("pip install /tmp/warren") for a in instructions("RUN"))
+    assert targets["pyproject.toml"] == targets["setup.py"] == "/tmp/warren/"
+    runs = instructions("RUN")
+    assert any("gcc" in a and "apt-get install" in a for a in runs)
+    assert any(a.startswith("pip wheel --no-deps -w /wheels /tmp/warren") for a in runs)
+    assert any("the wheel is not compiled" in a for a in runs)
+    # the image itself: the wheel, no compiler, no source tree
+    final = final_stage()
+    final_runs = " ".join(args for word, args in final if word == "RUN")
+    assert "pip install /tmp/wheels/*.whl" in final_runs and "gcc" not in final_runs
+    copied = [args for word, args in final if word == "COPY"]
+    assert "--from=build /wheels /tmp/wheels" in copied
+    assert not [c for c in copied if c.split()[0] in ("broker", "protocol", "config", "warren")]
     assert targets["docker/rabbitmq.conf"] == "/etc/rabbitmq/rabbitmq.conf"
     assert targets["docker/10-defaults.conf"] == "/etc/rabbitmq/conf.d/10-defaults.conf"
 

@@ -85,7 +85,9 @@ def test_json_lines_a_shipper_can_ingest(tmp_path: Path) -> None:
         conn.close()
         lines += stop(proc)
     events = [json.loads(line) for line in lines]  # every line is one JSON object
-    warning = events[0]
+    starting, warning = events[:2]  # the first says which build runs (docs/building.md)
+    assert starting["event"] == "starting warren-server"
+    assert starting["build"] in ("compiled", "pure")
     for event in events:
         assert {"timestamp", "level", "event"} <= set(event), event
         assert event["timestamp"].endswith("Z")  # ISO 8601, UTC

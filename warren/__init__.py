@@ -26,8 +26,13 @@ PACKAGES = (
 )
 
 
+def build() -> str:
+    """``compiled`` when the message path runs as mypyc's C extensions, else ``pure``."""
+    return "compiled" if compiled_modules() else "pure"
+
+
 def compiled_modules() -> list[str]:
-    """The modules that run as C extensions built by mypyc (``WARREN_COMPILE=1``, see
+    """The modules that run as C extensions built by mypyc (the default build, see
     setup.py); empty for a pure-Python install. Python imports an extension before the
     .py file of the same name in the same folder, so being there is being used."""
     here = os.path.dirname(__file__)

@@ -116,14 +116,18 @@ async def serve(settings: Settings) -> None:
         loop.add_signal_handler(sig, stop.set)
     server = Server(settings)
     log = server.broker.log
+    from warren import __version__, build, compiled_modules
+
+    # the first line says which build runs (docs/building.md)
+    if build() == "compiled":
+        log.info("starting warren-server", version=__version__, build="compiled",
+                 compiled_modules=len(compiled_modules()))  # fmt: skip
+    else:
+        log.info("starting warren-server", version=__version__, build="pure",
+                 hint="pure Python: see docs/building.md for the compiled build")  # fmt: skip
     for key in settings.ignored_keys:
         log.warning("config key not used by Warren", key=key)
     await server.start()
-    from warren import compiled_modules
-
-    compiled = compiled_modules()
-    if compiled:
-        log.info("compiled with mypyc", modules=len(compiled))
     for host, port in server.addresses:
         log.info("ready", address=f"{host}:{port}")
     for host, port in server.tls_addresses:

@@ -430,6 +430,7 @@ def status(api: Api, args: argparse.Namespace, out: Output) -> None:
         "Is under maintenance?: false",
         f"Product name: {overview.get('product_name')}",
         f"Product version: {overview.get('product_version')}",
+        f"Build: {overview.get('warren_build', 'unknown')}",
         f"RabbitMQ version: {overview.get('rabbitmq_version')} (management API compatibility)",
         f"Node name: {overview.get('node')}",
         f"Broker: {api.base} ({api.source})",

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from warren import build
 from warren.broker.ops.management import auth
 from warren.broker.ops.management.app import Ctx, Router, json_response, reply, reply_list
 from warren.broker.ops.management.core import GLOBAL_FIELDS
@@ -30,6 +31,8 @@ EXCHANGE_TYPES = (
     ("x-modulus-hash", "Modulus Hashing Exchange"),
 )
 
+
+BUILD = build()  # which build this process runs: it does not change while it runs
 
 def _global_counts(mgmt: Management) -> dict[str, int]:
     stats = mgmt.broker.message_totals()
@@ -116,6 +119,7 @@ def overview(ctx: Ctx) -> web.StreamResponse:
         "product_name": mgmt.product_name,
         "product_version": mgmt.product_version,
         "python_version": platform.python_version(),
+        "warren_build": BUILD,  # compiled or pure (docs/building.md)
         "rates_mode": "basic",
         "sample_retention_policies": {"global": [600], "basic": [600], "detailed": [600]},
         "exchange_types": [
