@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import venv
@@ -25,6 +26,15 @@ import pika
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    """The working tree without its build products: pip builds in the tree it is given."""
+    copy = tmp_path / "checkout"
+    junk = shutil.ignore_patterns(".git", ".venv", "build", "dist", "data", "*.egg-info")
+    shutil.copytree(ROOT, copy, symlinks=True, ignore=junk)
+    return copy
 
 
 def fresh_venv(where: Path) -> Path:
@@ -88,26 +98,30 @@ def round_trip(port: int) -> None:
     conn.close()
 
 
-def test_pip_install_of_the_checkout_is_compiled(tmp_path: Path) -> None:
+def test_pip_install_of_the_checkout_is_compiled(tmp_path: Path, checkout: Path) -> None:
     bin_dir = fresh_venv(tmp_path / "venv")
-    pip(bin_dir, "install", str(ROOT))
+    pip(bin_dir, "install", str(checkout))
     out = version(bin_dir)
     assert "compiled with mypyc: " in out and "broker.engine.channel" in out, out
     with serving(bin_dir, tmp_path) as port:
         round_trip(port)
 
 
-def test_warren_no_extensions_installs_pure_python_that_serves(tmp_path: Path) -> None:
+def test_warren_no_extensions_installs_pure_python_that_serves(
+    tmp_path: Path, checkout: Path
+) -> None:
     bin_dir = fresh_venv(tmp_path / "venv")
-    pip(bin_dir, "install", str(ROOT), env={"WARREN_NO_EXTENSIONS": "1"})
+    pip(bin_dir, "install", str(checkout), env={"WARREN_NO_EXTENSIONS": "1"})
     assert "(pure Python)" in version(bin_dir)
     with serving(bin_dir, tmp_path) as port:
         round_trip(port)
 
 
-def test_a_failing_compiler_falls_back_to_pure_python_and_says_so(tmp_path: Path) -> None:
+def test_a_failing_compiler_falls_back_to_pure_python_and_says_so(
+    tmp_path: Path, checkout: Path
+) -> None:
     bin_dir = fresh_venv(tmp_path / "venv")
-    out = pip(bin_dir, "install", "-v", str(ROOT), env={"CC": "false", "LDSHARED": "false"})
+    out = pip(bin_dir, "install", "-v", str(checkout), env={"CC": "false", "LDSHARED": "false"})
     assert "warren: building pure Python" in out
     assert "(pure Python)" in version(bin_dir)
 
@@ -116,7 +130,10 @@ def test_a_failing_compiler_falls_back_to_pure_python_and_says_so(tmp_path: Path
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dist = tmp_path_factory.mktemp("dist")
     builder = fresh_venv(tmp_path_factory.mktemp("builder"))
-    pip(builder, "wheel", "--no-deps", "-w", str(dist), str(ROOT))
+    source = tmp_path_factory.mktemp("source") / "warren"
+    junk = shutil.ignore_patterns(".git", ".venv", "build", "dist", "data", "*.egg-info")
+    shutil.copytree(ROOT, source, symlinks=True, ignore=junk)
+    pip(builder, "wheel", "--no-deps", "-w", str(dist), str(source))
     (found,) = dist.glob("warren-*.whl")
     assert sys.implementation.cache_tag.replace("cpython-", "cp") in found.name  # a platform wheel
     return found
