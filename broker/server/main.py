@@ -114,17 +114,19 @@ async def serve(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    server = Server(settings)
-    log = server.broker.log
+    import structlog
+
     from warren import __version__, build, compiled_modules
 
-    # the first line says which build runs (docs/building.md)
+    # the first line says which build runs (docs/building.md), before the engine logs anything
+    log = structlog.get_logger("warren")
     if build() == "compiled":
         log.info("starting warren-server", version=__version__, build="compiled",
                  compiled_modules=len(compiled_modules()))  # fmt: skip
     else:
         log.info("starting warren-server", version=__version__, build="pure",
                  hint="pure Python: see docs/building.md for the compiled build")  # fmt: skip
+    server = Server(settings)
     for key in settings.ignored_keys:
         log.warning("config key not used by Warren", key=key)
     await server.start()
