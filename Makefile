@@ -161,4 +161,4 @@ console-screenshots: $(STAMP) $(CHROMIUM)
 	WARREN_CONSOLE_SHOTS=docs $(BIN)/pytest -q tests/test_console.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info
