@@ -4,11 +4,17 @@ Above ``vm_memory_high_watermark`` or below ``disk_free_limit`` the broker
 raises an alarm; connections that publish get connection.blocked and are not
 read until every alarm clears, while consumers keep draining (RabbitMQ's
 flow control, on a single process).
+
+A check that fails (no descriptor left, a /proc read that breaks) is logged and the
+next one is scheduled all the same: the monitor never stops. It also counts the
+process's open descriptors, for the listeners to keep a reserve (broker/server/shell.py).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
 import shutil
 from typing import TYPE_CHECKING
 
@@ -38,6 +44,17 @@ def resident_memory() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def descriptor_limit() -> int:
+    """The soft RLIMIT_NOFILE: descriptors this process may hold."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def open_descriptors() -> int:
+    """Descriptors open now (one more is used for the count itself while it runs)."""
+    return len(os.listdir("/proc/self/fd")) - 1
+
+
 class ResourceMonitor:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
@@ -51,6 +68,9 @@ class ResourceMonitor:
         self.memory_used = 0
         self.disk_free: int | None = None
         self._handle: TimerHandle | None = None
+        self.failures = 0  # checks in a row that raised
+        self.descriptor_limit = descriptor_limit()
+        self.descriptors_used = 0  # at the last check, counted on by the listeners meanwhile
 
     def start(self) -> None:
         self.check()
@@ -62,10 +82,24 @@ class ResourceMonitor:
             self._handle = None
 
     def _tick(self) -> None:
-        self.check()
-        self._handle = self.broker.timers.call_later(CHECK_INTERVAL, self._tick)
+        try:
+            self.check()
+            if self.failures:
+                self.broker.log.info("resource check works again", failed=self.failures)
+                self.failures = 0
+        except Exception as exc:  # the next check must come all the same
+            self.failures += 1
+            if self.failures == 1:  # once a run of failures, not once a second
+                self.broker.log.error(
+                    "resource check failed", error=f"{exc.__class__.__name__}: {exc}"
+                )
+            if isinstance(exc, OSError) and exc.errno == errno.EMFILE:
+                self.descriptors_used = self.descriptor_limit  # none left: so it is
+        finally:
+            self._handle = self.broker.timers.call_later(CHECK_INTERVAL, self._tick)
 
     def check(self) -> None:
+        self.descriptors_used = open_descriptors()
         self.memory_used = resident_memory()
         self.broker.set_alarm("memory", self.memory_used > self.memory_limit)
         data_dir = self.broker.settings.data_dir

@@ -141,6 +141,8 @@ class Connection:
         self._handshake_timer: TimerHandle | None = broker.timers.call_later(
             settings.handshake_timeout / 1000, self._handshake_timed_out
         )
+        broker.handshaking += 1  # until it authenticates or goes (warren.handshake_max)
+        self._handshaking = True
 
     # ---- views of the protocol's state (protocol/connection.py owns it) ----
 
@@ -564,6 +566,7 @@ class Connection:
             return
         stats.auth_attempt(True, address, name)
         self.user = name
+        self._authenticated()
         settings = self.broker.settings
         self.send_method(
             0,
@@ -573,6 +576,11 @@ class Connection:
                 heartbeat=settings.heartbeat,
             ),
         )
+
+    def _authenticated(self) -> None:
+        if self._handshaking:
+            self._handshaking = False
+            self.broker.handshaking -= 1
 
     def _refuse_login(self, detail: str, user: str) -> None:
         """Log it, ignore the peer, and answer only after a delay that slows guessing down."""
@@ -603,6 +611,16 @@ class Connection:
         vhost = self.broker.vhosts.get(method.virtual_host)
         if vhost is None:
             raise ConnectionError_(NOT_ALLOWED, f"vhost {method.virtual_host} not found", 10, 40)
+        node_limit = self.broker.settings.connection_max
+        if node_limit is not None and len(self.broker.connections) > node_limit:
+            # rabbit_reader:is_over_node_connection_limit/1: every connection counts,
+            # this one too, and the check comes before the vhost's
+            raise ConnectionError_(
+                NOT_ALLOWED,
+                f"connection refused: node connection limit ({node_limit}) is reached",
+                10,
+                40,
+            )
         limit = vhost.limits.get("max-connections")
         if limit is not None and limit >= 0:
             open_here = sum(
@@ -714,6 +732,7 @@ class Connection:
             self.transport.close()
 
     def connection_lost(self) -> None:
+        self._authenticated()  # it no longer counts as one in its handshake
         if self.protocol.state is CLOSED:
             return
         self._release()

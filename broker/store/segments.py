@@ -113,6 +113,10 @@ class MessageStore:
         # the writer thread's failure: nothing is written any more, confirms are nacked
         self.error: BaseException | None = None
         self.on_failure: Callable[[BaseException], None] | None = None  # the broker's alarm
+        self.on_recovery: Callable[[], None] | None = None  # ... cleared: writing again
+        # the writer retries a round that failed with an OSError (a full disk, no descriptor
+        # left): meanwhile ``error`` is that error, and it is None again once it writes
+        self.stalled = False
         # Messages published since the last handoff, by id: [msg, queue id, expires (wall),
         # publishing channel or None, its confirm's seq, handoffs left to wait]. Their
         # records are encoded at the handoff, so one removed before it (acked, expired,
@@ -331,7 +335,10 @@ class MessageStore:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._writer = Writer(self.directory, loop, self._on_synced, self.sync, self._writer_failed)
+        self._writer = Writer(
+            self.directory, loop, self._on_synced, self.sync, self._writer_failed,
+            self._writer_stalled,
+        )  # fmt: skip
         self._writer.io = self.io
         self._writer.start()
         self._collect_garbage()  # what recovery found dead goes now that the writer runs
@@ -630,7 +637,8 @@ class MessageStore:
             return
         self.error = error
         self.log.error(
-            "message store writer failed: persistent messages are no longer written",
+            "message store writer failed: persistent messages are no longer written"
+            + (" until it can write again" if self.stalled else ""),
             error=f"{error.__class__.__name__}: {error}",
             directory=self.directory,
         )
@@ -643,6 +651,25 @@ class MessageStore:
             callback(False)
         if self.on_failure is not None:
             self.on_failure(error)
+
+    def _writer_stalled(self, error: OSError | None) -> None:
+        """The writer failed to write a round and retries it (``error``), or wrote it
+        (None). While it retries, publishes waiting for the disk are nacked, new ones too,
+        and transactions fail, as when it dies; acks and every other record wait in order
+        and are written once it can, so none is lost. The alarm clears by itself then."""
+        if error is not None:
+            if self.stalled or self.error is not None:
+                return
+            self.stalled = True
+            self._writer_failed(error)
+            return
+        if not self.stalled:
+            return
+        self.stalled = False
+        self.error = None
+        self.log.warning("message store writes again", directory=self.directory)
+        if self.on_recovery is not None:
+            self.on_recovery()
 
     # ---- paging bodies out of memory ----
 
@@ -1013,6 +1040,8 @@ class MessageStore:
         for fd in self._readers.values():
             os.close(fd)
         self._readers.clear()
+        if self.stalled:
+            self._writer.closing.set()  # a round it cannot write is given up, not waited for
         self._writer.jobs.put(("stop", 0, b"", -1))
         self._writer.join(10)
         self._writer = None
