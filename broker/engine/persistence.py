@@ -220,6 +220,16 @@ class Persistence:
             )  # fmt: skip
 
         stored = self.messages.recover(packs)
+        for queue_id, count in self.messages.recover_losses().items():
+            lost_from = queues_by_id.get(queue_id)
+            self.log.error(
+                "messages lost to damaged records in the message store",
+                queue=lost_from.name if lost_from is not None else None,
+                vhost=lost_from.vhost.name if lost_from is not None else None,
+                queue_id=queue_id or None,
+                lost=count,
+                reason="checksum mismatch" if queue_id else "unreadable record header",
+            )
         now_wall, now_mono = broker.clock.wall(), broker.clock.now()
         # each owner takes its messages in chunks, so that no more than RESTORE_CHUNK records
         # are out of the store's index at once
