@@ -154,6 +154,12 @@ class MessageStore:
         self.on_failure: Callable[[BaseException], None] | None = None  # the broker's alarm
         self.on_recovery: Callable[[], None] | None = None  # ... cleared: writing again
         self.lost: dict[int, int] = {}  # recovery: queue id -> messages lost to damage
+        # compaction starts only with room for its copies (_room_to_compact): the broker's
+        # disk alarm and disk_free_limit
+        self.low_on_disk: Callable[[], bool] | None = None
+        self.disk_free_limit = 0
+        self._compact_refused_until = 0.0
+        self._compact_refused = False
         # the writer retries a round that failed with an OSError (a full disk, no descriptor
         # left): meanwhile ``error`` is that error, and it is None again once it writes
         self.stalled = False
@@ -1032,9 +1038,42 @@ class MessageStore:
                 continue
             if self.reaping:
                 return
-            if self._live[oldest] < self._total[oldest] * COMPACT_BELOW or self._blocked():
+            if (
+                self._live[oldest] < self._total[oldest] * COMPACT_BELOW or self._blocked()
+            ) and self._room_to_compact(oldest):
                 self._compact(oldest)
             return
+
+    def _room_to_compact(self, segment: int) -> bool:
+        """Compaction writes up to a segment's worth of copies: it starts only if they can
+        be written whole, so not while the writer retries a failed write, nor while the
+        disk alarm is on, nor if the copies would leave less than ``disk_free_limit`` free.
+        Refused, it is tried again at a later collection (at most once a second)."""
+        now = time.monotonic()
+        if now < self._compact_refused_until:
+            return False
+        reason = ""
+        if self.stalled or self.error is not None:
+            reason = "the writer cannot write"
+        elif self.low_on_disk is not None and self.low_on_disk():
+            reason = "the disk alarm is on"
+        else:
+            try:
+                size = os.path.getsize(os.path.join(self.directory, segment_name(segment)))
+                free = shutil.disk_usage(self.directory).free
+            except OSError as exc:
+                reason = f"free space unknown: {exc}"
+            else:
+                if free - size < self.disk_free_limit:
+                    reason = f"{free} bytes free, the copies may take {size}"
+        if not reason:
+            self._compact_refused = False
+            return True
+        self._compact_refused_until = now + 1.0
+        if not self._compact_refused:  # once a spell
+            self._compact_refused = True
+            self.log.warning("message store: compaction put off", segment=segment, reason=reason)
+        return False
 
     def reaped(self) -> None:
         """The reaper has let go of one purged queue's messages: compaction may go on."""
