@@ -44,7 +44,8 @@ def _free_port() -> int:
 
 
 @contextmanager
-def limited_broker(tmp_path: Path, config: str) -> Iterator[Broker]:
+def limited_broker(tmp_path: Path, config: str, nofile: int = LIMIT) -> Iterator[Broker]:
+    """A broker in a subprocess with ``config`` and an RLIMIT_NOFILE of ``nofile``."""
     conf = tmp_path / "rabbitmq.conf"
     conf.write_text(config)
     port = _free_port()
@@ -53,7 +54,7 @@ def limited_broker(tmp_path: Path, config: str) -> Iterator[Broker]:
     command += ["--data-dir", str(tmp_path / "data"), "--config", str(conf)]
 
     def lower_limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (LIMIT, LIMIT))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, preexec_fn=lower_limit)
     broker = Broker(proc, port)

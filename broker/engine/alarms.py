@@ -8,14 +8,23 @@ flow control, on a single process).
 A check that fails (no descriptor left, a /proc read that breaks) is logged and the
 next one is scheduled all the same: the monitor never stops. It also counts the
 process's open descriptors, for the listeners to keep a reserve (broker/server/shell.py).
+
+The memory alarm compares the resident set size with the watermark. Memory Python frees
+goes back to glibc's malloc, which keeps freed pages in its heap (a fragmented heap is not
+trimmed from the top), so the RSS would stay high after a purge and the alarm with it.
+When the RSS is over the watermark the check first asks glibc to hand free pages back
+(``malloc_trim(0)``, through ctypes; nothing on another libc) and measures again: the alarm
+then reflects memory that is in use.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import resource
 import shutil
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -42,6 +51,19 @@ def total_memory() -> int:
 def resident_memory() -> int:
     with open("/proc/self/statm") as fh:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _malloc_trim() -> Callable[[], object] | None:
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return lambda: trim(0)
+
+
+release_free_memory = _malloc_trim()  # None where the C library has no malloc_trim
 
 
 def descriptor_limit() -> int:
@@ -101,6 +123,9 @@ class ResourceMonitor:
     def check(self) -> None:
         self.descriptors_used = open_descriptors()
         self.memory_used = resident_memory()
+        if self.memory_used > self.memory_limit and release_free_memory is not None:
+            release_free_memory()  # freed pages glibc kept count no more
+            self.memory_used = resident_memory()
         self.broker.set_alarm("memory", self.memory_used > self.memory_limit)
         data_dir = self.broker.settings.data_dir
         if data_dir and os.path.isdir(data_dir):
