@@ -552,17 +552,22 @@ class Connection:
         name = user.decode(errors="replace")
         stats = self.broker.stats
         address = self.peer[0] if self.peer else ""
+        # rabbit_reader:auth_fail/5 (4.3) tells a client with authentication_failure_close
+        # only this text, whatever the reason (a wrong password, or a loopback user from
+        # another address, checked after the password: rabbit_reader:auth_phase/2); the
+        # reason goes to the log. The same answer both ways lets no remote client learn
+        # whether a loopback user's password was right.
+        refused = (
+            f"Login was refused using authentication mechanism {mechanism}. "
+            "For details see the broker logfile."
+        )
         if not self.broker.authenticate(name, password.decode(errors="replace")):
             stats.auth_attempt(False, address, name)
-            self._refuse_login(
-                f"Login was refused using authentication mechanism {mechanism}. "
-                "For details see the broker logfile.",
-                name,
-            )
+            self._refuse_login(refused, name, "invalid credentials")
             return
         if name in self.broker.settings.loopback_users and not self._from_loopback():
             stats.auth_attempt(False, address, name)
-            self._refuse_login(f"user '{name}' can only connect via localhost", name)
+            self._refuse_login(refused, name, f"user '{name}' can only connect via localhost")
             return
         stats.auth_attempt(True, address, name)
         self.user = name
@@ -582,9 +587,10 @@ class Connection:
             self._handshaking = False
             self.broker.handshaking -= 1
 
-    def _refuse_login(self, detail: str, user: str) -> None:
-        """Log it, ignore the peer, and answer only after a delay that slows guessing down."""
-        self.broker.log.warning(f"login refused for user '{user}'", peer=self.peer, reason=detail)
+    def _refuse_login(self, detail: str, user: str, reason: str) -> None:
+        """Log why, ignore the peer, and answer ``detail`` only after a delay that slows
+        guessing down."""
+        self.broker.log.warning(f"login refused for user '{user}'", peer=self.peer, reason=reason)
         self.protocol.stop()
         self._refusal = self.broker.timers.call_later(
             LOGIN_REFUSAL_DELAY, lambda: self._refuse(detail)

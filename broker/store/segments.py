@@ -105,7 +105,7 @@ class MessageStore:
         self.log = log
         self.segment_size = segment_size
         self.sync = sync
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
         self._next_id = 1
         self.published = 0  # PUBLISH records appended: tells a channel its confirm must wait
         self.messages: dict[int, Message] = {}  # live persistent messages by id

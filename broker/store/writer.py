@@ -29,6 +29,11 @@ T = TypeVar("T")
 RETRY_DELAY = 0.5  # seconds between two tries of a round that failed with an OSError
 
 
+def private(path: str, flags: int) -> int:
+    """An ``opener`` for open(): a file it creates is the broker's user's only (0600)."""
+    return os.open(path, flags, 0o600)
+
+
 def segment_name(number: int) -> str:
     return f"{number:010d}.seg"
 
@@ -65,7 +70,7 @@ class Writer(threading.Thread):
         handle = self.files.get(segment)
         if handle is None:
             path = os.path.join(self.directory, segment_name(segment))
-            handle = self.files[segment] = open(path, "ab", buffering=0)  # noqa: SIM115
+            handle = self.files[segment] = open(path, "ab", buffering=0, opener=private)  # noqa: SIM115
         return handle
 
     def _syncer_failed(self, exc: BaseException) -> None:
