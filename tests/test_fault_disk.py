@@ -8,7 +8,9 @@ acked message. Needs root (mount); the test machines run as root.
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pika
+import pytest
 
 from warren.broker.testkit import RunningBroker, run_broker
 
@@ -93,3 +96,51 @@ def test_a_full_disk_recovers_by_itself_and_keeps_every_ack(tmp_path: Path) -> N
         assert set(confirmed) - set(acked) <= numbers, "a confirmed message was lost"
         assert b"after" in back
         assert os.listdir(disk / "data")
+
+
+def test_compaction_waits_for_room_for_its_copies(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # compaction rewrites the oldest segment's live messages at the head of the log: with
+    # less free space than that segment it would run into ENOSPC, so it waits
+    segment = 128 * 1024
+    with small_disk(tmp_path / "disk", "4m") as disk:
+        ballast = disk / "ballast"
+        ballast.write_bytes(b"\0" * (1 << 20))
+        with (
+            caplog.at_level(logging.INFO, logger="warren"),
+            run_broker(
+                data_dir=str(disk / "data"), disk_free_limit_absolute=1, segment_size=segment
+            ) as running,
+        ):
+            conn = pika.BlockingConnection(pika.URLParameters(running.url))
+            ch = conn.channel()
+            ch.confirm_delivery()
+            ch.queue_declare("c.q", durable=True)
+            published = 0
+            while shutil.disk_usage(disk).free > segment // 2:
+                for _ in range(16):
+                    ch.basic_publish("", "c.q", b"x" * 2000, PERSISTENT)
+                    published += 1
+            # ack most of the oldest segment: compaction would start now
+            for _ in range(50):
+                method, _, _ = ch.basic_get("c.q")
+                assert method is not None
+                ch.basic_ack(method.delivery_tag)
+            ch.basic_publish("", "c.q", b"y", PERSISTENT)  # confirmed: the store writes
+            messages = [r.getMessage() for r in caplog.records]
+            assert any("compaction put off" in m for m in messages), messages
+            assert not any("compacting segment" in m for m in messages)
+            assert not alarms(running)
+            ballast.unlink()
+            time.sleep(1.1)  # compaction is looked at again a second after it was put off
+            for _ in range(10):
+                method, _, _ = ch.basic_get("c.q")
+                assert method is not None
+                ch.basic_ack(method.delivery_tag)
+            ch.basic_publish("", "c.q", b"z", PERSISTENT)
+            conn.close()
+            messages = [r.getMessage() for r in caplog.records]
+            assert any("compacting segment" in m for m in messages), messages
+            assert not alarms(running)
+        assert published > 100
