@@ -10,7 +10,7 @@ COMPILED := build/compiled
 COMPILED_STAMP := $(COMPILED)/.built
 COMPILED_SOURCES := $(shell sed -n 's|^    "warren/\(.*\.py\)",$$|\1|p' setup.py)
 
-.PHONY: run test test-pure compile lint typecheck check bench bench-compare conformance crash-test fuzz soak clean \
+.PHONY: run test test-pure compile lint typecheck check bench bench-compare conformance crash-test fuzz fuzz-short soak clean \
 	console-screenshots wheel test-install
 
 # `make run` needs the broker and mypyc (the compiled build); `make test` also the test tools
@@ -149,6 +149,14 @@ fuzz: $(STAMP)
 	$(BIN)/pip install -q --disable-pip-version-check atheris
 	$(BIN)/python tests/fuzz_atheris.py protocol -max_total_time=$(FUZZ_SECONDS)
 	$(BIN)/python tests/fuzz_atheris.py broker -max_total_time=$(FUZZ_SECONDS)
+
+# The same, FUZZ_SHORT_SECONDS per target (about 15 s in all with start-up): meant to run
+# in `make test` and CI, so that a target that stops on its own seeds fails the build
+FUZZ_SHORT_SECONDS ?= 5
+fuzz-short: $(STAMP)
+	$(BIN)/pip install -q --disable-pip-version-check atheris
+	$(BIN)/python tests/fuzz_atheris.py protocol -max_total_time=$(FUZZ_SHORT_SECONDS)
+	$(BIN)/python tests/fuzz_atheris.py broker -max_total_time=$(FUZZ_SHORT_SECONDS)
 
 # 1,000 connections, 5,000 channels, 10,000 queues publishing and consuming for
 # SOAK_MINUTES; fails on an error, a lost confirmed message or broker memory growth

@@ -347,6 +347,9 @@ _KEYS: Mapping[str, _Key] = {
     "handshake_timeout": _Key(
         _int_between(1, None, "expected a positive integer (milliseconds)"), "handshake_timeout"
     ),
+    "connection_max": _Key(
+        _int_or_unlimited(1, "expected a positive integer, or 'infinity'"), "connection_max"
+    ),
     "consumer_timeout": _Key(
         _int_or_unlimited(1, "expected a positive integer (milliseconds), or 'infinity'"),
         "consumer_timeout",
@@ -405,6 +408,13 @@ _KEYS: Mapping[str, _Key] = {
     "warren.clock": _Key(_choice("real", "manual"), "clock"),
     "warren.test_api": _Key(_boolean, "test_api"),
     "warren.frame_min_size": _Key(_frame_min_size, "frame_min_size"),
+    "warren.handshake_max": _Key(
+        _int_between(1, None, "expected a positive integer (connections)"), "handshake_max"
+    ),
+    "warren.descriptor_reserve": _Key(
+        _int_between(0, None, "expected a non-negative integer (descriptors)"),
+        "descriptor_reserve",
+    ),
     "warren.read_coalescing_interval": _Key(
         _int_between(0, 100, "expected an integer from 0 to 100 (milliseconds)"),
         "read_coalescing_interval",
@@ -463,7 +473,6 @@ _IGNORED: tuple[str, ...] = (
     # limits and timeouts Warren does not enforce
     "channel_operation_timeout",
     "channel_max_per_node",
-    "connection_max",
     "ranch_connection_max",
     "session_max_per_connection",
     "link_max_per_session",

@@ -43,6 +43,13 @@ class Settings:
     frame_min_size: int = 8192
     channel_max: int = 2047
     handshake_timeout: int = 10000  # ms
+    connection_max: int | None = None  # None: `infinity`; checked at connection.open
+    # connections accepted but not authenticated yet; past it new ones are closed at once
+    # (warren.handshake_max; broker/server/shell.py admit)
+    handshake_max: int = 1000
+    # descriptors kept free for the store, the definitions and the monitor: below it new
+    # connections are closed at once (warren.descriptor_reserve)
+    descriptor_reserve: int = 100
     # ms a publisher's socket waits between small, quick reads; 0 reads as data arrives
     # (warren.read_coalescing_interval; broker/server/amqp_connection.py Connection._coalesce)
     read_coalescing_interval: int = 1

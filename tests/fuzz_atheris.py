@@ -37,6 +37,7 @@ import atheris  # noqa: E402
 with atheris.instrument_imports():
     from fuzz_support import (
         CONNECTION_CLOSE_CODES,
+        FUZZ_PERMITS,
         Driver,
         handshake_length,
         load_seeds,
@@ -115,7 +116,12 @@ structlog.configure(
     wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
     cache_logger_on_first_use=True,
 )
-SETTINGS = Settings(data_dir=None, management_port=None, prometheus_port=None)
+SETTINGS = Settings(
+    data_dir=None,
+    management_port=None,
+    prometheus_port=None,
+    deprecated_features_permit=FUZZ_PERMITS,  # as test_fuzz_broker.py's broker
+)
 
 
 def _turns(n: int = 3) -> None:

@@ -566,7 +566,7 @@ IGNORED = [
     "classic_queue.default_version = 2",
     "quorum_queue.compute_checksums = false",
     "raft.wal_max_size_bytes = 64000000",
-    "connection_max = 1000",
+    "ranch_connection_max = 1000",
     "definitions.local.path = /defs.json",
 ]
 

@@ -573,7 +573,8 @@ def test_trace_ids_survive_a_restart(tmp_path: Path) -> None:
 
 
 def test_a_store_written_before_trace_ids_is_still_read(tmp_path: Path) -> None:
-    """The first publish record format (type 1, no trace id) is read as before."""
+    """The first publish record format (type 1, no trace id), in a segment written before
+    records had a magic, is read as before."""
     import struct
     import zlib
 
@@ -587,16 +588,21 @@ def test_a_store_written_before_trace_ids_is_still_read(tmp_path: Path) -> None:
         conn.close()
     (segment,) = (tmp_path / "messages").glob("*.seg")
     record = segment.read_bytes()
-    assert record[8] == 5  # PUBLISH with a trace id
-    queue_id = struct.unpack_from(">I", record, 9 + 8)[0]
+    assert record[12] == 5  # PUBLISH with a trace id
+    queue_id = struct.unpack_from(">I", record, 13 + 8)[0]
     props = bytes(record[-len(b"new format") - 3 : -len(b"new format")])  # delivery_mode only
     payload = b"".join((
         struct.pack(">QIdIIdB", 1000, queue_id, 0.0, 0, 0, 0.0, 0),
         b"\x00", b"\x05old.q", struct.pack(">I", len(props)), props, b"old format",
     ))  # fmt: skip
     body = b"\x01" + payload
-    with segment.open("ab") as fh:
-        fh.write(struct.pack(">II", len(body), zlib.crc32(body)) + body)
+    # a segment as Warren wrote them before records had a magic: `length | crc32 | body`;
+    # it is rewritten in the framed format when the store opens
+    first = record[12:]
+    segment.write_bytes(
+        struct.pack(">II", len(first), zlib.crc32(first)) + first
+        + struct.pack(">II", len(body), zlib.crc32(body)) + body
+    )  # fmt: skip
     with run_broker(data_dir=data) as running:
         conn = pika.BlockingConnection(pika.URLParameters(running.url))
         assert drain(conn.channel(), "old.q") == [(b"new format", False), (b"old format", False)]

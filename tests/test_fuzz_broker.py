@@ -35,6 +35,7 @@ import pytest
 from amqp_raw import RawClient
 from fuzz_support import (
     CONNECTION_CLOSE_CODES,
+    FUZZ_PERMITS,
     SOFT_CODES,
     load_seeds,
     mutated_sessions,
@@ -327,12 +328,9 @@ def target() -> Iterator[FuzzTarget]:
             closed[self.peer[1]] = Closed(tuned, self._close_reason)
         original(self)
 
-    # The seeds are sessions of 3.x-era clients (transient queues), and 541 here means an
-    # escaped exception: RabbitMQ 4.3's 541 refusals are permitted away for this broker
-    permits = (("transient_nonexcl_queues", True), ("queue_master_locator", True))
     with (
         pytest.MonkeyPatch.context() as patch,
-        run_broker(handshake_timeout=3000, deprecated_features_permit=permits) as running,
+        run_broker(handshake_timeout=3000, deprecated_features_permit=FUZZ_PERMITS) as running,
     ):
         connection_class = warren.broker.server.amqp_connection.Connection
         patch.setattr(connection_class, "connection_lost", connection_lost)

@@ -66,6 +66,9 @@ class Broker:
         self.stats.track_auth_attempt_source = settings.track_auth_attempt_source
         self.started_at = time.time()
         self.connections: set[Connection] = set()
+        self.handshaking = 0  # connections not authenticated yet (warren.handshake_max)
+        self.refusing = ""  # why new connections are closed at once now (broker/server/shell.py)
+        self.refused_connections = 0
         self.reply_channels: dict[str, Channel] = {}  # direct reply-to token -> channel
         self.tracing = Tracing(self.settings, self.timers)
         self.reaper = Reaper(self.timers)  # broker/engine/reaper.py
@@ -117,8 +120,14 @@ class Broker:
         self.access.persistence = self.persistence
         for vhost in self.vhosts.values():
             vhost.persistence = self.persistence
-        # a dead store writer blocks publishers, as a full disk would (alarm set until restart)
-        self.persistence.messages.on_failure = lambda _: self.set_alarm("message_store", True)
+        # a store writer that cannot write blocks publishers, as a full disk would; the alarm
+        # clears once it writes again (after a restart if the writer died of something else
+        # than an OSError)
+        store = self.persistence.messages
+        store.on_failure = lambda _: self.set_alarm("message_store", True)
+        store.on_recovery = lambda: self.set_alarm("message_store", False)
+        store.low_on_disk = lambda: "disk" in self.alarms
+        store.disk_free_limit = self.settings.disk_free_limit_absolute
         self.persistence.start(self.timers.loop)
 
     def close_store(self) -> None:

@@ -29,6 +29,19 @@ RESTORE_CHUNK = 65536  # recovered records handed to their queues at once
 DELAYED_ID_BASE = 1 << 31
 
 
+def make_private(data_dir: str) -> None:
+    """The data directory and all in it readable by the broker's user only (0700
+    directories, 0600 files): definitions.sqlite3 holds password hashes, the segments
+    message bodies. Files made later inherit the directories' protection (and the stores
+    create theirs 0600)."""
+    os.chmod(data_dir, 0o700)
+    for root, dirs, files in os.walk(data_dir):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o700)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o600)
+
+
 class Persistence:
     def __init__(
         self, data_dir: str, log: Any, *, segment_size: int = 16 * 1024 * 1024, sync: bool = True
@@ -39,6 +52,7 @@ class Persistence:
             os.path.join(data_dir, "messages"), log, segment_size=segment_size, sync=sync
         )
         self._restored_queues: list[Queue] = []
+        make_private(data_dir)
 
     # ---- hooks from the engine ----
 
@@ -220,6 +234,16 @@ class Persistence:
             )  # fmt: skip
 
         stored = self.messages.recover(packs)
+        for queue_id, count in self.messages.recover_losses().items():
+            lost_from = queues_by_id.get(queue_id)
+            self.log.error(
+                "messages lost to damaged records in the message store",
+                queue=lost_from.name if lost_from is not None else None,
+                vhost=lost_from.vhost.name if lost_from is not None else None,
+                queue_id=queue_id or None,
+                lost=count,
+                reason="checksum mismatch" if queue_id else "unreadable record header",
+            )
         now_wall, now_mono = broker.clock.wall(), broker.clock.now()
         # each owner takes its messages in chunks, so that no more than RESTORE_CHUNK records
         # are out of the store's index at once

@@ -141,6 +141,8 @@ class Connection:
         self._handshake_timer: TimerHandle | None = broker.timers.call_later(
             settings.handshake_timeout / 1000, self._handshake_timed_out
         )
+        broker.handshaking += 1  # until it authenticates or goes (warren.handshake_max)
+        self._handshaking = True
 
     # ---- views of the protocol's state (protocol/connection.py owns it) ----
 
@@ -550,20 +552,26 @@ class Connection:
         name = user.decode(errors="replace")
         stats = self.broker.stats
         address = self.peer[0] if self.peer else ""
+        # rabbit_reader:auth_fail/5 (4.3) tells a client with authentication_failure_close
+        # only this text, whatever the reason (a wrong password, or a loopback user from
+        # another address, checked after the password: rabbit_reader:auth_phase/2); the
+        # reason goes to the log. The same answer both ways lets no remote client learn
+        # whether a loopback user's password was right.
+        refused = (
+            f"Login was refused using authentication mechanism {mechanism}. "
+            "For details see the broker logfile."
+        )
         if not self.broker.authenticate(name, password.decode(errors="replace")):
             stats.auth_attempt(False, address, name)
-            self._refuse_login(
-                f"Login was refused using authentication mechanism {mechanism}. "
-                "For details see the broker logfile.",
-                name,
-            )
+            self._refuse_login(refused, name, "invalid credentials")
             return
         if name in self.broker.settings.loopback_users and not self._from_loopback():
             stats.auth_attempt(False, address, name)
-            self._refuse_login(f"user '{name}' can only connect via localhost", name)
+            self._refuse_login(refused, name, f"user '{name}' can only connect via localhost")
             return
         stats.auth_attempt(True, address, name)
         self.user = name
+        self._authenticated()
         settings = self.broker.settings
         self.send_method(
             0,
@@ -574,9 +582,15 @@ class Connection:
             ),
         )
 
-    def _refuse_login(self, detail: str, user: str) -> None:
-        """Log it, ignore the peer, and answer only after a delay that slows guessing down."""
-        self.broker.log.warning(f"login refused for user '{user}'", peer=self.peer, reason=detail)
+    def _authenticated(self) -> None:
+        if self._handshaking:
+            self._handshaking = False
+            self.broker.handshaking -= 1
+
+    def _refuse_login(self, detail: str, user: str, reason: str) -> None:
+        """Log why, ignore the peer, and answer ``detail`` only after a delay that slows
+        guessing down."""
+        self.broker.log.warning(f"login refused for user '{user}'", peer=self.peer, reason=reason)
         self.protocol.stop()
         self._refusal = self.broker.timers.call_later(
             LOGIN_REFUSAL_DELAY, lambda: self._refuse(detail)
@@ -603,6 +617,16 @@ class Connection:
         vhost = self.broker.vhosts.get(method.virtual_host)
         if vhost is None:
             raise ConnectionError_(NOT_ALLOWED, f"vhost {method.virtual_host} not found", 10, 40)
+        node_limit = self.broker.settings.connection_max
+        if node_limit is not None and len(self.broker.connections) > node_limit:
+            # rabbit_reader:is_over_node_connection_limit/1: every connection counts,
+            # this one too, and the check comes before the vhost's
+            raise ConnectionError_(
+                NOT_ALLOWED,
+                f"connection refused: node connection limit ({node_limit}) is reached",
+                10,
+                40,
+            )
         limit = vhost.limits.get("max-connections")
         if limit is not None and limit >= 0:
             open_here = sum(
@@ -714,6 +738,7 @@ class Connection:
             self.transport.close()
 
     def connection_lost(self) -> None:
+        self._authenticated()  # it no longer counts as one in its handshake
         if self.protocol.state is CLOSED:
             return
         self._release()

@@ -25,6 +25,9 @@ class AMQPServerProtocol(asyncio.Protocol):
         self.connection: Connection | None = None
 
     def connection_made(self, transport: Any) -> None:  # uvloop's transports are not subclasses
+        if not admit(self.broker):
+            transport.abort()  # its descriptor is back at once; no byte was read or written
+            return
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -52,6 +55,36 @@ class AMQPServerProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.connection is not None:
             self.connection.resume_writing()
+
+
+def admit(broker: Broker) -> bool:
+    """Whether a connection just accepted may stay: not while ``warren.handshake_max``
+    connections are still in their handshake (not authenticated yet), nor while fewer
+    than ``warren.descriptor_reserve`` descriptors are free (the message store, the
+    definitions database and the resource monitor need them). A refused one is closed
+    at once, before anything is read: a flood of idle sockets cannot take the last
+    descriptors, nor keep the ones it has past handshake_timeout."""
+    settings = broker.settings
+    monitor = broker.monitor
+    reason = ""
+    if broker.handshaking >= settings.handshake_max:
+        reason = f"{broker.handshaking} connections are in their handshake (handshake_max)"
+    elif monitor.descriptors_used + settings.descriptor_reserve >= monitor.descriptor_limit:
+        reason = (
+            f"fewer than {settings.descriptor_reserve} descriptors free "
+            f"(descriptor_reserve; {monitor.descriptors_used} of {monitor.descriptor_limit} open)"
+        )
+    else:
+        monitor.descriptors_used += 1  # counted again at the next check
+        if broker.refusing:
+            broker.log.warning("accepting connections again")
+            broker.refusing = ""
+        return True
+    if reason != broker.refusing:  # once a spell, not once a connection
+        broker.log.warning("refusing new connections", reason=reason)
+        broker.refusing = reason
+    broker.refused_connections += 1
+    return False
 
 
 def tls_context(settings: Settings) -> ssl.SSLContext:

@@ -62,7 +62,7 @@ class Definitions:
 
 class DefinitionStore:
     def __init__(self, directory: str) -> None:
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
         self.path = os.path.join(directory, "definitions.sqlite3")
         self.fresh = not os.path.exists(self.path)
         self.db = sqlite3.connect(self.path, isolation_level=None)

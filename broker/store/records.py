@@ -1,7 +1,15 @@
 """The message log's record format, without I/O.
 
-A record is ``length u32 | crc32 u32 | type u8 | payload``; length and CRC
-cover type and payload, so a torn or garbled tail is detected, never trusted.
+A record is ``magic (4 bytes) | length u32 | crc32 u32 | type u8 | payload``; length
+counts type and payload, and the CRC covers the length, the type and the payload. A
+damaged record is detected, never trusted, and the magic lets a reader find the next
+record after it: scan_records steps over the damage to the next place where the magic
+starts a record whose length and CRC hold, so one flipped byte costs one record, not
+the rest of its segment.
+
+Segments written before the magic (``length | crc32 | type | payload``, CRC over type
+and payload: LEGACY_HEADER_SIZE) are rewritten in this format when the store opens
+(MessageStore.recover, by legacy_records).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ STATE = 4  # delivery count and retry state after a return
 PUBLISH = 5  # PUBLISH_V1 with the message's trace id (broker/tracing/tracer.py)
 
 _head = Struct(">II")
+_magic_head = Struct(">4sII")
 # id, queue, expires (wall), delivery count, retries, retry at, flags; PUBLISH adds the trace id
 _publish_v1 = Struct(">QIdIIdB")
 _publish = Struct(">QIdIIdBQ")
@@ -25,15 +34,25 @@ _id = Struct(">Q")
 _state = Struct(">QIIdB")
 _u32 = Struct(">I")
 
-HEADER_SIZE = 8
+MAGIC = b"\xf7WR1"  # never a legacy segment's first byte (a length under 1 GiB starts 0-0x40)
+HEADER_SIZE = 12
+LEGACY_HEADER_SIZE = 8
 MAX_RECORD = 1 << 30
+DAMAGED = 0  # scan_records: bytes that are no record
 
 FLAG_DELIVERED = 1
 
 
 def _frame(kind: int, payload: bytes) -> bytes:
     body = bytes((kind,)) + payload
-    return _u32.pack(len(body)) + _u32.pack(zlib.crc32(body)) + body
+    length = _u32.pack(len(body))
+    return MAGIC + length + _u32.pack(zlib.crc32(body, zlib.crc32(length))) + body
+
+
+def frame_body(body: bytes | memoryview) -> bytes:
+    """A record of this format around ``body`` (type and payload), e.g. of a legacy record."""
+    length = _u32.pack(len(body))
+    return b"".join((MAGIC, length, _u32.pack(zlib.crc32(body, zlib.crc32(length))), body))
 
 
 def encode_publish(
@@ -182,23 +201,83 @@ def decode_state(data: bytes, start: int) -> tuple[int, int, int, float]:
     return msg_id, count, retries, retry_at
 
 
-def read_records(data: bytes) -> Iterator[tuple[int, int, int]]:
-    """Yield (offset just past the record, type, payload start) until the data ends or breaks.
+def legacy_records(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """Yield (offset just past the record, payload start - 1, end) of a segment written
+    before the magic, until its data ends or breaks (the caller sees where it stopped);
+    ``data[start - 1:end]`` is the record's type and payload."""
+    view = memoryview(data)
+    off = 0
+    size = len(data)
+    crc32 = zlib.crc32
+    while off + LEGACY_HEADER_SIZE <= size:
+        length, crc = _head.unpack_from(data, off)
+        if length == 0 or length > MAX_RECORD or off + LEGACY_HEADER_SIZE + length > size:
+            return
+        start = off + LEGACY_HEADER_SIZE
+        off = start + length
+        if crc32(view[start:off]) != crc:
+            return
+        yield off, start, off
 
-    The payload is ``data[start:end]``, left for the decoders to read in place.
-    The caller compares the last offset with ``len(data)`` to see whether a
-    tail was torn or corrupt.
+
+def is_legacy(data: bytes) -> bool:
+    """A segment written before records had a magic."""
+    return bool(data) and not data.startswith(MAGIC)
+
+
+def _valid_at(data: bytes, view: memoryview, off: int, size: int) -> int:
+    """The end of the record at ``off`` if one is there whole and intact, else 0."""
+    if off + HEADER_SIZE > size:
+        return 0
+    magic, length, crc = _magic_head.unpack_from(data, off)
+    if magic != MAGIC or length == 0 or length > MAX_RECORD:
+        return 0
+    end: int = off + HEADER_SIZE + length
+    if end > size:
+        return 0
+    if zlib.crc32(view[off + HEADER_SIZE : end], zlib.crc32(view[off + 4 : off + 8])) != crc:
+        return 0
+    return end
+
+
+def scan_records(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """Yield (offset just past the record, type, payload start) for every intact record,
+    and (end of the damage, DAMAGED, start of the damage) for each stretch of bytes that
+    holds none: after a damaged record the scan goes on at the next magic that starts an
+    intact one. The payload is ``data[start:end]``, left for the decoders to read in place.
     """
     view = memoryview(data)
     off = 0
     size = len(data)
     crc32 = zlib.crc32
-    while off + HEADER_SIZE <= size:
-        length, crc = _head.unpack_from(data, off)
-        if length == 0 or length > MAX_RECORD or off + HEADER_SIZE + length > size:
-            return
-        start = off + HEADER_SIZE
-        off = start + length
-        if crc32(view[start:off]) != crc:
-            return
-        yield off, data[start], start + 1
+    unpack = _magic_head.unpack_from
+    while off < size:
+        if off + HEADER_SIZE <= size:
+            magic, length, crc = unpack(data, off)
+            end = off + HEADER_SIZE + length
+            if (
+                magic == MAGIC and 0 < length <= MAX_RECORD and end <= size
+                and crc32(view[off + HEADER_SIZE : end], crc32(view[off + 4 : off + 8])) == crc
+            ):  # fmt: skip
+                yield end, data[off + HEADER_SIZE], off + HEADER_SIZE + 1
+                off = end
+                continue
+        damaged = off
+        off = data.find(MAGIC, off + 1)
+        while off >= 0 and not _valid_at(data, view, off, size):
+            off = data.find(MAGIC, off + 1)
+        if off < 0:
+            off = size
+        yield off, DAMAGED, damaged
+
+
+def damaged_publish(data: bytes, off: int, end: int) -> tuple[int, int] | None:
+    """(id, queue id) of the PUBLISH record that seems to start a damaged stretch at
+    ``data[off:end]`` (its header and the first fields intact, its CRC not), for the log
+    to say whose message was lost; None if nothing there can be read as one."""
+    if end - off < HEADER_SIZE + 1 + 12 or data[off : off + 4] != MAGIC:
+        return None
+    if data[off + HEADER_SIZE] not in (PUBLISH, PUBLISH_V1):
+        return None
+    start = off + HEADER_SIZE + 1
+    return decode_id(data, start), queue_of(data, start)

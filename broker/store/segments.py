@@ -58,6 +58,45 @@ KEEP_BACK = 0.0005
 StoredMessage = records.PublishRecord
 
 
+class Damage:
+    """What recovery found damaged: stretches of a segment that hold no intact record.
+
+    A stretch that starts with a readable PUBLISH header names the message it held (its
+    CRC failed); it counts as lost for its queue unless a later record removes it or a
+    compacted copy of it is intact. Other stretches are counted apart (their queue
+    cannot be known). The log says which, per queue, once recovery is done."""
+
+    def __init__(self, log: Any) -> None:
+        self.log = log
+        self.ids: dict[int, int] = {}  # msg id -> queue id of the damaged publish records
+        self.unknown = 0  # damaged stretches that name no message
+        self.tail: int | None = None  # where a damaged tail of the current segment starts
+
+    def found(self, data: bytes, start: int, end: int, path: str) -> None:
+        named = records.damaged_publish(data, start, end)
+        if named is not None:
+            self.ids[named[0]] = named[1]
+        else:
+            self.unknown += 1
+        if end == len(data):
+            self.tail = start  # cut off: the log is appended to after it no more
+        self.log.warning(
+            "message store: damaged records skipped" if end < len(data)
+            else "message store: dropped a torn or corrupt tail",
+            segment=path, offset=start, dropped_bytes=end - start,
+            message_id=named[0] if named else None,
+        )  # fmt: skip
+
+    def by_queue(self) -> dict[int, int]:
+        """Queue id -> messages lost to damaged records (0: records that name none)."""
+        lost: dict[int, int] = {}
+        for queue_id in self.ids.values():
+            lost[queue_id] = lost.get(queue_id, 0) + 1
+        if self.unknown:
+            lost[0] = self.unknown
+        return lost
+
+
 class MessageStore:
     def __init__(
         self, directory: str, log: Any, *, segment_size: int = SEGMENT_SIZE, sync: bool = True
@@ -66,7 +105,7 @@ class MessageStore:
         self.log = log
         self.segment_size = segment_size
         self.sync = sync
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
         self._next_id = 1
         self.published = 0  # PUBLISH records appended: tells a channel its confirm must wait
         self.messages: dict[int, Message] = {}  # live persistent messages by id
@@ -113,6 +152,17 @@ class MessageStore:
         # the writer thread's failure: nothing is written any more, confirms are nacked
         self.error: BaseException | None = None
         self.on_failure: Callable[[BaseException], None] | None = None  # the broker's alarm
+        self.on_recovery: Callable[[], None] | None = None  # ... cleared: writing again
+        self.lost: dict[int, int] = {}  # recovery: queue id -> messages lost to damage
+        # compaction starts only with room for its copies (_room_to_compact): the broker's
+        # disk alarm and disk_free_limit
+        self.low_on_disk: Callable[[], bool] | None = None
+        self.disk_free_limit = 0
+        self._compact_refused_until = 0.0
+        self._compact_refused = False
+        # the writer retries a round that failed with an OSError (a full disk, no descriptor
+        # left): meanwhile ``error`` is that error, and it is None again once it writes
+        self.stalled = False
         # Messages published since the last handoff, by id: [msg, queue id, expires (wall),
         # publishing channel or None, its confirm's seq, handoffs left to wait]. Their
         # records are encoded at the handoff, so one removed before it (acked, expired,
@@ -172,20 +222,21 @@ class MessageStore:
             records.decode_publish, records.decode_id, records.queue_of, records.publish_place
         )  # fmt: skip
         names: dict[bytes, str] = {}
+        damage = Damage(self.log)
         for segment in segments:
             path = os.path.join(self.directory, segment_name(segment))
-            started = time.perf_counter()
-            with open(path, "rb") as fh:
-                data = fh.read()
-            self.io.read_ops += 1
-            self.io.read_bytes += len(data)
-            self.io.read_time += time.perf_counter() - started
+            data = self._read_segment(path)
             end = 0
             last_properties = b""
-            for end, kind, start in records.read_records(data):
+            for end, kind, start in records.scan_records(data):
+                if kind == records.DAMAGED:
+                    damage.found(data, start, end, path)
+                    continue
                 if kind in (publish, publish_v1):
                     queue_id = queue_of(data, start)
                     msg_id = decode_id(data, start)
+                    if damage.ids:
+                        damage.ids.pop(msg_id, None)  # a copy compaction made is intact
                     if msg_id <= index.top and (old := index.find(msg_id)) is not None:
                         self._forget_recovered(index, old, decoded, states, kept)
                     in_ram = kept.get(queue_id, 0)
@@ -222,6 +273,8 @@ class MessageStore:
                     found = index.find(decode_id(data, start))
                     if found is not None:
                         self._forget_recovered(index, found, decoded, states, kept)
+                    elif damage.ids:
+                        damage.ids.pop(decode_id(data, start), None)  # lost, but acked anyway
                 elif kind == delivered:
                     found = index.find(decode_id(data, start))
                     if found is not None:
@@ -242,15 +295,10 @@ class MessageStore:
                         else:
                             block.flags[i] |= STATE_FLAG
                             states[msg_id] = (count, retries, retry_at)
-            if end < len(data):
-                self.log.warning(
-                    "message store: dropped a torn or corrupt tail",
-                    segment=path,
-                    kept_bytes=end,
-                    dropped_bytes=len(data) - end,
-                )
+            if damage.tail is not None:
                 with open(path, "r+b") as fh:
-                    fh.truncate(end)
+                    fh.truncate(damage.tail)
+                damage.tail = None
         for segment in [segment for segment, count in live.items() if count <= 0]:
             del live[segment]
         self._total.update(live)
@@ -258,7 +306,57 @@ class MessageStore:
         if top:
             self._next_id = self.first_id = top + 1
         self._segment = (segments[-1] + 1) if segments else 1
+        self.lost = damage.by_queue()
         return self._recovered(index, decoded, states)
+
+    def recover_losses(self) -> dict[int, int]:
+        """What recovery lost to damaged records: queue id -> messages (0: stretches that
+        name no message, so no queue)."""
+        return self.lost
+
+    def _read_segment(self, path: str) -> bytes:
+        """A segment's bytes at start-up; one written before records had a magic is
+        rewritten in the framed format first (records.py)."""
+        started = time.perf_counter()
+        with open(path, "rb") as fh:
+            data = fh.read()
+        self.io.read_ops += 1
+        self.io.read_bytes += len(data)
+        self.io.read_time += time.perf_counter() - started
+        if records.is_legacy(data):
+            data = self._migrate_legacy(path, data)
+        return data
+
+    def _migrate_legacy(self, path: str, data: bytes) -> bytes:
+        """Rewrite a legacy segment record by record, each with the magic and the new CRC:
+        into a new file, synced, then renamed over the old one, so a crash meanwhile leaves
+        the old file whole (and the next start does it again). Offsets change, but nothing
+        points into the log before recovery."""
+        view = memoryview(data)
+        parts = []
+        end = 0
+        for end, start, _ in records.legacy_records(data):
+            parts.append(records.frame_body(view[start:end]))
+        if end < len(data):
+            self.log.warning(
+                "message store: dropped a torn or corrupt tail",
+                segment=path, kept_bytes=end, dropped_bytes=len(data) - end,
+            )  # fmt: skip
+        new = b"".join(parts)
+        temporary = path + ".migrating"
+        with open(temporary, "wb") as fh:
+            fh.write(new)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(temporary, path)
+        directory = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+        self.log.info("message store: segment rewritten with framed records", segment=path,
+                      records=len(parts))  # fmt: skip
+        return new
 
     def _forget_recovered(
         self,
@@ -331,7 +429,10 @@ class MessageStore:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._writer = Writer(self.directory, loop, self._on_synced, self.sync, self._writer_failed)
+        self._writer = Writer(
+            self.directory, loop, self._on_synced, self.sync, self._writer_failed,
+            self._writer_stalled,
+        )  # fmt: skip
         self._writer.io = self.io
         self._writer.start()
         self._collect_garbage()  # what recovery found dead goes now that the writer runs
@@ -630,7 +731,8 @@ class MessageStore:
             return
         self.error = error
         self.log.error(
-            "message store writer failed: persistent messages are no longer written",
+            "message store writer failed: persistent messages are no longer written"
+            + (" until it can write again" if self.stalled else ""),
             error=f"{error.__class__.__name__}: {error}",
             directory=self.directory,
         )
@@ -643,6 +745,25 @@ class MessageStore:
             callback(False)
         if self.on_failure is not None:
             self.on_failure(error)
+
+    def _writer_stalled(self, error: OSError | None) -> None:
+        """The writer failed to write a round and retries it (``error``), or wrote it
+        (None). While it retries, publishes waiting for the disk are nacked, new ones too,
+        and transactions fail, as when it dies; acks and every other record wait in order
+        and are written once it can, so none is lost. The alarm clears by itself then."""
+        if error is not None:
+            if self.stalled or self.error is not None:
+                return
+            self.stalled = True
+            self._writer_failed(error)
+            return
+        if not self.stalled:
+            return
+        self.stalled = False
+        self.error = None
+        self.log.warning("message store writes again", directory=self.directory)
+        if self.on_recovery is not None:
+            self.on_recovery()
 
     # ---- paging bodies out of memory ----
 
@@ -917,9 +1038,42 @@ class MessageStore:
                 continue
             if self.reaping:
                 return
-            if self._live[oldest] < self._total[oldest] * COMPACT_BELOW or self._blocked():
+            if (
+                self._live[oldest] < self._total[oldest] * COMPACT_BELOW or self._blocked()
+            ) and self._room_to_compact(oldest):
                 self._compact(oldest)
             return
+
+    def _room_to_compact(self, segment: int) -> bool:
+        """Compaction writes up to a segment's worth of copies: it starts only if they can
+        be written whole, so not while the writer retries a failed write, nor while the
+        disk alarm is on, nor if the copies would leave less than ``disk_free_limit`` free.
+        Refused, it is tried again at a later collection (at most once a second)."""
+        now = time.monotonic()
+        if now < self._compact_refused_until:
+            return False
+        reason = ""
+        if self.stalled or self.error is not None:
+            reason = "the writer cannot write"
+        elif self.low_on_disk is not None and self.low_on_disk():
+            reason = "the disk alarm is on"
+        else:
+            try:
+                size = os.path.getsize(os.path.join(self.directory, segment_name(segment)))
+                free = shutil.disk_usage(self.directory).free
+            except OSError as exc:
+                reason = f"free space unknown: {exc}"
+            else:
+                if free - size < self.disk_free_limit:
+                    reason = f"{free} bytes free, the copies may take {size}"
+        if not reason:
+            self._compact_refused = False
+            return True
+        self._compact_refused_until = now + 1.0
+        if not self._compact_refused:  # once a spell
+            self._compact_refused = True
+            self.log.warning("message store: compaction put off", segment=segment, reason=reason)
+        return False
 
     def reaped(self) -> None:
         """The reaper has let go of one purged queue's messages: compaction may go on."""
@@ -1013,6 +1167,8 @@ class MessageStore:
         for fd in self._readers.values():
             os.close(fd)
         self._readers.clear()
+        if self.stalled:
+            self._writer.closing.set()  # a round it cannot write is given up, not waited for
         self._writer.jobs.put(("stop", 0, b"", -1))
         self._writer.join(10)
         self._writer = None

@@ -38,6 +38,7 @@ from warren.broker.engine.arguments import wire_type
 from warren.broker.engine.message import GONE, UNACKED, Message
 from warren.broker.engine.queue import Queue
 from warren.broker.engine.timers import Deadline
+from warren.broker.store.writer import private
 from warren.protocol.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
 from warren.protocol.errors import ChannelError, ConnectionError_
 from warren.protocol.frames import content_frames
@@ -333,7 +334,9 @@ class StreamLog:
         self.directory = directory
         self.log = log
         if not os.path.isdir(directory):
-            os.makedirs(directory)
+            # the broker's user's only, the streams directory too (makedirs' mode is the leaf's)
+            os.makedirs(os.path.dirname(directory), mode=0o700, exist_ok=True)
+            os.mkdir(directory, mode=0o700)
             if store.sync:  # its name, and the streams directory's, survive a power loss
                 _sync_directory(os.path.dirname(directory))
                 _sync_directory(os.path.dirname(os.path.dirname(directory)))
@@ -425,7 +428,7 @@ class StreamLog:
 
     def _open_new(self, first: int) -> None:
         path = os.path.join(self.directory, f"{first:020d}.seg")
-        self._handle = open(path, "ab", buffering=0)  # noqa: SIM115
+        self._handle = open(path, "ab", buffering=0, opener=private)  # noqa: SIM115
         self.segments.append(Segment(path, first))
         if self.store.sync:  # the new file's name is durable before any confirm depends on it
             _sync_directory(self.directory)
