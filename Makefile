@@ -51,6 +51,7 @@ test: $(STAMP) $(CHROMIUM) $(GO_AMQP) $(GCC)
 	$(BIN)/ruff check broker protocol config tests pipeline warren
 	$(BIN)/lint-imports
 	$(BIN)/mypy
+	$(MAKE) -s fuzz-short
 	mkdir -p build
 	$(MAKE) -s compile >build/compile.log 2>&1 & compiling=$$!; \
 	$(PURE_PYTEST); tests=$$?; \
