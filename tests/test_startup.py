@@ -114,7 +114,63 @@ def test_a_taken_port_exits_1(tmp_path: Path) -> None:
             timeout=30,
         )
     assert out.returncode == 1
-    assert "warren-server: cannot listen" in out.stderr
+    # the taken listener named: address, port, its setting and the flag that moves it
+    port = args[1]
+    assert f"warren-server: cannot listen on 127.0.0.1:{port}: Address already in use" in out.stderr
+    assert "listeners.tcp.default" in out.stderr and "--port moves it" in out.stderr
+
+
+def test_a_taken_metrics_port_is_named(tmp_path: Path) -> None:
+    """The case met in practice: RabbitMQ's Prometheus plugin already holds 15692."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = tmp_path / "rabbitmq.conf"
+        config.write_text(f"prometheus.tcp.port = {port}\nprometheus.tcp.ip = 127.0.0.1\n")
+        args = ["--config", str(config), "--port", "0", "--bind", "127.0.0.1"]
+        args += ["--management-port", "none", "--data-dir", str(tmp_path)]
+        out = subprocess.run(
+            [sys.executable, "-m", "warren", *args], capture_output=True, text=True, timeout=30
+        )
+    assert out.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in out.stderr
+    assert "prometheus.tcp.port" in out.stderr and "--prometheus-port moves it" in out.stderr
+
+
+def test_readiness_line_as_rabbitmq_prints_it(tmp_path: Path) -> None:
+    """rabbit.erl, log_broker_started/1 (4.3): "Server startup complete; ~b plugins
+    started." then " * Plugin" per plugin, logged once the listeners accept (the line
+    testcontainers' RabbitMQContainer waits for). Every listener accepts when it shows."""
+    args = ["--port", "0", "--bind", "127.0.0.1", "--data-dir", str(tmp_path)]
+    args += ["--management-port", "0", "--prometheus-port", "0"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "warren", *args], stderr=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    try:
+        assert proc.stderr is not None
+        lines: list[str] = []
+        for line in proc.stderr:
+            lines.append(line)
+            if "Server startup complete" in line:
+                break
+        ports = [
+            int(line.split("address=")[1].split()[0].rsplit(":", 1)[1])
+            for line in lines
+            if "address=" in line
+        ]
+        assert len(ports) == 3, lines  # AMQP, management, prometheus
+        for port in ports:  # each accepts before the line is out
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        count = int(lines[-1].split("Server startup complete; ")[1].split()[0])
+        assert lines[-1].rstrip().endswith(f"Server startup complete; {count} plugins started.")
+        plugins = [next(proc.stderr).rstrip() for _ in range(count)]
+        names = [line.rsplit(" * ", 1)[1] for line in plugins]
+        assert "rabbitmq_management" in names and "rabbitmq_prometheus" in names
+        assert names == sorted(names)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
 
 
 def test_http_endpoint_ports_from_the_command_line(tmp_path: Path) -> None:

@@ -15,11 +15,36 @@ import contextlib
 import errno
 import ipaddress
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 ALL_ADDRESSES = ""  # Listener.host of a port-only listener
 # errors of a kernel without IPv6 (Linux, FreeBSD): such a host listens on IPv4 only
 _NO_IPV6 = (errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT, errno.EADDRNOTAVAIL)
+
+
+class ListenError(OSError):
+    """A listener that could not bind, named by its address, its setting and the flag that
+    moves it: "Address already in use" alone does not say which of three ports is taken."""
+
+    def __init__(self, exc: OSError, host: str, port: int, setting: str, flag: str) -> None:
+        where = f"[{host}]" if ":" in host else (host or "0.0.0.0")
+        super().__init__(
+            exc.errno,
+            f"{where}:{port}: {exc.strerror or exc} (this is {setting} in the configuration"
+            f" file{f'; {flag} moves it' if flag else ''})",
+        )
+
+
+@contextlib.contextmanager
+def naming(host: str, port: int, setting: str, flag: str) -> Iterator[None]:
+    """Re-raise an OSError from binding as a ListenError that names the listener."""
+    try:
+        yield
+    except ListenError:
+        raise
+    except OSError as exc:
+        raise ListenError(exc, host, port, setting, flag) from exc
 
 
 def listen_sockets(host: str, port: int, backlog: int = 1024) -> list[socket.socket]:

@@ -140,6 +140,12 @@ async def serve(settings: Settings) -> None:
     ):
         if http_port:
             log.info(f"{name} listening", address=f"{ip}:{http_port}")
+    # Last, once every listener accepts: testcontainers and compose set-ups wait for this line
+    # (rabbit.erl, log_broker_started/1: one message, a line per plugin after the count).
+    plugins = started_plugins(server.management_port, server.prometheus_port)
+    log.info(f"Server startup complete; {len(plugins)} plugins started.")
+    for plugin in plugins:
+        log.info(f" * {plugin}")
     endpoints = _write_endpoints(settings, server.management_port)
     try:
         await stop.wait()
@@ -148,6 +154,21 @@ async def serve(settings: Settings) -> None:
             endpoints.unlink(missing_ok=True)
     log.info("shutting down", connections=len(server.broker.connections))
     await server.stop()
+
+
+# The RabbitMQ plugins whose work Warren does itself, by what they need to be running.
+ALWAYS_STARTED = ("rabbitmq_consistent_hash_exchange", "rabbitmq_delayed_message_exchange")
+MANAGEMENT_PLUGINS = ("rabbitmq_management", "rabbitmq_management_agent", "rabbitmq_web_dispatch")
+
+
+def started_plugins(management_port: int | None, prometheus_port: int | None) -> list[str]:
+    """The plugin names a RabbitMQ node doing what this one does would have started."""
+    names = list(ALWAYS_STARTED)
+    if management_port:
+        names += MANAGEMENT_PLUGINS
+    if prometheus_port:
+        names += ("rabbitmq_prometheus", "rabbitmq_web_dispatch")
+    return sorted(set(names))
 
 
 def _write_endpoints(settings: Settings, management_port: int | None) -> Path | None:
@@ -218,7 +239,12 @@ def main(argv: list[str] | None = None) -> int:
         _print_config_errors(exc)
         return 2
     except OSError as exc:
-        print(f"warren-server: cannot listen: {exc}", file=sys.stderr)
+        from warren.broker.server.listen import ListenError
+
+        if isinstance(exc, ListenError):  # names the address, the port, setting and flag
+            print(f"warren-server: cannot listen on {exc.strerror}", file=sys.stderr)
+        else:
+            print(f"warren-server: cannot listen: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -15,7 +15,7 @@ from warren.broker.engine.broker import Broker
 from warren.broker.engine.timers import Timers
 from warren.broker.ops.management.core import Management
 from warren.broker.server.amqp_connection import Connection
-from warren.broker.server.listen import display_host, listen_sockets
+from warren.broker.server.listen import display_host, listen_sockets, naming
 from warren.config import Settings
 
 
@@ -129,7 +129,10 @@ class Server:
 
             load_definitions(self.management, self.settings.load_definitions)
         for listener in self.settings.listeners:
-            for sock in listen_sockets(listener.host, listener.port):
+            where = (listener.host, listener.port, f"listeners.tcp.{listener.name}", "--port")
+            with naming(*where):
+                socks = listen_sockets(listener.host, listener.port)
+            for sock in socks:
                 server = await loop.create_server(
                     lambda: AMQPServerProtocol(self.broker), sock=sock, backlog=1024
                 )
@@ -137,7 +140,10 @@ class Server:
         if self.settings.ssl_listeners:
             context = tls_context(self.settings)
             for listener in self.settings.ssl_listeners:
-                for sock in listen_sockets(listener.host, listener.port):
+                setting = f"listeners.ssl.{listener.name}"
+                with naming(listener.host, listener.port, setting, ""):
+                    socks = listen_sockets(listener.host, listener.port)
+                for sock in socks:
                     server = await loop.create_server(
                         lambda: AMQPServerProtocol(self.broker),
                         sock=sock,
@@ -159,18 +165,18 @@ class Server:
 
             site = management_app(mgmt)
             self.http_sites.append(site)
-            mgmt.management_port = await site.start(
-                settings.management_ip, settings.management_port
-            )
+            where = (settings.management_ip, settings.management_port)
+            with naming(*where, "management.tcp.port", "--management-port"):
+                mgmt.management_port = await site.start(*where)
         if settings.prometheus_port is not None:
             from warren.broker.ops.management.app import HttpSite
             from warren.broker.ops.metrics import MetricsApp
 
             site = HttpSite(MetricsApp(mgmt).app)
             self.http_sites.append(site)
-            mgmt.prometheus_port = await site.start(
-                settings.prometheus_ip, settings.prometheus_port
-            )
+            where = (settings.prometheus_ip, settings.prometheus_port)
+            with naming(*where, "prometheus.tcp.port", "--prometheus-port"):
+                mgmt.prometheus_port = await site.start(*where)
         if self.http_sites:
             mgmt.rates.start()
 
