@@ -495,6 +495,15 @@ class ProtocolConnection(Generic[OwnerT]):
             )
         class_id: int = read_i16_be(payload, 0)  # then the weight, then the body size
         class_id &= 0xFFFF
+        if payload[2] or payload[3]:
+            # RabbitMQ 4.3 (rabbit_command_assembler.erl, process/2) matches only weight 0
+            # as a content header; any other frame there is this error
+            raise ConnectionError_(
+                UNEXPECTED_FRAME,
+                "expected content header for class 60, got non content header frame instead",
+                60,
+                40,
+            )
         body_size: int = read_i64_be(payload, 4)
         if body_size < 0:  # an unsigned 64-bit size past 2**63
             body_size += 1 << 64

@@ -113,10 +113,9 @@ def test_unknown_queue_type_refused(client: RawClient, name: str) -> None:
 # -- delivery counts ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("how", ["nack", "reject"])
-def test_failed_deliveries_are_counted(
-    client: RawClient, janitor: Janitor, name: str, how: str
-) -> None:
+def test_reject_with_requeue_is_counted(client: RawClient, janitor: Janitor, name: str) -> None:
+    """RabbitMQ 4.3, rabbit_channel.erl handle_method basic.reject: requeue=true settles
+    with settle(DeliveryFailed = true, _), which rabbit_fifo counts as a failed delivery."""
     q = quorum(client, janitor, name)
     publish(client, q, b"m", properties=props(headers={"app": "x"}))
     client.channel_open(3)
@@ -125,11 +124,37 @@ def test_failed_deliveries_are_counted(
     for _ in range(3):
         d = client.read_delivery(3)
         seen.append((d.method.redelivered, delivery_count(d)))
-        (nack if how == "nack" else reject)(client, 3, d)
+        reject(client, 3, d)
     assert seen == [(False, None), (True, 1), (True, 2)]
     d = client.read_delivery(3)
     assert typed_headers(d)["app"] == ("S", "x")  # the publisher's headers are kept
     client.ack(3, d.method.delivery_tag)
+
+
+def test_nack_with_requeue_is_not_counted(
+    client: RawClient, janitor: Janitor, name: str, dlq: str
+) -> None:
+    """RabbitMQ 4.3, rabbit_channel.erl handle_method basic.nack: requeue=true is the
+    plain ``requeue`` settle op, which rabbit_fifo does not count toward delivery-limit
+    (3.x counted it). With x-delivery-limit 1, three nacks keep the message."""
+    q = quorum(client, janitor, name, **{"x-delivery-limit": 1, "x-dead-letter-exchange": dlq})
+    publish(client, q, b"m")
+    client.channel_open(3)
+    client.consume(3, q, consumer_tag="c")
+    seen = []
+    for _ in range(3):
+        d = client.read_delivery(3)
+        seen.append((d.method.redelivered, delivery_count(d)))
+        nack(client, 3, d)
+    d = client.read_delivery(3)
+    assert seen == [(False, None), (True, None), (True, None)]
+    assert d.body == b"m" and delivery_count(d) is None
+    reject(client, 3, d)  # a reject counts: 1, still within the limit
+    d = client.read_delivery(3)
+    assert delivery_count(d) == 1
+    reject(client, 3, d)  # 2 > 1: dead-lettered
+    (entry,) = deaths(client.read_delivery(2))
+    assert entry["reason"] == ("S", "delivery_limit")
 
 
 def test_closed_channel_counts_as_a_failed_delivery(
@@ -185,7 +210,7 @@ def test_past_the_limit_dead_lettered_with_reason_delivery_limit(
     client.channel_open(3)
     client.consume(3, q, consumer_tag="c")
     for _ in range(3):  # the first delivery and two redeliveries
-        nack(client, 3, client.read_delivery(3))
+        reject(client, 3, client.read_delivery(3))
     dead = client.read_delivery(2)
     assert dead.body == b"poison"
     (entry,) = deaths(dead)
@@ -215,7 +240,7 @@ def test_past_the_limit_without_dead_letter_exchange_dropped(
         if d.body == b"fine":
             client.ack(3, d.method.delivery_tag)
             break
-        nack(client, 3, d)
+        reject(client, 3, d)
     assert (b"poison", 1) in deliveries and (b"poison", 2) not in deliveries
     client.assert_silent(0.1)
     assert message_count(client, q) == 0
@@ -226,7 +251,7 @@ def test_delivery_limit_zero(client: RawClient, janitor: Janitor, name: str, dlq
     publish(client, q, b"once")
     client.channel_open(3)
     client.consume(3, q, consumer_tag="c")
-    nack(client, 3, client.read_delivery(3))
+    reject(client, 3, client.read_delivery(3))
     (entry,) = deaths(client.read_delivery(2))
     assert entry["reason"] == ("S", "delivery_limit")
 
@@ -238,7 +263,7 @@ def test_reject_without_requeue_is_reason_rejected(
     publish(client, q, b"m")
     client.channel_open(3)
     client.consume(3, q, consumer_tag="c")
-    nack(client, 3, client.read_delivery(3))
+    reject(client, 3, client.read_delivery(3))
     reject(client, 3, client.read_delivery(3), requeue=False)
     (entry,) = deaths(client.read_delivery(2))
     assert entry["reason"] == ("S", "rejected")
@@ -250,7 +275,7 @@ def test_ack_after_redeliveries_settles(client: RawClient, janitor: Janitor, nam
     client.channel_open(3)
     client.consume(3, q, consumer_tag="c")
     for _ in range(3):
-        nack(client, 3, client.read_delivery(3))
+        reject(client, 3, client.read_delivery(3))
     last = client.read_delivery(3)
     assert delivery_count(last) == 3  # the limit itself is still delivered
     client.ack(3, last.method.delivery_tag)

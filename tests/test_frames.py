@@ -416,6 +416,23 @@ def test_content_header_for_wrong_class(client: RawClient) -> None:
     )
 
 
+@pytest.mark.parametrize("weight", [1, 0x8000], ids=["1", "high-bit"])
+def test_content_header_with_a_weight(client: RawClient, weight: int) -> None:
+    """RabbitMQ 4.3, rabbit_common/src/rabbit_command_assembler.erl process/2: only a
+    weight of 0 is a content header; anything else falls to the "non content header"
+    clause, a connection-level 505."""
+    client.send_frame(FRAME_METHOD, 1, publish_method())
+    head = b"\x00\x3c" + weight.to_bytes(2, "big") + (3).to_bytes(8, "big") + b"\x00\x00"
+    client.send_frame(FRAME_HEADER, 1, head)
+    assert client.expect_close() == (
+        505,
+        "UNEXPECTED_FRAME - expected content header for class 60, "
+        "got non content header frame instead",
+        60,
+        40,
+    )
+
+
 def test_method_in_the_middle_of_a_body(client: RawClient) -> None:
     client.send_frame(FRAME_METHOD, 1, publish_method())
     client.send_frame(FRAME_HEADER, 1, header_payload(10))

@@ -308,6 +308,28 @@ def test_delivery_limit_smaller_of_argument_and_policy(
     client.consume(3, q, consumer_tag="c")
     for _ in range(2):  # limit 1: the second failed delivery is past it
         d = client.read_delivery(3)
-        client.send_method(3, commands.Basic.Nack(delivery_tag=d.method.delivery_tag))
+        # a reject counts, a nack does not (RabbitMQ 4.3, rabbit_channel.erl basic.reject)
+        client.send_method(3, commands.Basic.Reject(delivery_tag=d.method.delivery_tag))
     (entry,) = deaths(client.read_delivery(2))
+    assert entry["reason"] == ("S", "delivery_limit")
+
+
+def test_policy_changes_delivery_limit_of_a_declared_queue(
+    policies: Policies, client: RawClient, janitor: Janitor, qname: str, dlq: str
+) -> None:
+    """RabbitMQ 4.3, rabbit_quorum_queue.erl maybe_apply_policies/2: a policy whose
+    delivery-limit differs from the running one is applied (policy_changed) at once."""
+    q = declare(
+        client, janitor, qname, durable=True,
+        **{"x-queue-type": "quorum", "x-dead-letter-exchange": dlq},
+    )  # fmt: skip
+    publish(client, q, b"poison")
+    client.channel_open(3)
+    client.consume(3, q, consumer_tag="c")
+    d = client.read_delivery(3)
+    client.send_method(3, commands.Basic.Reject(delivery_tag=d.method.delivery_tag))
+    d = client.read_delivery(3)  # count 1, within the default limit of 20
+    policies.set(qname, only(qname), {"delivery-limit": 1})
+    client.send_method(3, commands.Basic.Reject(delivery_tag=d.method.delivery_tag))
+    (entry,) = deaths(client.read_delivery(2))  # count 2 > the policy's 1
     assert entry["reason"] == ("S", "delivery_limit")

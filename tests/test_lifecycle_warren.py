@@ -107,6 +107,11 @@ def nack(c: RawClient, channel: int, d: Delivery, requeue: bool = True) -> None:
     c.send_method(channel, commands.Basic.Nack(delivery_tag=d.method.delivery_tag, requeue=requeue))
 
 
+def reject(c: RawClient, channel: int, d: Delivery) -> None:
+    """A counted failure on a quorum queue in 4.3 (rabbit_channel.erl basic.reject)."""
+    c.send_method(channel, commands.Basic.Reject(delivery_tag=d.method.delivery_tag))
+
+
 def named(text: str, arg: str, value: str) -> None:
     assert text.startswith(f"PRECONDITION_FAILED - invalid arg '{arg}' for queue '"), (
         f"the text does not name {arg}: {text}"
@@ -236,7 +241,7 @@ def test_invalid_policy_values_refused(definition: dict[str, Any]) -> None:
 
 
 def fail_until_dead(c: RawClient, q: str, dlq_channel: int = 2) -> list[int | None]:
-    """Consume ``q`` on channel 3 and nack every delivery until the copy reaches the DLQ."""
+    """Consume ``q`` on channel 3 and reject every delivery until the copy reaches the DLQ."""
     c.channel_open(3)
     c.qos(3, 1)
     c.consume(3, q, consumer_tag="failing")
@@ -250,7 +255,7 @@ def fail_until_dead(c: RawClient, q: str, dlq_channel: int = 2) -> list[int | No
             assert entry["reason"] == ("S", "delivery_limit")
             return counts_seen
         counts_seen.append(delivery_count(d))
-        nack(c, 3, d)
+        reject(c, 3, d)
 
 
 def test_quorum_default_delivery_limit_is_20(client: RawClient, qname: str, dlq: str) -> None:
@@ -268,7 +273,7 @@ def test_delivery_limit_minus_one_means_none(client: RawClient, qname: str) -> N
     client.channel_open(3)
     client.consume(3, qname, consumer_tag="c")
     for _ in range(25):
-        nack(client, 3, client.read_delivery(3))
+        reject(client, 3, client.read_delivery(3))
     d = client.read_delivery(3)
     assert delivery_count(d) == 25
     client.ack(3, d.method.delivery_tag)
@@ -319,7 +324,7 @@ def test_consumer_timeout_return_is_not_a_failed_delivery(
     assert again is not None
     assert again.method.redelivered
     assert delivery_count(again) is None  # not counted: the consumer timed out, it did not fail
-    nack(client, 1, again)
+    reject(client, 1, again)
     third = client.get(1, qname, no_ack=True)
     assert third is not None and delivery_count(third) == 1
 

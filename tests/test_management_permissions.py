@@ -44,7 +44,7 @@ def warren() -> Iterator[RunningBroker]:
             if perms is not None:
                 api.ok("PUT", f"/api/permissions/%2F/{user}", perms)
         api.ok("PUT", "/api/vhosts/other")
-        for queue in ("cq", "wq", "rq"):
+        for queue in ("cq", "wq", "rq", "zq"):  # zq: bob has no permission on it
             api.ok("PUT", f"/api/queues/%2F/{queue}", {"durable": True})
         for exchange in ("cx", "wx", "rx"):
             api.ok("PUT", f"/api/exchanges/%2F/{exchange}", {"type": "direct"})
@@ -97,6 +97,29 @@ AMQP_CASES: list[Any] = [
     ("queue.declare", lambda ch: ch.queue_declare("q1", durable=True), refused("queue", "q1")),
     ("queue.declare allowed", lambda ch: ch.queue_declare("cq", durable=True), "ok"),
     ("queue.declare passive needs none", lambda ch: ch.queue_declare("rq", passive=True), "ok"),
+    # RabbitMQ 4.3, rabbit_channel.erl handle_method queue.declare passive=true:
+    # check_any_resource_access_permitted/3 wants read, write or configure (configure last,
+    # so that a refusal reads as a declare's)
+    pytest.param(
+        "queue.declare passive with write only",
+        lambda ch: ch.queue_declare("wq", passive=True),
+        "ok",
+        id="passive-write-only",
+    ),
+    pytest.param(
+        "queue.declare passive without any permission",
+        lambda ch: ch.queue_declare("zq", passive=True),
+        refused("queue", "zq"),
+        id="passive-no-permission",
+    ),
+    # rabbit_channel.erl handle_method queue.declare: check_name/2 before
+    # check_configure_permitted/3, so the reserved prefix is named, not the permission
+    pytest.param(
+        "queue.declare amq.gen-foo without configure permission",
+        lambda ch: ch.queue_declare("amq.gen-foo"),
+        (403, "ACCESS_REFUSED - queue name 'amq.gen-foo' contains reserved prefix 'amq.*'"),
+        id="reserved-prefix-before-permission",
+    ),
     (
         "queue.bind needs write on queue",
         lambda ch: ch.queue_bind("cq", "amq.direct", "k"),

@@ -161,6 +161,18 @@ class Channel:
         if len(self._allowed) < 1024:
             self._allowed.add(key)
 
+    def _allow_any(self, resource: str, name: str) -> None:
+        """A passive declare: any of read, write or configure will do, and a refusal reads as
+        a declare's (RabbitMQ 4.3, rabbit_channel.erl check_any_resource_access_permitted/3
+        tries configure last)."""
+        for kind in ("read", "write"):
+            try:
+                self.allow(kind, resource, name)
+            except ChannelError:
+                continue
+            return
+        self.allow("configure", resource, name)
+
     def reply(self, method: Any) -> None:
         self.conn.send_method(self.id, method)
 
@@ -627,7 +639,9 @@ class Channel:
             if (tracer := self.vhost.tracer) is not None:
                 tracer.nacked(queue, group, requeue, rejected)
             if requeue:
-                queue.return_unacked(group, "nack")
+                # 4.3 counts only a reject toward delivery-limit (rabbit_channel.erl:
+                # basic.reject requeue gives settle(true, false), basic.nack gives requeue)
+                queue.return_unacked(group, "nack", counted=rejected)
             else:
                 for msg in group:
                     queue.rejected(msg)
@@ -901,7 +915,15 @@ class Channel:
         server_named = not name and not method.passive
         if server_named:
             name = self.vhost.new_queue_name()
-        if not method.passive:
+        if method.passive:
+            self._allow_any("queue", name)
+        else:
+            if name.startswith("amq.") and not server_named:
+                # RabbitMQ 4.3 (rabbit_channel.erl, handle_method queue.declare): check_name/2
+                # comes before check_configure_permitted/3
+                raise ChannelError(
+                    ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'"
+                )
             self.allow("configure", "queue", name)
             self.conn.broker.stats.queues_declared += 1  # as RabbitMQ: once permitted
             dlx = (method.arguments or {}).get("x-dead-letter-exchange")

@@ -630,12 +630,16 @@ class Queue:
         self.unacked_count -= 1
         self._dead_letter(msg, "rejected")
 
-    def return_unacked(self, msgs: list[Message], why: str, failed: bool = True) -> None:
+    def return_unacked(
+        self, msgs: list[Message], why: str, failed: bool = True, counted: bool = True
+    ) -> None:
         """Unacked messages of this queue come back (channel closed, nack, recover, timeout).
 
         ``why`` is the trace's reason (broker/tracing/tracer.py: nack, channel_closed, ...).
         ``failed`` is False for consumer-timeout returns, which do not count as a failed
-        delivery attempt (RabbitMQ 4.3).
+        delivery attempt (RabbitMQ 4.3). ``counted`` is False for a nack or basic.recover
+        with requeue, a plain requeue that leaves the delivery count alone (RabbitMQ 4.3,
+        rabbit_channel.erl handle_method basic.nack: ``requeue``, not ``settle(true, _)``).
         """
         if self._blocked:
             for msg in msgs:
@@ -646,7 +650,8 @@ class Queue:
             for msg in live:
                 self._gone(msg)
             return
-        if failed and self.counts_deliveries:
+        # a nack still counts as an attempt of Warren's delayed retry on other queue types
+        if failed and self.counts_deliveries and (counted or self.queue_type != "quorum"):
             live = self._count_failed_delivery(live)
         if self.retry.enabled and self.retry.applies(failed):
             self._delay(live, why)

@@ -1015,7 +1015,9 @@ class StreamQueue(Queue):
             msg.state = GONE
             self._credit(msg)
 
-    def return_unacked(self, msgs: list[Message], why: str, failed: bool = True) -> None:
+    def return_unacked(
+        self, msgs: list[Message], why: str, failed: bool = True, counted: bool = True
+    ) -> None:
         for msg in msgs:
             self.rejected(msg)
         if not self.deleted:
