@@ -316,3 +316,21 @@ def test_a_vhost_keeps_its_type_across_restarts(tmp_path: Path, name: str) -> No
         assert api(running).ok("GET", "/api/vhosts/%2F")["default_queue_type"] == "stream"
     with run_broker(data_dir=data, management_port=0) as running:
         assert api(running).ok("GET", "/api/vhosts/%2F")["default_queue_type"] == "stream"
+
+
+@pytest.mark.parametrize("sent", ["", "undefined"], ids=["empty", "undefined"])
+def test_empty_or_undefined_queue_type_takes_the_vhost_default(name: str, sent: str) -> None:
+    """rabbit_amqqueue:get_queue_type/2 (4.3.5): x-queue-type "" or "undefined" is the
+    vhost's default type (check_declare_arguments/3 validates with it injected), through pika."""
+    import pika
+
+    with run_broker(default_queue_type="quorum", management_port=0) as running:
+        conn = pika.BlockingConnection(pika.ConnectionParameters(running.host, running.port))
+        try:
+            ch = conn.channel()
+            ok = ch.queue_declare(name, durable=True, arguments={"x-queue-type": sent})
+            assert ok.method.queue == name
+        finally:
+            conn.close()
+        shown = api(running).ok("GET", f"/api/queues/%2F/{name}")
+        assert shown["type"] == "quorum"

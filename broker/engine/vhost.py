@@ -361,6 +361,13 @@ class VirtualHost:
         not exclusive, not auto-delete; a transient non-exclusive queue also needs
         ``transient_nonexcl_queues`` permitted), else ``classic``. ``classic`` is written too,
         so the stored arguments, the API and the definitions show it."""
+        if arguments.get("x-queue-type") in ("", "undefined"):
+            # 4.3 (rabbit_amqqueue:get_queue_type/2) takes these as the vhost's default type,
+            # without the fit check below; Warren stores the type taken, not the text sent
+            typed = TypedTable(arguments)
+            typed.types = {**getattr(arguments, "types", {}), "x-queue-type": "longstr"}
+            typed["x-queue-type"] = self.default_queue_type
+            return typed
         if "x-queue-type" in arguments:
             return arguments
         queue_type = self.default_queue_type
