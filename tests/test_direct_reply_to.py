@@ -85,3 +85,36 @@ def test_reply_to_pseudo_queue_declare(amqp_url: str, durable=True) -> None:
         assert info.value.reply_code == 404
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("op", ["bind", "unbind"])
+def test_binding_to_a_reply_address_is_refused(amqp_url: str, op: str) -> None:
+    """RabbitMQ 4.3, rabbit_channel.erl binding_action_with_checks/10 ->
+    reject_volatile_queue_as_binding_target/2: any amq.rabbitmq.reply-to.* destination,
+    before permissions or existence are looked at."""
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        channel = conn.channel()
+        action = channel.queue_bind if op == "bind" else channel.queue_unbind
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+            action(REPLY_TO + ".someone", "amq.direct", "k")
+        assert (info.value.reply_code, info.value.reply_text) == (
+            403,
+            "ACCESS_REFUSED - cannot bind or unbind to a volatile (direct reply-to) queue",
+        )
+    finally:
+        conn.close()
+
+
+def test_mandatory_publish_to_a_reply_address_is_routed(amqp_url: str) -> None:
+    """RabbitMQ 4.3: a reply address is a rabbit_volatile_queue the publish routes to, so a
+    mandatory publish to one whose requester is gone is confirmed, never returned (pika's
+    confirm mode raises UnroutableError on a basic.return)."""
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        channel = conn.channel()
+        channel.confirm_delivery()
+        channel.basic_publish("", REPLY_TO + ".gone", b"late reply", mandatory=True)
+        assert channel.is_open
+    finally:
+        conn.close()

@@ -360,7 +360,7 @@ class Channel:
             msg.sender_keys = sender_keys
         if not method.exchange and method.routing_key.startswith(REPLY_TO_PREFIX):
             exchange.published += 1
-            self._publish_reply(exchange, msg, method.mandatory)
+            self._publish_reply(exchange, msg)
             return
         if self.tx:
             self.tx_publishes.append((exchange, msg, method.mandatory, ttl))
@@ -395,7 +395,7 @@ class Channel:
             return None, props
         return parse_expiration(decode_field("expiration", expiration)), props
 
-    def _publish_reply(self, exchange: Exchange, msg: Message, mandatory: bool) -> None:
+    def _publish_reply(self, exchange: Exchange, msg: Message) -> None:
         """A reply to a direct reply-to address goes straight to the waiting consumer."""
         target = self.conn.broker.reply_channels.get(msg.routing_key[len(REPLY_TO_PREFIX) :])
         seq = self.confirms.published() if self.confirm else 0
@@ -408,11 +408,8 @@ class Channel:
             out.write_many(
                 content_frames(target.id, msg.properties, msg.body, out.protocol.frame_max)
             )
-        elif mandatory:
-            self.conn.write(return_frame(self.id, NO_ROUTE, "NO_ROUTE", msg.ex_rk))
-            self.conn.write_many(
-                content_frames(self.id, msg.properties, msg.body, self.conn.protocol.frame_max)
-            )
+        # else dropped, never returned: 4.3 routes it to the volatile queue named by the
+        # address (rabbit_volatile_queue), so even a mandatory publish counts as routed
         if seq:
             self.confirms.accepted(seq)
             self.conn.pending_confirms.add(self)
@@ -954,7 +951,16 @@ class Channel:
                 )
             )
 
+    def _not_volatile(self, queue: str) -> None:
+        """RabbitMQ 4.3 (rabbit_channel.erl, reject_volatile_queue_as_binding_target/2): a
+        direct reply-to address is never a binding's destination; checked before permissions."""
+        if queue.startswith(REPLY_TO_PREFIX):
+            raise ChannelError(
+                ACCESS_REFUSED, "cannot bind or unbind to a volatile (direct reply-to) queue"
+            )
+
     def on_queue_bind(self, method: commands.Queue.Bind) -> None:
+        self._not_volatile(method.queue)
         self.allow("write", "queue", self._queue_name(method.queue))
         self.vhost.not_default(method.exchange)
         self.allow("read", "exchange", method.exchange)
@@ -965,6 +971,7 @@ class Channel:
             self.reply(commands.Queue.BindOk())
 
     def on_queue_unbind(self, method: commands.Queue.Unbind) -> None:
+        self._not_volatile(method.queue)
         self.allow("write", "queue", self._queue_name(method.queue))
         self.vhost.not_default(method.exchange)
         self.allow("read", "exchange", method.exchange)
