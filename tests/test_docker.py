@@ -418,10 +418,25 @@ def test_dockerfile_healthcheck_and_entrypoint() -> None:
     assert json.loads(instructions("CMD")[0]) == ["warren-server"]
     copies = {a.split()[-2]: a.split()[-1] for a in instructions("COPY")}
     assert copies["docker/entrypoint.sh"] == "/usr/local/bin/docker-entrypoint.sh"
-    assert copies["docker/rabbitmq-diagnostics"] == "/usr/local/bin/rabbitmq-diagnostics"
-    for script in ("entrypoint.sh", "rabbitmq-diagnostics"):
+    for tool in ("rabbitmq-diagnostics", "rabbitmqctl", "rabbitmq-plugins"):
+        assert copies[f"docker/{tool}"] == f"/usr/local/bin/{tool}"
+    for script in ("entrypoint.sh", "rabbitmq-diagnostics", "rabbitmqctl", "rabbitmq-plugins"):
         assert os.access(DOCKER / script, os.X_OK)
         subprocess.run([SH, "-n", DOCKER / script], check=True)  # parses as POSIX sh
+
+
+def test_testcontainers_compose_file() -> None:
+    """docker/compose.testcontainers.yml: built from docker/Dockerfile, the config at the path
+    testcontainers writes, and rabbitmqctl await_startup as the health check (the script is
+    run against a live broker in tests/test_docker_tools.py)."""
+    loaded = yaml.safe_load((DOCKER / "compose.testcontainers.yml").read_text())
+    service = loaded["services"]["rabbitmq"]
+    assert service["build"]["dockerfile"] == "docker/Dockerfile"
+    assert (DOCKER / service["build"]["context"] / "docker" / "Dockerfile").is_file()
+    config = service["environment"]["RABBITMQ_CONFIG_FILE"]
+    assert config == "/etc/rabbitmq/rabbitmq-custom.conf"
+    assert any(v.split(":")[1] == config for v in service["volumes"])
+    assert service["healthcheck"]["test"][:3] == ["CMD", "rabbitmqctl", "await_startup"]
 
 
 def compose() -> dict[str, Any]:

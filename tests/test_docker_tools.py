@@ -1,0 +1,108 @@
+"""docker/rabbitmqctl and docker/rabbitmq-plugins, run as the image runs them (shell scripts
+over warrenctl and warren-healthcheck), against a broker started here. The broker is found
+through RABBITMQ_CONFIG_FILE at testcontainers' path name, rabbitmq-custom.conf.
+
+Exit codes are rabbitmq_cli's (deps/rabbitmq_cli/lib/rabbitmq/cli/core/exit_codes.ex, 4.3.5):
+64 usage, 69 unavailable ({:error, _}, e.g. a plugin that is not there), 75 timeout."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from warren.broker.testkit import RunningBroker, run_broker
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKER = ROOT / "docker"
+
+
+@pytest.fixture(scope="module")
+def warren() -> Iterator[RunningBroker]:
+    with run_broker(management_port=0) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def conf(warren: RunningBroker, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("etc") / "rabbitmq-custom.conf"
+    path.write_text(
+        f"listeners.tcp.default = {warren.port}\n"
+        f"management.tcp.port = {warren.server.management_port}\n"
+    )
+    return path
+
+
+def run(script: str, conf: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "RABBITMQ_CONFIG_FILE": str(conf), "PYTHONPATH": str(ROOT)}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("WARREN_DATA_DIR", None)
+    return subprocess.run(
+        [str(DOCKER / script), *args], capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+def test_rabbitmqctl_await_startup_and_testcontainers_verbs(conf: Path) -> None:
+    # testcontainers-java's withVhost / withUser / withPermission / withQueue run these
+    assert run("rabbitmqctl", conf, "await_startup").returncode == 0
+    for args in (
+        ("add_vhost", "tc-vhost"),
+        ("add_user", "tc-user", "tc-pass"),
+        ("set_permissions", "-p", "tc-vhost", "tc-user", ".*", ".*", ".*"),
+        ("set_policy", "-p", "tc-vhost", "tc-ttl", "^ttl", '{"message-ttl": 1000}'),
+    ):
+        result = run("rabbitmqctl", conf, *args)
+        assert result.returncode == 0, (args, result.stdout, result.stderr)
+    listed = run("rabbitmqctl", conf, "list_users", "-q")
+    assert "tc-user" in listed.stdout
+    assert "tc-ttl" in run("rabbitmqctl", conf, "list_policies", "-p", "tc-vhost").stdout
+    assert run("rabbitmqctl", conf, "delete_user", "tc-user").returncode == 0
+    assert run("rabbitmqctl", conf, "delete_vhost", "tc-vhost").returncode == 0
+    assert "tc-user" not in run("rabbitmqctl", conf, "list_users", "-q").stdout
+
+
+def test_rabbitmqctl_eval_refused(conf: Path) -> None:
+    result = run("rabbitmqctl", conf, "eval", "1 + 1.")
+    assert result.returncode == 64
+    assert "Erlang" in result.stderr
+
+
+def test_rabbitmqctl_await_startup_times_out(tmp_path: Path) -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    conf = tmp_path / "rabbitmq-custom.conf"
+    conf.write_text(f"listeners.tcp.default = {port}\n")
+    result = run("rabbitmqctl", conf, "await_startup", "-t", "1")
+    assert result.returncode == 75, result.stderr
+
+
+def test_rabbitmq_plugins(conf: Path) -> None:
+    listed = run("rabbitmq-plugins", conf, "list")
+    assert listed.returncode == 0
+    assert "[E*] rabbitmq_management" in listed.stdout.splitlines()
+    enabled = run("rabbitmq-plugins", conf, "enable", "rabbitmq_management", "rabbitmq_prometheus")
+    assert enabled.returncode == 0, enabled.stderr
+    unknown = run("rabbitmq-plugins", conf, "enable", "rabbitmq_shovel")
+    assert unknown.returncode == 69
+    assert "rabbitmq_shovel is not built into Warren" in unknown.stderr
+    assert run("rabbitmq-plugins", conf, "frobnicate").returncode == 64
+
+
+def test_rabbitmq_diagnostics_commands_that_exited_64(warren: RunningBroker, conf: Path) -> None:
+    for args in (("is_running",), ("check_port_listener", str(warren.port)), ("-q", "ping")):
+        result = run("rabbitmq-diagnostics", conf, *args)
+        assert result.returncode == 0, (args, result.stderr)
+    for verb in ("status", "cluster_status", "listeners"):
+        result = run("rabbitmq-diagnostics", conf, verb)
+        assert result.returncode == 0, (verb, result.stderr)
+        assert str(warren.port) in result.stdout, result.stdout  # the AMQP listener is shown
+    from warren import __version__
+
+    assert run("rabbitmq-diagnostics", conf, "server_version").stdout.strip() == __version__
+    assert run("rabbitmq-diagnostics", conf, "erlang_version").returncode == 64
