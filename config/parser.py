@@ -367,6 +367,12 @@ _KEYS: Mapping[str, _Key] = {
         "max_message_size",
     ),
     "product.name": _Key(_text, "product_name"),
+    "message_interceptors.incoming.set_header_timestamp.overwrite": _Key(
+        _boolean, "interceptor_timestamp"
+    ),
+    "message_interceptors.incoming.set_header_routing_node.overwrite": _Key(
+        _boolean, "interceptor_routing_node"
+    ),
     "product.version": _Key(_text, "product_version"),
     "log.console": _Key(_boolean, "log_console"),
     "log.console.level": _Key(

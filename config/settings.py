@@ -61,6 +61,10 @@ class Settings:
     # product.name / product.version: connection.start's product and version, and the
     # management API's product_name / product_version; None: Warren's own version
     product_name: str = "Warren"
+    # message_interceptors.incoming.set_header_{timestamp,routing_node}.overwrite (RabbitMQ
+    # 4.2+): None leaves the interceptor off, a boolean is its overwrite setting
+    interceptor_timestamp: bool | None = None
+    interceptor_routing_node: bool | None = None
     product_version: str | None = None
     local_random_exchange_enabled: bool = True  # exchange_types.local_random.enabled
     log_console: bool = True

@@ -9,6 +9,7 @@ import structlog
 
 from warren.broker.engine.alarms import ResourceMonitor
 from warren.broker.engine.deprecated import DeprecatedFeatures
+from warren.broker.engine.interceptors import incoming
 from warren.broker.engine.persistence import Persistence
 from warren.broker.engine.reaper import Reaper
 from warren.broker.engine.stats import BrokerStats, ChannelStats
@@ -39,6 +40,8 @@ class Broker:
         clock: Timers | None = None,
     ) -> None:
         self.settings = settings or Settings()
+        # message_interceptors.incoming.*: None (the default) costs a publish one test
+        self.intercept = incoming(self.settings)
         self.timers = timers or Timers()  # real time: connections and resource checks
         if clock is None and self.settings.clock not in ("real", "manual"):
             raise ValueError(f"clock: expected 'real' or 'manual', got {self.settings.clock!r}")

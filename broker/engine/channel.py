@@ -354,6 +354,8 @@ class Channel:
         ttl = None
         if flags & (FLAG_EXPIRATION | FLAG_USER_ID | FLAG_REPLY_TO):
             ttl, props = self._check_properties(props)
+        if (intercept := self.conn.broker.intercept) is not None:
+            props = intercept(props)  # rabbit_msg_interceptor:intercept_incoming/2
         ex_rk = method.ex_rk or None  # the short strings as received: never encoded again
         msg = Message(method.exchange, method.routing_key, props, content.body, ex_rk)
         if sender_keys is not None:
