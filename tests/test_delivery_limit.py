@@ -1,6 +1,7 @@
 """Quorum queues: delivery counts (x-delivery-count) and x-delivery-limit, as RabbitMQ does them.
 
-Every test passes against RabbitMQ 3.10 too (WARREN_TEST_URL). Warren's own
+Every test passes against RabbitMQ 3.10 too (WARREN_TEST_URL) except
+test_nack_with_requeue_is_not_counted, a 4.x change (3.10 counts nacks). Warren's own
 additions (the default limit of 20, -1, consumer-timeout returns, delayed retry
 with backoff) are in test_lifecycle_warren.py.
 """
