@@ -1062,3 +1062,78 @@ def test_message_rates_from_the_sampler(api: HttpApi, warren: RunningBroker, nam
     sample(warren)
     queue = api.ok("GET", f"/api/queues/%2F/{q(name)}")
     assert queue["message_stats"]["publish_details"]["rate"] == 0.0
+
+
+# ---- browse: GET /api/queues/{vhost}/{queue}/messages (issue 40) ----
+
+
+def test_browse_five_of_ten_changes_nothing(api: HttpApi, warren: RunningBroker, name: str) -> None:
+    # RabbitMQ 4.3's open-source management has no browse: rabbit_mgmt_wm_queue_get
+    # (deps/rabbitmq_management/src/rabbit_mgmt_wm_queue_get.erl, basic_gets/6) takes the
+    # messages and requeues them redelivered; this route must not touch them at all.
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}", {"durable": True})
+    for i in range(10):
+        publish(api, name, f"m{i}", message_id=f"id{i}", headers={"n": i})
+    before = api.ok("GET", f"/api/queues/%2F/{q(name)}")
+    rows = api.ok("GET", f"/api/queues/%2F/{q(name)}/messages?offset=3&count=5")
+    assert [r["position"] for r in rows] == [3, 4, 5, 6, 7]
+    assert [r["payload"] for r in rows] == ["m3", "m4", "m5", "m6", "m7"]
+    assert rows[0]["properties"] == {"message_id": "id3", "headers": {"n": 3}}
+    assert {(r["redelivered"], r["delivery_count"], r["paged_out"]) for r in rows} == {
+        (False, 0, False)
+    }
+    assert rows[0]["payload_encoding"] == "string" and rows[0]["x_death"] is None
+    after = api.ok("GET", f"/api/queues/%2F/{q(name)}")
+    for key in ("messages", "messages_ready", "messages_unacknowledged"):
+        assert before[key] == after[key] == (10 if key != "messages_unacknowledged" else 0)
+    # a later delivery sees all ten, in order, none redelivered
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", warren.port))
+    try:
+        channel = conn.channel()
+        got = []
+        for _ in range(10):
+            method, _, body = channel.basic_get(name, auto_ack=True)
+            assert method is not None
+            got.append((body, method.redelivered))
+        assert got == [(f"m{i}".encode(), False) for i in range(10)]
+    finally:
+        conn.close()
+
+
+def test_browse_bad_input(api: HttpApi, name: str) -> None:
+    api.ok("PUT", f"/api/queues/%2F/{q(name)}", {"durable": True})
+    bad = api.request("GET", f"/api/queues/%2F/{q(name)}/messages?count=-1")
+    assert bad.status == 400 and "count" in str(bad.body)
+    bad = api.request("GET", f"/api/queues/%2F/{q(name)}/messages?offset=x")
+    assert bad.status == 400 and "offset" in str(bad.body)
+    missing = api.request("GET", f"/api/queues/%2F/{q(name)}-missing/messages")
+    assert missing.status == 404
+
+
+def test_browse_quorum_queue_in_priority_order(
+    api: HttpApi, warren: RunningBroker, name: str
+) -> None:
+    # RabbitMQ 4.3 rabbit_fifo_pq: a quorum queue delivers higher priorities first, and no
+    # priority property counts as 4 (rabbit_fifo:msg_priority/1); browse lists that order
+    api.ok(
+        "PUT",
+        f"/api/queues/%2F/{q(name)}",
+        {"durable": True, "arguments": {"x-queue-type": "quorum"}},
+    )
+    publish(api, name, "low", priority=1)
+    publish(api, name, "none")
+    publish(api, name, "high", priority=9)
+    rows = api.ok("GET", f"/api/queues/%2F/{q(name)}/messages?offset=0&count=10")
+    assert [(r["position"], r["payload"]) for r in rows] == [(0, "high"), (1, "none"), (2, "low")]
+    assert api.ok("GET", f"/api/queues/%2F/{q(name)}")["messages_ready"] == 3
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", warren.port))
+    try:
+        channel = conn.channel()
+        got = []
+        for _ in range(3):
+            method, _, body = channel.basic_get(name, auto_ack=True)
+            assert method is not None
+            got.append((body, method.redelivered))
+        assert got == [(b"high", False), (b"none", False), (b"low", False)]
+    finally:
+        conn.close()
