@@ -1137,3 +1137,47 @@ def test_browse_quorum_queue_in_priority_order(
         assert got == [(b"high", False), (b"none", False), (b"low", False)]
     finally:
         conn.close()
+
+
+def test_rejected_message_replays_to_its_queue(
+    api: HttpApi, warren: RunningBroker, name: str
+) -> None:
+    # the first x-death entry holds the exchange and routing keys the message had before it
+    # died (RabbitMQ 4.3 deps/rabbit/src/mc.erl, record_death puts the newest first)
+    dlq = f"{name}.dlq"
+    api.ok("PUT", f"/api/queues/%2F/{q(dlq)}", {"durable": True})
+    api.ok(
+        "PUT",
+        f"/api/queues/%2F/{q(name)}",
+        {
+            "durable": True,
+            "arguments": {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq},
+        },
+    )
+    publish(api, name, "poison")
+    publish(api, dlq, "never died")
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", warren.port))
+    try:
+        channel = conn.channel()
+        method, _, _ = channel.basic_get(name)
+        assert method is not None
+        channel.basic_reject(method.delivery_tag, requeue=False)
+        channel.queue_declare(dlq, passive=True)  # a round trip: the reject is done
+        bad = api.request("POST", f"/api/queues/%2F/{q(dlq)}/replay", {"count": -1})
+        assert bad.status == 400 and "count" in str(bad.body)
+        assert api.ok("GET", f"/api/queues/%2F/{q(dlq)}")["messages"] == 2
+        result = api.ok("POST", f"/api/queues/%2F/{q(dlq)}/replay", {})
+        assert result == {
+            "replayed": 1,
+            "unroutable": 0,
+            "without_x_death": 1,
+            "to": [{"exchange": "", "routing_keys": [name], "messages": 1}],
+        }
+        method, props, body = channel.basic_get(name, auto_ack=True)
+        assert method is not None and body == b"poison" and not method.redelivered
+        assert "x-death" not in (props.headers or {})
+        # the one without x-death stayed, not marked redelivered
+        method, _, body = channel.basic_get(dlq, auto_ack=True)
+        assert method is not None and body == b"never died" and not method.redelivered
+    finally:
+        conn.close()

@@ -36,7 +36,7 @@ def dead_letter_copy(
     if "x-death" in entries:
         raw = entries["x-death"]
         if raw[:1] == b"A":
-            deaths = _decode_array(raw)
+            deaths = decode_deaths(raw)
     now = datetime.datetime.fromtimestamp(
         time.time() if wall is None else wall, tz=datetime.UTC
     ).replace(microsecond=0)
@@ -80,7 +80,7 @@ def _death_keys(msg: Message) -> list[str]:
     return keys
 
 
-def _decode_array(raw: bytes) -> list[dict[str, Any]]:
+def decode_deaths(raw: bytes) -> list[dict[str, Any]]:
     # wrap the array in a one-entry table to reuse the table decoder
     body = b"\x01a" + raw
     table, _ = decode_table(len(body).to_bytes(4, "big") + body)

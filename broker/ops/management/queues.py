@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from warren.broker.engine.message import Message
-from warren.broker.ops.management import auth, operations
+from warren.broker.ops.management import auth, operations, replay
 from warren.broker.ops.management.app import (
     Ctx,
     Lazy,
@@ -237,3 +237,4 @@ def routes(router: Router) -> None:
     router.add("DELETE", "queues/{vhost}/{queue}/contents", purge, auth.vhost)
     router.add("POST", "queues/{vhost}/{queue}/get", get_messages, auth.vhost)
     router.add("GET", "queues/{vhost}/{queue}/messages", browse, auth.vhost)
+    router.add("POST", "queues/{vhost}/{queue}/replay", replay.replay, auth.vhost)
