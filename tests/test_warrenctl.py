@@ -494,3 +494,30 @@ def test_verbs_match_recorded_rabbitmqctl() -> None:
         f"{' '.join(args)}\n  rabbitmqctl {want!r}\n  warrenctl   {got!r}"
         for args, want, got in mismatches
     )
+
+
+def test_browse_queue_and_replay_dead_letters(warren: RunningBroker, api: HttpApi) -> None:
+    api.ok("PUT", "/api/queues/%2F/ctl-browse", {"durable": True})
+    for i in range(3):
+        api.ok(
+            "POST",
+            "/api/exchanges/%2F/amq.default/publish",
+            {
+                "routing_key": "ctl-browse",
+                "properties": {"message_id": f"id{i}"},
+                "payload": f"m{i}",
+                "payload_encoding": "string",
+            },
+        )
+    out = ok(warren, "browse_queue", "ctl-browse", "--offset", "1", "--count", "5")
+    assert rows(out) == [
+        ["position", "redelivered", "message_id", "payload_encoding", "payload"],
+        ["1", "false", "id1", "string", "m1"],
+        ["2", "false", "id2", "string", "m2"],
+    ]
+    assert api.ok("GET", "/api/queues/%2F/ctl-browse")["messages_ready"] == 3
+    # none of them died: all stay, counted
+    out = ok(warren, "--formatter", "json", "replay_dead_letters", "ctl-browse")
+    assert json.loads(out) == {"replayed": 0, "unroutable": 0, "without_x_death": 3, "to": []}
+    result = ctl(warren, "browse_queue", "ctl-nowhere")
+    assert (result.returncode, result.stderr) == (69, "Error:\nnot_found\n")

@@ -723,6 +723,47 @@ def purge_queue(api: Api, args: argparse.Namespace, out: Output) -> None:
         raise
 
 
+def _browse_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("queue")
+    p.add_argument("--offset", type=int, default=0, help="the first position listed")
+    p.add_argument("--count", type=int, default=20, help="how many messages at most")
+
+
+@command("browse_queue", "list a queue's ready messages without taking them", _browse_args)
+def browse_queue(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f"Browsing queue '{args.queue}' in vhost '{args.vhost}' ...")
+    path = f"queues/{q(args.vhost)}/{q(args.queue)}/messages"
+    try:
+        rows = api.get(f"{path}?offset={args.offset}&count={args.count}")
+    except HttpError as exc:
+        if exc.status == 404:
+            raise _queue_missing(args) from None
+        raise
+    columns = ["position", "redelivered", "message_id", "payload_encoding", "payload"]
+    out.rows(rows, columns, {"message_id": "properties.message_id"})
+
+
+def _replay_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("queue")
+    p.add_argument("--count", type=int, help="only the first COUNT messages (default: all)")
+    p.add_argument("--keep-x-death", action="store_true", help="keep the x-death headers")
+
+
+@command("replay_dead_letters", "republish dead letters to where they died", _replay_args)
+def replay_dead_letters(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f"Replaying dead letters of queue '{args.queue}' in vhost '{args.vhost}' ...")
+    body: dict[str, Any] = {"keep_x_death": args.keep_x_death}
+    if args.count is not None:
+        body["count"] = args.count
+    try:
+        result = api.request("POST", f"queues/{q(args.vhost)}/{q(args.queue)}/replay", body)
+    except HttpError as exc:
+        if exc.status == 404:
+            raise _queue_missing(args) from None
+        raise
+    out.document(result)
+
+
 def _delete_queue_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("queue")
     p.add_argument("-e", "--if-empty", action="store_true", help="only if it has no messages")
