@@ -10,6 +10,7 @@ import structlog
 from warren.broker.engine.alarms import ResourceMonitor
 from warren.broker.engine.deprecated import DeprecatedFeatures
 from warren.broker.engine.interceptors import incoming
+from warren.broker.engine.parameters import Parameters
 from warren.broker.engine.persistence import Persistence
 from warren.broker.engine.reaper import Reaper
 from warren.broker.engine.stats import BrokerStats, ChannelStats
@@ -58,6 +59,7 @@ class Broker:
         self.deprecated = DeprecatedFeatures(self.settings.deprecated_features_permit, self.log)
         self.vhosts: dict[str, VirtualHost] = {}
         self.access = AccessControl()
+        self.parameters = Parameters()  # runtime parameters and their components
         settings = self.settings
         self.access.add_user(
             settings.default_user, settings.default_pass, tags=settings.default_user_tags
@@ -121,6 +123,7 @@ class Broker:
         self.persistence = Persistence(data_dir, self.log, segment_size=self.settings.segment_size)
         self.persistence.restore(self)
         self.access.persistence = self.persistence
+        self.parameters.persistence = self.persistence
         for vhost in self.vhosts.values():
             vhost.persistence = self.persistence
         # a store writer that cannot write blocks publishers, as a full disk would; the alarm
@@ -156,6 +159,7 @@ class Broker:
                 connection.force_close(f"vhost '{name}' is deleted")
         for exchange in vhost.exchanges.values():
             exchange.close()  # x-delayed-message: its timer and held messages go
+        self.parameters.vhost_deleted(name)
         for user, vhost_name in list(self.access.permissions):
             if vhost_name == name:
                 self.access.clear_permissions(user, vhost_name)

@@ -12,6 +12,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from warren.broker.engine.parameters import ParameterError
 from warren.broker.engine.policy import Policy, PolicyError
 from warren.broker.store import DefinitionStore, MessageStore
 
@@ -193,6 +194,18 @@ class Persistence:
                 )
             except PolicyError as exc:
                 self.log.warning("stored policy no longer valid", policy=name, error=str(exc))
+        parameters = broker.parameters
+        parameters.values.clear()
+        for vhost_name, component, name, value in defs.parameters:
+            if vhost_name not in broker.vhosts:
+                continue
+            try:
+                parameters.set(vhost_name, component, name, value, persist=False)
+            except ParameterError as exc:
+                self.log.warning(
+                    "stored parameter no longer valid", component=component, parameter=name,
+                    error=str(exc),
+                )  # fmt: skip
         for vhost_name, name, kind, auto_delete, internal, arguments in defs.exchanges:
             vhost = broker.vhosts.get(vhost_name)
             if vhost is not None and name not in vhost.exchanges:

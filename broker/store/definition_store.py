@@ -32,6 +32,8 @@ CREATE TABLE IF NOT EXISTS queues (
     arguments BLOB, UNIQUE (vhost, name));
 CREATE TABLE IF NOT EXISTS delayed_exchanges (
     id INTEGER PRIMARY KEY AUTOINCREMENT, vhost TEXT, name TEXT, UNIQUE (vhost, name));
+CREATE TABLE IF NOT EXISTS parameters (
+    vhost TEXT, component TEXT, name TEXT, value TEXT, PRIMARY KEY (vhost, component, name));
 CREATE TABLE IF NOT EXISTS bindings (
     vhost TEXT, source TEXT, destination_type TEXT, destination TEXT, routing_key TEXT,
     arguments BLOB, PRIMARY KEY (vhost, source, destination_type, destination, routing_key,
@@ -58,6 +60,8 @@ class Definitions:
     exchanges: list[tuple[str, str, str, bool, bool, dict[str, Any]]] = field(default_factory=list)
     queues: list[tuple[int, str, str, bool, dict[str, Any]]] = field(default_factory=list)
     bindings: list[tuple[str, str, str, str, str, dict[str, Any]]] = field(default_factory=list)
+    # runtime parameters (broker/engine/parameters.py): (vhost, component, name, JSON value)
+    parameters: list[tuple[str, str, str, Any]] = field(default_factory=list)
 
 
 class DefinitionStore:
@@ -88,7 +92,10 @@ class DefinitionStore:
         self.db.execute("BEGIN")
         for table in ("vhosts", "vhost_queue_types"):
             self._run(f"DELETE FROM {table} WHERE name = ?", name)
-        tables = ("permissions", "policies", "exchanges", "delayed_exchanges", "queues", "bindings")
+        tables = (
+            "permissions", "policies", "parameters", "exchanges", "delayed_exchanges", "queues",
+            "bindings",
+        )  # fmt: skip
         for table in tables:
             self._run(f"DELETE FROM {table} WHERE vhost = ?", name)
         self.db.execute("COMMIT")
@@ -138,6 +145,23 @@ class DefinitionStore:
 
     def delete_policy(self, vhost: str, name: str) -> None:
         self._run("DELETE FROM policies WHERE vhost = ? AND name = ?", vhost, name)
+
+    def save_parameter(self, vhost: str, component: str, name: str, value: Any) -> None:
+        self._run(
+            "INSERT OR REPLACE INTO parameters VALUES (?, ?, ?, ?)",
+            vhost,
+            component,
+            name,
+            json.dumps(value),
+        )
+
+    def delete_parameter(self, vhost: str, component: str, name: str) -> None:
+        self._run(
+            "DELETE FROM parameters WHERE vhost = ? AND component = ? AND name = ?",
+            vhost,
+            component,
+            name,
+        )
 
     def save_exchange(
         self,
@@ -280,6 +304,10 @@ class DefinitionStore:
             for vhost, source, destination_type, destination, routing_key, arguments in self._run(
                 "SELECT * FROM bindings"
             )
+        ]
+        d.parameters = [
+            (vhost, component, name, json.loads(value))
+            for vhost, component, name, value in self._run("SELECT * FROM parameters")
         ]
         return d
 

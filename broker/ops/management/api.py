@@ -9,6 +9,7 @@ from warren.broker.ops.management import (
     definitions,
     exchanges,
     overview,
+    parameters,
     policies,
     queues,
     trace,
@@ -27,6 +28,7 @@ def build_router(test_api: bool = False) -> Router:
         bindings,
         connections,
         policies,
+        parameters,
         definitions,
         trace,
     ):

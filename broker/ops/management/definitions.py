@@ -35,6 +35,7 @@ from warren.broker.ops.management.formats import (
     vhost_bindings,
 )
 from warren.broker.ops.management.overview import API_VERSION
+from warren.broker.ops.management.parameters import parameter_json, set_parameter
 from warren.broker.ops.management.policies import set_policy
 from warren.config import ConfigError
 from warren.protocol.constants import INTERNAL_ERROR
@@ -100,6 +101,12 @@ def export(mgmt: Management, only: str | None = None) -> dict[str, Any]:
     exchanges: list[dict[str, Any]] = []
     bindings: list[dict[str, Any]] = []
     policies: list[dict[str, Any]] = []
+    # rabbit_definitions:runtime_parameter_definition/1: value, vhost, component, name
+    params = [
+        parameter_json(mgmt, key)
+        for key in broker.parameters.list()
+        if only is None or key[0] == only
+    ]
     for name in names:
         vhost = broker.vhosts[name]
         queues += _exported_queues(vhost)
@@ -107,6 +114,7 @@ def export(mgmt: Management, only: str | None = None) -> dict[str, Any]:
         bindings += _exported_bindings(vhost)
         policies += [p.as_json() for p in vhost.policies.values()]
     if only is not None:
+        # RabbitMQ 3.10 (checked side by side) keeps the vhost in a vhost export's parameters
         for item in (*queues, *exchanges, *bindings):
             del item["vhost"]
         meta = mgmt.meta(only)
@@ -118,7 +126,7 @@ def export(mgmt: Management, only: str | None = None) -> dict[str, Any]:
                 "tags": list(meta.tags),
                 "default_queue_type": broker.vhosts[only].default_queue_type,
             },
-            "parameters": [],
+            "parameters": params,
             "policies": policies,
             "queues": queues,
             "exchanges": exchanges,
@@ -149,7 +157,7 @@ def export(mgmt: Management, only: str | None = None) -> dict[str, Any]:
         "vhosts": vhosts,
         "permissions": permissions(mgmt),
         "topic_permissions": [],
-        "parameters": [],
+        "parameters": params,
         "global_parameters": [],
         "policies": policies,
         "queues": queues,
@@ -226,6 +234,16 @@ def _import_binding(mgmt: Management, item: dict[str, Any], only: str | None) ->
     vhost.bind(source, dest, str(routing_key), table_from_json(item.get("arguments")))
 
 
+def _import_parameter(mgmt: Management, item: dict[str, Any], only: str | None) -> None:
+    # rabbit_definitions:add_parameter/2: the file's vhost, component, name and value
+    vhost = _vhost(mgmt, item, only)
+    component = _name(item, "component")
+    name = _name(item)
+    if "value" not in item:
+        raise bad_request(f"parameter {component}/{vhost.name}/{name} has no value")
+    set_parameter(mgmt, vhost.name, component, name, item["value"])
+
+
 def _import_policy(mgmt: Management, item: dict[str, Any], only: str | None) -> None:
     vhost = _vhost(mgmt, item, only)
     name = _name(item)
@@ -249,6 +267,7 @@ def import_definitions(mgmt: Management, data: Any, only: str | None = None) -> 
             ("permissions", lambda i: set_permissions(mgmt, i.get("user"), i.get("vhost"), i)),
         ]
     steps += [
+        ("parameters", lambda i: _import_parameter(mgmt, i, only)),
         ("exchanges", lambda i: _import_exchange(mgmt, i, only)),
         ("policies", lambda i: _import_policy(mgmt, i, only)),
         ("queues", lambda i: _import_queue(mgmt, i, only)),
