@@ -10,6 +10,7 @@ import structlog
 from warren.broker.engine.alarms import ResourceMonitor
 from warren.broker.engine.deprecated import DeprecatedFeatures
 from warren.broker.engine.interceptors import incoming
+from warren.broker.engine.limits import VhostLimits
 from warren.broker.engine.parameters import Parameters
 from warren.broker.engine.persistence import Persistence
 from warren.broker.engine.reaper import Reaper
@@ -60,6 +61,7 @@ class Broker:
         self.vhosts: dict[str, VirtualHost] = {}
         self.access = AccessControl()
         self.parameters = Parameters()  # runtime parameters and their components
+        self.parameters.register(VhostLimits(self.vhosts))
         settings = self.settings
         self.access.add_user(
             settings.default_user, settings.default_pass, tags=settings.default_user_tags

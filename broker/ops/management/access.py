@@ -236,8 +236,14 @@ def vhost_json(mgmt: Management, name: str) -> dict[str, Any]:
     return out
 
 
-def put_vhost(mgmt: Management, name: str, body: dict[str, Any]) -> bool:
-    """Create a vhost (or update its metadata); True if created. Shared with import."""
+def put_vhost(
+    mgmt: Management, name: str, body: dict[str, Any], creator: str | None = None
+) -> bool:
+    """Create a vhost (or update its metadata); True if created. Shared with import.
+
+    The user who creates it gets full permissions on it, as RabbitMQ 3.10.8 grants them
+    over the API and definitions import (checked side by side), so it can use it at once.
+    """
     metadata = body.get("metadata")
     meta_in: dict[str, Any] = metadata if isinstance(metadata, dict) else {}
     description = body.get("description", meta_in.get("description", ""))
@@ -259,6 +265,8 @@ def put_vhost(mgmt: Management, name: str, body: dict[str, Any]) -> bool:
     if queue_type not in (None, "undefined"):  # else kept (rabbit_db_vhost:merge_metadata/2)
         vhost.set_default_queue_type(queue_type)
     meta.tracing = parse_bool(body.get("tracing"))
+    if not existed and creator is not None and creator in mgmt.broker.access.users:
+        mgmt.broker.access.set_permissions(creator, name, ".*", ".*", ".*")
     return not existed
 
 
@@ -285,7 +293,8 @@ def get_vhost(ctx: Ctx) -> web.StreamResponse:
 
 
 def put_vhost_route(ctx: Ctx) -> web.StreamResponse:
-    return created() if put_vhost(ctx.mgmt, ctx.params["vhost"], ctx.json()) else no_content()
+    new = put_vhost(ctx.mgmt, ctx.params["vhost"], ctx.json(), ctx.user.name)
+    return created() if new else no_content()
 
 
 def delete_vhost(ctx: Ctx) -> web.StreamResponse:

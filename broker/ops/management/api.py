@@ -8,6 +8,7 @@ from warren.broker.ops.management import (
     connections,
     definitions,
     exchanges,
+    limits,
     overview,
     parameters,
     policies,
@@ -29,6 +30,7 @@ def build_router(test_api: bool = False) -> Router:
         connections,
         policies,
         parameters,
+        limits,
         definitions,
         trace,
     ):

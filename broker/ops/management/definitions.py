@@ -255,15 +255,20 @@ def _import_policy(mgmt: Management, item: dict[str, Any], only: str | None) -> 
         raise
 
 
-def import_definitions(mgmt: Management, data: Any, only: str | None = None) -> None:
-    """Apply a definitions document; raises ApiError (400) on the first invalid entry."""
+def import_definitions(
+    mgmt: Management, data: Any, only: str | None = None, user: str | None = None
+) -> None:
+    """Apply a definitions document; raises ApiError (400) on the first invalid entry.
+
+    ``user`` is who imports over HTTP: it gets full permissions on the vhosts it creates.
+    """
     if not isinstance(data, dict):
         raise bad_request("failed_to_parse_json")
     steps: list[tuple[str, Callable[[dict[str, Any]], None]]] = []
     if only is None:
         steps += [
             ("users", lambda i: _ignore(put_user(mgmt, _name(i), i))),
-            ("vhosts", lambda i: _ignore(put_vhost(mgmt, _name(i), i))),
+            ("vhosts", lambda i: _ignore(put_vhost(mgmt, _name(i), i, user))),
             ("permissions", lambda i: set_permissions(mgmt, i.get("user"), i.get("vhost"), i)),
         ]
     steps += [
@@ -333,7 +338,7 @@ def post_definitions(ctx: Ctx) -> web.StreamResponse:
         data = json.loads(body) if body else {}
     except (ValueError, UnicodeDecodeError):
         raise bad_request("failed_to_parse_json") from None
-    import_definitions(ctx.mgmt, data, only)
+    import_definitions(ctx.mgmt, data, only, ctx.user.name)
     return no_content()
 
 
