@@ -9,6 +9,7 @@ import structlog
 
 from warren.broker.engine.alarms import ResourceMonitor
 from warren.broker.engine.deprecated import DeprecatedFeatures
+from warren.broker.engine.global_parameters import GlobalParameters
 from warren.broker.engine.interceptors import incoming
 from warren.broker.engine.limits import VhostLimits
 from warren.broker.engine.parameters import Parameters
@@ -62,6 +63,7 @@ class Broker:
         self.access = AccessControl()
         self.parameters = Parameters()  # runtime parameters and their components
         self.parameters.register(VhostLimits(self.vhosts))
+        self.global_parameters = GlobalParameters()  # cluster_name and others
         settings = self.settings
         self.access.add_user(
             settings.default_user, settings.default_pass, tags=settings.default_user_tags
@@ -126,6 +128,7 @@ class Broker:
         self.persistence.restore(self)
         self.access.persistence = self.persistence
         self.parameters.persistence = self.persistence
+        self.global_parameters.persistence = self.persistence
         for vhost in self.vhosts.values():
             vhost.persistence = self.persistence
         # a store writer that cannot write blocks publishers, as a full disk would; the alarm

@@ -194,6 +194,7 @@ class Persistence:
                 )
             except PolicyError as exc:
                 self.log.warning("stored policy no longer valid", policy=name, error=str(exc))
+        broker.global_parameters.values = dict(defs.global_parameters)
         parameters = broker.parameters
         parameters.values.clear()
         for vhost_name, component, name, value in defs.parameters:

@@ -34,6 +34,7 @@ CREATE TABLE IF NOT EXISTS delayed_exchanges (
     id INTEGER PRIMARY KEY AUTOINCREMENT, vhost TEXT, name TEXT, UNIQUE (vhost, name));
 CREATE TABLE IF NOT EXISTS parameters (
     vhost TEXT, component TEXT, name TEXT, value TEXT, PRIMARY KEY (vhost, component, name));
+CREATE TABLE IF NOT EXISTS global_parameters (name TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS bindings (
     vhost TEXT, source TEXT, destination_type TEXT, destination TEXT, routing_key TEXT,
     arguments BLOB, PRIMARY KEY (vhost, source, destination_type, destination, routing_key,
@@ -62,6 +63,7 @@ class Definitions:
     bindings: list[tuple[str, str, str, str, str, dict[str, Any]]] = field(default_factory=list)
     # runtime parameters (broker/engine/parameters.py): (vhost, component, name, JSON value)
     parameters: list[tuple[str, str, str, Any]] = field(default_factory=list)
+    global_parameters: list[tuple[str, Any]] = field(default_factory=list)
 
 
 class DefinitionStore:
@@ -162,6 +164,12 @@ class DefinitionStore:
             component,
             name,
         )
+
+    def save_global_parameter(self, name: str, value: Any) -> None:
+        self._run("INSERT OR REPLACE INTO global_parameters VALUES (?, ?)", name, json.dumps(value))
+
+    def delete_global_parameter(self, name: str) -> None:
+        self._run("DELETE FROM global_parameters WHERE name = ?", name)
 
     def save_exchange(
         self,
@@ -308,6 +316,10 @@ class DefinitionStore:
         d.parameters = [
             (vhost, component, name, json.loads(value))
             for vhost, component, name, value in self._run("SELECT * FROM parameters")
+        ]
+        d.global_parameters = [
+            (name, json.loads(value))
+            for name, value in self._run("SELECT * FROM global_parameters")
         ]
         return d
 

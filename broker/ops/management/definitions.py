@@ -34,6 +34,7 @@ from warren.broker.ops.management.formats import (
     table_from_json,
     vhost_bindings,
 )
+from warren.broker.ops.management.global_parameters import global_parameters, set_global
 from warren.broker.ops.management.overview import API_VERSION
 from warren.broker.ops.management.parameters import parameter_json, set_parameter
 from warren.broker.ops.management.policies import set_policy
@@ -158,7 +159,7 @@ def export(mgmt: Management, only: str | None = None) -> dict[str, Any]:
         "permissions": permissions(mgmt),
         "topic_permissions": [],
         "parameters": params,
-        "global_parameters": [],
+        "global_parameters": global_parameters(mgmt),
         "policies": policies,
         "queues": queues,
         "exchanges": exchanges,
@@ -244,6 +245,14 @@ def _import_parameter(mgmt: Management, item: dict[str, Any], only: str | None) 
     set_parameter(mgmt, vhost.name, component, name, item["value"])
 
 
+def _import_global(mgmt: Management, item: dict[str, Any]) -> None:
+    # rabbit_definitions:add_global_parameter/2
+    name = _name(item)
+    if "value" not in item:
+        raise bad_request(f"global parameter {name} has no value")
+    set_global(mgmt, name, item["value"])
+
+
 def _import_policy(mgmt: Management, item: dict[str, Any], only: str | None) -> None:
     vhost = _vhost(mgmt, item, only)
     name = _name(item)
@@ -270,6 +279,7 @@ def import_definitions(
             ("users", lambda i: _ignore(put_user(mgmt, _name(i), i))),
             ("vhosts", lambda i: _ignore(put_vhost(mgmt, _name(i), i, user))),
             ("permissions", lambda i: set_permissions(mgmt, i.get("user"), i.get("vhost"), i)),
+            ("global_parameters", lambda i: _import_global(mgmt, i)),
         ]
     steps += [
         ("parameters", lambda i: _import_parameter(mgmt, i, only)),

@@ -13,6 +13,7 @@ from warren.broker.ops.management.app import Ctx, Router, json_response, reply, 
 from warren.broker.ops.management.core import GLOBAL_FIELDS
 from warren.broker.ops.management.errors import bad_request, not_found
 from warren.broker.ops.management.formats import message_stats, with_details
+from warren.broker.ops.management.global_parameters import cluster_name
 
 if TYPE_CHECKING:
     from warren.broker.ops.management.core import Management
@@ -125,7 +126,7 @@ def overview(ctx: Ctx) -> web.StreamResponse:
         "exchange_types": [
             {"name": name, "description": text, "enabled": True} for name, text in EXCHANGE_TYPES
         ],
-        "cluster_name": mgmt.node,
+        "cluster_name": cluster_name(mgmt),
         "node": mgmt.node,
         "disable_stats": False,
         "enable_queue_totals": False,
@@ -148,10 +149,6 @@ def overview(ctx: Ctx) -> web.StreamResponse:
 
 def whoami(ctx: Ctx) -> web.StreamResponse:
     return reply(ctx, {"name": ctx.user.name, "tags": list(ctx.user.tags)})
-
-
-def cluster_name(ctx: Ctx) -> web.StreamResponse:
-    return reply(ctx, {"name": ctx.mgmt.node})
 
 
 def current_alarms(mgmt: Management) -> list[dict[str, Any]]:
@@ -229,7 +226,6 @@ def routes(router: Router) -> None:
     router.add("GET", "nodes/{node}", get_node, auth.monitor)
     router.add("GET", "overview", overview, auth.any_user)
     router.add("GET", "whoami", whoami, auth.any_user)
-    router.add("GET", "cluster-name", cluster_name, auth.any_user)
     router.add("GET", "health/checks/alarms", health_alarms, auth.any_user)
     router.add("GET", "health/checks/local-alarms", health_alarms, auth.any_user)
     router.add("GET", "aliveness-test/{vhost}", aliveness, auth.vhost)
