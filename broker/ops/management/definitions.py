@@ -138,8 +138,10 @@ def export(mgmt: Management, only: str | None = None) -> dict[str, Any]:
         meta = mgmt.meta(name)
         # rabbit_definitions:vhost_definition/1 (4.3): the metadata carries the vhost's
         # default_queue_type, which every 4.3 vhost has
+        limits = broker.parameters.get(name, "vhost-limits", "limits")
         entry: dict[str, Any] = {
             "name": name,
+            "limits": limits if isinstance(limits, dict) else {},
             "description": meta.description,
             "tags": list(meta.tags),
             "metadata": {
@@ -245,6 +247,34 @@ def _import_parameter(mgmt: Management, item: dict[str, Any], only: str | None) 
     set_parameter(mgmt, vhost.name, component, name, item["value"])
 
 
+# Sections and keys Warren cannot honour yet: an import that carries any of them (not empty)
+# is refused before anything changes, rather than dropping them without a word.
+UNSUPPORTED_SECTIONS = ("topic_permissions", "operator_policies")
+
+
+def _refuse_unsupported(data: dict[str, Any]) -> None:
+    for section in UNSUPPORTED_SECTIONS:
+        if data.get(section):
+            raise bad_request(f"Warren does not support {section}: remove them to import")
+    users = data.get("users")
+    for item in users if isinstance(users, list) else []:
+        if isinstance(item, dict) and item.get("limits"):
+            raise bad_request(
+                f"Warren does not support user limits (user '{item.get('name')}'): "
+                "remove them to import"
+            )
+
+
+def _import_vhost(mgmt: Management, item: dict[str, Any], user: str | None) -> None:
+    name = _name(item)
+    limits = item.get("limits")
+    if limits and not isinstance(limits, dict):
+        raise bad_request(f"vhost '{name}': limits must be an object")
+    put_vhost(mgmt, name, item, user)
+    if limits:  # rabbit_definitions:vhost_definition/1 carries them beside the parameter
+        set_parameter(mgmt, name, "vhost-limits", "limits", limits)
+
+
 def _import_global(mgmt: Management, item: dict[str, Any]) -> None:
     # rabbit_definitions:add_global_parameter/2
     name = _name(item)
@@ -273,11 +303,12 @@ def import_definitions(
     """
     if not isinstance(data, dict):
         raise bad_request("failed_to_parse_json")
+    _refuse_unsupported(data)
     steps: list[tuple[str, Callable[[dict[str, Any]], None]]] = []
     if only is None:
         steps += [
             ("users", lambda i: _ignore(put_user(mgmt, _name(i), i))),
-            ("vhosts", lambda i: _ignore(put_vhost(mgmt, _name(i), i, user))),
+            ("vhosts", lambda i: _import_vhost(mgmt, i, user)),
             ("permissions", lambda i: set_permissions(mgmt, i.get("user"), i.get("vhost"), i)),
             ("global_parameters", lambda i: _import_global(mgmt, i)),
         ]
