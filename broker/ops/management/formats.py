@@ -198,9 +198,11 @@ def consumer_json(mgmt: Management, consumer: Consumer) -> dict[str, Any]:
         # Warren's own: the consumer timeout (quorum queues) and its timeout state
         "priority": consumer.priority,
         "messages_unacknowledged": consumer.unacked,
-        "consumer_timeout": consumer.timeout,
         "timed_out": consumer.timed_out > 0,
         "timed_out_deliveries": consumer.timed_out,
+        # only when it has one: rabbitmqadmin 3.10's ``list consumers`` measures every value
+        # with len() and crashes on a null
+        **({} if consumer.timeout is None else {"consumer_timeout": consumer.timeout}),
     }
 
 
