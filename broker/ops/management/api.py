@@ -12,6 +12,7 @@ from warren.broker.ops.management import (
     limits,
     overview,
     parameters,
+    plugins,
     policies,
     queues,
     trace,
@@ -33,6 +34,7 @@ def build_router(test_api: bool = False) -> Router:
         parameters,
         global_parameters,
         limits,
+        plugins,
         definitions,
         trace,
     ):

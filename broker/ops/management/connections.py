@@ -81,6 +81,16 @@ def user_connections(ctx: Ctx) -> web.StreamResponse:
     return reply_list(ctx, [connection_json(ctx.mgmt, c) for c in conns])
 
 
+def close_user_connections(ctx: Ctx) -> web.StreamResponse:
+    """rabbit_mgmt_wm_connection_user_name:delete_resource/2: every connection of the user."""
+    name = ctx.params["username"]
+    auth.owner_or(ctx, name)
+    reason = ctx.request.headers.get("X-Reason", CLOSE_REASON)
+    for conn in [c for c in ctx.mgmt.broker.connections if c.user == name]:
+        conn.force_close(reason)
+    return no_content()
+
+
 def list_channels(ctx: Ctx) -> web.StreamResponse:
     return reply_list(ctx, [channel_json(ctx.mgmt, ch) for ch in _channels(ctx)])
 
@@ -113,6 +123,7 @@ def routes(router: Router) -> None:
     router.add("DELETE", "connections/{connection}", close_connection, auth.any_user)
     router.add("GET", "connections/{connection}/channels", connection_channels, auth.any_user)
     router.add("GET", "connections/username/{username}", user_connections, auth.any_user)
+    router.add("DELETE", "connections/username/{username}", close_user_connections, auth.any_user)
     router.add("GET", "vhosts/{vhost}/connections", list_connections, auth.vhost_visible)
     router.add("GET", "channels", list_channels, auth.any_user)
     router.add("GET", "channels/{channel}", get_channel, auth.any_user)
