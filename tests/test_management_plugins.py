@@ -95,3 +95,24 @@ def test_delete_connections_of_a_user(warren: RunningBroker, api: HttpApi) -> No
         for conn in (first, second, mine):
             if conn.is_open:
                 conn.close()
+
+
+def test_more_health_checks(warren: RunningBroker, api: HttpApi) -> None:
+    # rabbit_mgmt_wm_health_check_virtual_hosts, _node_is_quorum_critical, _port_listener
+    assert api.ok("GET", "/api/health/checks/virtual-hosts") == {"status": "ok"}
+    single = {"status": "ok", "reason": "single node cluster"}
+    assert api.ok("GET", "/api/health/checks/node-is-quorum-critical") == single
+    assert api.ok("GET", "/api/health/checks/node-is-mirror-sync-critical") == single
+    port = warren.port
+    assert api.ok("GET", f"/api/health/checks/port-listener/{port}") == {
+        "status": "ok",
+        "port": port,
+    }
+    failed = api.get("/api/health/checks/port-listener/1")
+    assert failed.status == 503
+    assert (failed.body["status"], failed.body["reason"], failed.body["missing"]) == (
+        "failed",
+        "No active listener",
+        1,
+    )
+    assert port in failed.body["ports"]

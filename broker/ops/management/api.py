@@ -9,6 +9,7 @@ from warren.broker.ops.management import (
     definitions,
     exchanges,
     global_parameters,
+    health,
     limits,
     overview,
     parameters,
@@ -35,6 +36,7 @@ def build_router(test_api: bool = False) -> Router:
         global_parameters,
         limits,
         plugins,
+        health,
         definitions,
         trace,
     ):
