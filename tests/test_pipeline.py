@@ -132,7 +132,7 @@ def scenario(broker: RunningBroker) -> dict[str, Any]:
     work.basic_consume("emails", flaky, consumer_tag="flaky")
     _wait(lambda: len(acked) == 30, conn)
 
-    # retry: r-0 is nacked until the delivery limit dead-letters it, r-1 once then acked
+    # retry: r-0 is rejected until the delivery limit dead-letters it, r-1 once then acked
     failures: dict[str, int] = {}
 
     def retrying(c: Any, m: Any, p: Any, b: bytes) -> None:
@@ -141,7 +141,9 @@ def scenario(broker: RunningBroker) -> dict[str, Any]:
             c.basic_ack(m.delivery_tag)
             acked.append(p.message_id)
         else:
-            c.basic_nack(m.delivery_tag, requeue=True)
+            # a reject counts toward a quorum queue's delivery limit, a nack does not
+            # (RabbitMQ 4.3, rabbit_channel.erl; tests/test_delivery_limit.py)
+            c.basic_reject(m.delivery_tag, requeue=True)
 
     work.basic_consume("retry", retrying, consumer_tag="retrier")
     _wait(lambda: failures.get("r-0") == 2 and "r-1" in acked, conn)
