@@ -103,8 +103,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def auto_partitions(trace: str) -> int:
-    """Few partitions for a small trace (each task costs start-up), more for a big one."""
+def trace_bytes(trace: str) -> int | None:
+    """The size of the trace files; None if ``trace`` is not a local path."""
     size = 0
     if os.path.isdir(trace):
         for name in os.listdir(trace):
@@ -113,8 +113,16 @@ def auto_partitions(trace: str) -> int:
     elif os.path.isfile(trace):
         size = os.path.getsize(trace)
     else:
+        return None
+    return size
+
+
+def auto_partitions(trace: str) -> int:
+    """One per core for a small trace (each task costs start-up), more for a big one."""
+    size = trace_bytes(trace)
+    if size is None:
         return 32  # not a local path (hdfs://, s3://): the cluster's size is unknown here
-    return max(2, min(64, size // (32 << 20)))
+    return max(os.cpu_count() or 2, min(64, size // (32 << 20)))
 
 
 def _time(ts: int) -> str:
@@ -151,14 +159,26 @@ def run(
     out: str,
     bucket_seconds: float | None = None,
     max_deliveries: int = 3,
+    phases: dict[str, float] | None = None,
 ) -> None:
-    """The job on an existing session: Parquet tables and report.html in ``out``."""
+    """The job on an existing session: Parquet tables and report.html in ``out``.
+
+    ``phases``, if given, gets the seconds spent planning, running the job and writing
+    its tables, and drawing the report."""
     from warren.pipeline import job, report
 
+    started = time.monotonic()
     tables = job.analyse(job.load_events(spark, trace), bucket_seconds, max_deliveries)
+    planned = time.monotonic()
     job.write(tables, out)
     spark.catalog.clearCache()
+    job.cleanup()
+    written = time.monotonic()
     report.write_report(out, trace)
+    if phases is not None:
+        phases["plan and read"] = planned - started
+        phases["job"] = written - planned
+        phases["report"] = time.monotonic() - written
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,7 +202,10 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
     partitions = args.partitions or auto_partitions(args.trace)
-    spark = job.spark_session(args.master, args.driver_memory, partitions)
+    size = trace_bytes(args.trace)
+    short = size is not None and size < job.SHORT_RUN_BYTES
+    spark = job.spark_session(args.master, args.driver_memory, partitions, short=short)
+    phases = {"session": time.monotonic() - started}
     try:
         events = job.load_events(spark, args.trace)
         if args.message is not None:
@@ -190,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             print_history(rows)
             if args.out is None:
                 return 0
-        run(spark, args.trace, args.out, args.bucket_seconds, args.max_deliveries)
+        run(spark, args.trace, args.out, args.bucket_seconds, args.max_deliveries, phases)
     finally:
         spark.stop()
     elapsed = time.monotonic() - started
@@ -199,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     events_total = data["summary"][0]["events"]
     print(report.terminal_summary(data, args.queue))
     print(
-        f"\n{events_total:,} events in {elapsed:.1f} s ({events_total / elapsed:,.0f} events/s)"
+        f"\n{events_total:,} events in {elapsed:.1f} s ({events_total / elapsed:,.0f} events/s: "
+        + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items())
+        + ")"
         f"\ntables: {args.out}/<table>/ (Parquet)\nreport: {path}"
     )
     return 0

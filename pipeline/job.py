@@ -11,8 +11,11 @@ Timestamps are microseconds; latencies in the tables are milliseconds.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -50,6 +53,7 @@ class Tables:
     queue_consumers: DataFrame  # per queue: consumers seen, consumers live at the end
     messages: DataFrame  # per message: publish details, path, outcome
     problems: DataFrame  # messages with something wrong, and what
+    problem_groups: DataFrame  # problems by queue, kind and reason: counts, times, examples
     summary: DataFrame  # one row of totals
 
     def items(self) -> Iterable[tuple[str, DataFrame]]:
@@ -61,8 +65,19 @@ class Tables:
             ("queue_consumers", self.queue_consumers),
             ("messages", self.messages),
             ("problems", self.problems),
+            ("problem_groups", self.problem_groups),
             ("summary", self.summary),
         )
+
+
+# A short run: the JVM's optimising compiler, whole-stage code generation and adaptive
+# re-planning cost more than they save on a few hundred thousand events
+SHORT_RUN = {
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+}
+SHORT_RUN_BYTES = 64 << 20  # of trace files: up to about a million events
 
 
 def spark_session(
@@ -70,9 +85,14 @@ def spark_session(
     driver_memory: str = "4g",
     partitions: int = 8,
     conf: dict[str, str] | None = None,
+    short: bool = False,
 ) -> SparkSession:
-    """A session for the job: ``local[*]`` unless ``master`` or spark-submit says otherwise."""
+    """A session for the job: ``local[*]`` unless ``master`` or spark-submit says otherwise.
+
+    ``short``: an embedded run on a small trace, tuned for start-up (SHORT_RUN)."""
     builder = SparkSession.builder.appName("warren-report")
+    # no Hive: the job reads files and writes Parquet, it needs no metastore
+    builder = builder.config("spark.sql.catalogImplementation", "in-memory")
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started this driver
@@ -86,6 +106,10 @@ def spark_session(
         builder = builder.config("spark.sql.shuffle.partitions", str(partitions))
         builder = builder.config("spark.ui.enabled", "false")
         builder = builder.config("spark.ui.showConsoleProgress", "false")
+        builder = builder.config("spark.default.parallelism", str(partitions))
+        if short:
+            for key, value in SHORT_RUN.items():
+                builder = builder.config(key, value)
         # the Python workers decode the trace files: they need warren, as this one has it
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = builder.config("spark.sql.session.timeZone", "UTC")
@@ -104,6 +128,45 @@ def _decode(item: tuple[str, bytes]) -> Iterator[str]:
         yield f'{{"n":{n},{line[1:]}'
 
 
+LOCAL_DECODE_BYTES = 64 << 20  # of trace files: decoded by the driver below this
+_scratch: list[str] = []  # directories of decoded traces, removed by cleanup()
+
+
+def _decode_here(spark: SparkSession, trace: str) -> str | None:
+    """A small local trace in local mode, decoded here into a scratch directory of JSON
+    lines; or None. The JVM then reads plain files: no Python worker starts, which costs
+    seconds on a busy machine, against well under a second of decoding."""
+    if not (spark.sparkContext.master or "").startswith("local"):
+        return None
+    if os.path.isdir(trace):
+        names = sorted(n for n in os.listdir(trace) if n.startswith("warren-trace-"))
+        files = [os.path.join(trace, n) for n in names]
+    elif os.path.isfile(trace):
+        files = [trace]
+    else:
+        return None  # hdfs://, s3a://: Spark reads it
+    if not files or sum(os.path.getsize(f) for f in files) >= LOCAL_DECODE_BYTES:
+        return None
+    scratch = tempfile.mkdtemp(prefix="warren-report-")
+    _scratch.append(scratch)
+    for i, name in enumerate(files):
+        with open(name, "rb") as f:
+            data = f.read()
+        with open(os.path.join(scratch, f"{i}.json"), "w", encoding="utf-8") as out:
+            for line in _decode((name, data)):
+                out.write(line if line.endswith("\n") else line + "\n")
+    return scratch
+
+
+def cleanup() -> None:
+    """Remove the scratch directories of decoded traces (after the tables are written)."""
+    while _scratch:
+        shutil.rmtree(_scratch.pop(), ignore_errors=True)
+
+
+atexit.register(cleanup)
+
+
 def load_events(spark: SparkSession, trace: str) -> DataFrame:
     """Every event of the trace files in ``trace`` (a directory or one file).
 
@@ -112,13 +175,17 @@ def load_events(spark: SparkSession, trace: str) -> DataFrame:
     and tag only, and gets the rest here from that delivery.
     """
     path = os.path.join(trace, "warren-trace-*") if os.path.isdir(trace) else trace
-    text = spark.sparkContext.binaryFiles(path).flatMap(_decode)
+    reader = spark.read.schema(READ_SCHEMA)
+    scratch = _decode_here(spark, trace)
+    if scratch is not None:
+        source = reader.json(scratch)
+    else:
+        source = reader.json(spark.sparkContext.binaryFiles(path).flatMap(_decode))
     # a JSON file's line cut short by a live broker parses as nulls: dropped here
     events = (
-        spark.read.schema(READ_SCHEMA)
-        .json(text)
-        .filter(F.col("ev").isNotNull() & F.col("ts").isNotNull())
-        .persist(StorageLevel.DISK_ONLY)  # decoded once, read twice below
+        source.filter(F.col("ev").isNotNull() & F.col("ts").isNotNull()).persist(
+            StorageLevel.DISK_ONLY
+        )  # decoded once, read twice below
     )
     ev = F.col("ev")
     loose = (ev == "acked") & F.col("msg").isNull()
@@ -378,6 +445,13 @@ def copies(rows: DataFrame) -> DataFrame:
                 ev.isin("requeued", "retry_scheduled") & (F.col("why") == "consumer_timeout")
             ).alias("timeouts"),
             _count(ev == "expired").alias("expirations"),
+            F.min(
+                F.when(
+                    ev.isin("requeued", "retry_scheduled") & (F.col("why") == "consumer_timeout"),
+                    F.col("ts"),
+                )
+            ).alias("timed_out_ts"),
+            F.max("ts").alias("last_ts"),
             last.alias("last"),
             F.min(F.when(origin, F.col("ts"))).alias("published_ts"),
             publish("exchange").alias("exchange"),
@@ -509,6 +583,72 @@ def problems(msgs: DataFrame, max_deliveries: int) -> DataFrame:
     )
 
 
+EXAMPLES = 3  # message ids per problem group
+
+
+def problem_groups(per_copy: DataFrame) -> DataFrame:
+    """Problems counted by (vhost, queue, problem, reason): dead_lettered (reason: rejected,
+    expired, maxlen, delivery_limit), dropped (the same reasons, no dead-letter exchange),
+    expired (a TTL with nowhere to go), timed_out (consumer_timeout), never_acked (reason:
+    the copy's state at the end: ready, unacked or delayed) and unroutable (no queue;
+    reason: unroutable or returned). Each with its first and last time and the broker's ids
+    of its first EXAMPLES messages. A copy counts once per problem it has."""
+    queued = F.col("queue").isNotNull()
+    outcome = F.col("outcome")
+
+    def problem(condition: Column, name: str, reason: Column, ts: str) -> Column:
+        found = F.struct(
+            F.lit(name).alias("problem"), reason.alias("reason"), F.col(ts).alias("ts")
+        )
+        return F.when(condition, found)
+
+    after_colon = F.substring_index(outcome, ":", -1)
+    found = F.array_compact(
+        F.array(
+            problem(
+                queued & outcome.startswith("dead_lettered:"),
+                "dead_lettered",
+                after_colon,
+                "last_ts",
+            ),
+            problem(queued & outcome.startswith("dropped:"), "dropped", after_colon, "last_ts"),
+            problem(queued & (outcome == "expired"), "expired", F.lit("ttl"), "last_ts"),
+            problem(
+                queued & (F.col("timeouts") > 0),
+                "timed_out",
+                F.lit("consumer_timeout"),
+                "timed_out_ts",
+            ),
+            problem(
+                queued & outcome.isin("ready", "unacked", "delayed"),
+                "never_acked",
+                outcome,
+                "last_ts",
+            ),
+            problem(
+                ~queued & F.col("unrouted").isNotNull(),
+                "unroutable",
+                F.col("unrouted"),
+                "published_ts",
+            ),
+        )
+    )
+    first = F.array_sort(F.collect_list(F.struct("p.ts", "msg")))
+    return (
+        per_copy.select("vhost", "queue", "msg", F.explode(found).alias("p"))
+        .groupBy(
+            "vhost", "queue", F.col("p.problem").alias("problem"), F.col("p.reason").alias("reason")
+        )
+        .agg(
+            F.count("*").alias("messages"),
+            F.timestamp_micros(F.min("p.ts")).alias("first"),
+            F.timestamp_micros(F.max("p.ts")).alias("last"),
+            F.transform(F.slice(first, 1, EXAMPLES), lambda s: s["msg"]).alias("examples"),
+        )
+        .orderBy(F.desc("messages"), "vhost", "queue", "problem", "reason")
+    )
+
+
 def summary(events: DataFrame, msgs: DataFrame, bucket_seconds: float) -> DataFrame:
     ev = F.col("ev")
     totals = events.agg(
@@ -548,7 +688,8 @@ def analyse(
     events = events.persist(StorageLevel.DISK_ONLY)
     rows = copy_events(events, partitions).persist(StorageLevel.MEMORY_AND_DISK)
     samples = latency_samples(rows).persist(StorageLevel.MEMORY_AND_DISK)
-    msgs = messages(copies(rows)).persist(StorageLevel.MEMORY_AND_DISK)
+    per_copy = copies(rows).persist(StorageLevel.MEMORY_AND_DISK)
+    msgs = messages(per_copy).persist(StorageLevel.MEMORY_AND_DISK)
     if bucket_seconds is None:
         bucket_seconds = auto_bucket(events)
     return Tables(
@@ -563,6 +704,7 @@ def analyse(
         queue_consumers=queue_consumers(events),
         messages=msgs,
         problems=problems(msgs, max_deliveries),
+        problem_groups=problem_groups(per_copy),
         summary=summary(events, msgs, bucket_seconds),
     )
 

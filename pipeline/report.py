@@ -30,6 +30,8 @@ def read_tables(out: str) -> dict[str, list[Row]]:
     tables["queue_minute"].sort(key=lambda r: (r["vhost"], r["queue"], r["minute"]))
     live = os.path.join(out, "queue_consumers")  # absent from tables written before it
     tables["queue_consumers"] = pq.read_table(live).to_pylist() if os.path.exists(live) else []
+    groups = os.path.join(out, "problem_groups")  # absent from tables written before it
+    tables["problem_groups"] = pq.read_table(groups).to_pylist() if os.path.exists(groups) else []
     problems = pq.read_table(os.path.join(out, "problems"))
     tables["problems"] = problems.slice(0, MAX_PROBLEMS_SHOWN).to_pylist()
     tables["summary"][0]["problem_messages"] = problems.num_rows
@@ -154,7 +156,9 @@ def _png(fig: Any) -> str:
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    # a figure with a layout engine is laid out already; "tight" would draw it twice
+    tight = None if fig.get_layout_engine() is not None else "tight"
+    fig.savefig(buf, format="png", dpi=110, bbox_inches=tight)
     plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
@@ -246,7 +250,9 @@ def _charts(tables: dict[str, list[Row]], queues: list[Row]) -> dict[str, str]:
                 ax.legend(fontsize=7, loc="upper left")
     charts["queues"] = _png(fig)
 
-    fig, ax = plt.subplots(figsize=(12, 0.5 + 0.45 * n * len(LATENCY_METRICS)))
+    fig, ax = plt.subplots(
+        figsize=(12, 0.5 + 0.45 * n * len(LATENCY_METRICS)), constrained_layout=True
+    )
     labels, p50, p95, p99 = [], [], [], []
     for queue in reversed(shown):
         for metric in reversed(LATENCY_METRICS):
@@ -279,7 +285,9 @@ def _charts(tables: dict[str, list[Row]], queues: list[Row]) -> dict[str, str]:
         if (c["vhost"], c["queue"]) in {(q["vhost"], q["queue"]) for q in shown}
     ][:30]
     if consumers:
-        fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.6 + 0.32 * len(consumers)))
+        fig, (left, right) = plt.subplots(
+            1, 2, figsize=(12, 0.6 + 0.32 * len(consumers)), constrained_layout=True
+        )
         names = [f"{c['queue']} / {c['consumer']}" for c in consumers]
         ys = range(len(consumers))
         left.barh(ys, [c["processing_p99_ms"] for c in consumers], color="#c44e52", label="p99")
@@ -333,6 +341,12 @@ def _e(value: Any) -> str:
 ID_COLUMNS = ("msg",)
 
 
+def _example(msg: Any) -> str:
+    """A link to the message's row in the problem list, which says how to see its history."""
+    text = html.escape(str(msg))
+    return f'<a href="#msg-{text}" title="warren-report --trace DIR --message {text}">{text}</a>'
+
+
 def _table(rows: list[Row], columns: list[tuple[str, str]], left: tuple[str, ...] = ()) -> str:
     head = "".join(
         f'<th class="{"l" if k in left else ""}">{html.escape(t)}</th>' for k, t in columns
@@ -343,8 +357,15 @@ def _table(rows: list[Row], columns: list[tuple[str, str]], left: tuple[str, ...
         for key, _ in columns:
             cls = "path" if key == "path" else ("l" if key in left else "")
             value = row.get(key)
-            text = html.escape(str(value)) if key in ID_COLUMNS and value is not None else _e(value)
-            cells.append(f'<td class="{cls}">{text}</td>')
+            anchor = ""
+            if key in ID_COLUMNS and value is not None:
+                text = html.escape(str(value))
+                anchor = f' id="msg-{text}"'  # the target of a problem group's example
+            elif key == "examples" and value:
+                text = ", ".join(_example(v) for v in value)
+            else:
+                text = _e(value)
+            cells.append(f'<td class="{cls}"{anchor}>{text}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
@@ -494,6 +515,29 @@ def render_html(tables: dict[str, list[Row]], trace: str) -> str:
             left=("queue", "consumer", "metric"),
         )
     )
+    if tables["problem_groups"]:
+        parts.append("<h2>Problems by queue</h2>")
+        parts.append(
+            "<p class='sub'>Dead-lettered or dropped (by reason), expired, timed out, never "
+            "acked (by the state it was left in) and unroutable, with the first three "
+            "messages of each: each links to its row below; its whole history is "
+            "<code>warren-report --trace DIR --message ID</code>.</p>"
+        )
+        parts.append(
+            _table(
+                tables["problem_groups"],
+                [
+                    ("queue", "queue"),
+                    ("problem", "problem"),
+                    ("reason", "reason"),
+                    ("messages", "messages"),
+                    ("first", "first"),
+                    ("last", "last"),
+                    ("examples", "examples"),
+                ],
+                left=("queue", "problem", "reason", "examples"),
+            )
+        )
     total = summary["problem_messages"]
     shown = len(tables["problems"])
     parts.append(

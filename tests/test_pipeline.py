@@ -132,7 +132,7 @@ def scenario(broker: RunningBroker) -> dict[str, Any]:
     work.basic_consume("emails", flaky, consumer_tag="flaky")
     _wait(lambda: len(acked) == 30, conn)
 
-    # retry: r-0 is nacked until the delivery limit dead-letters it, r-1 once then acked
+    # retry: r-0 is rejected until the delivery limit dead-letters it, r-1 once then acked
     failures: dict[str, int] = {}
 
     def retrying(c: Any, m: Any, p: Any, b: bytes) -> None:
@@ -141,7 +141,9 @@ def scenario(broker: RunningBroker) -> dict[str, Any]:
             c.basic_ack(m.delivery_tag)
             acked.append(p.message_id)
         else:
-            c.basic_nack(m.delivery_tag, requeue=True)
+            # a reject counts toward a quorum queue's delivery limit, a nack does not
+            # (RabbitMQ 4.3, rabbit_channel.erl; tests/test_delivery_limit.py)
+            c.basic_reject(m.delivery_tag, requeue=True)
 
     work.basic_consume("retry", retrying, consumer_tag="retrier")
     _wait(lambda: failures.get("r-0") == 2 and "r-1" in acked, conn)
@@ -257,7 +259,28 @@ def test_the_job_on_a_real_broker(spark: Any, tmp_path: Path) -> None:
     )
     assert problems["p-0"]["path"] == "payments (acked, delivered 2x, timed out 1x)"
     assert problems["u-0"]["outcome"] == "returned"
+    # grouped: each kind of problem once per queue and reason, with the first messages
+    mid = {p["msg"]: p["message_id"] for p in tables["problems"]}
+    groups = {
+        (g["queue"], g["problem"], g["reason"]): (
+            g["messages"],
+            sorted(mid[m] for m in g["examples"]),
+        )
+        for g in tables["problem_groups"]
+    }
+    assert groups == {
+        ("ttl", "dead_lettered", "expired"): (3, ["t-0", "t-1", "t-2"]),
+        ("retry", "dead_lettered", "delivery_limit"): (1, ["r-0"]),
+        ("rejects", "dead_lettered", "rejected"): (1, ["x-0"]),
+        ("payments", "timed_out", "consumer_timeout"): (1, ["p-0"]),
+        (None, "unroutable", "returned"): (1, ["u-0"]),
+    }
+    for g in tables["problem_groups"]:
+        assert summary["first_event"] <= g["first"] <= g["last"] <= summary["last_event"]
     html = (out / "report.html").read_text()
+    ttl = next(g for g in tables["problem_groups"] if g["queue"] == "ttl")
+    assert f'<a href="#msg-{ttl["examples"][0]}"' in html  # to the message's own row
+    assert f'id="msg-{ttl["examples"][0]}"' in html
     assert "data:image/png;base64," in html and "consumer timed out" not in html
     assert "1 delivery timed out" in html  # the payments queue's diagnosis
 
@@ -368,6 +391,14 @@ def test_the_job_against_plain_python(spark: Any, tmp_path: Path) -> None:
             assert row["p50_ms"] == pytest.approx(nearest_rank(samples, 0.5), rel=0.01)
             assert row["p95_ms"] == pytest.approx(nearest_rank(samples, 0.95), rel=0.01)
             assert row["max_ms"] == max(samples) / 1000
+    dead = {
+        (g["queue"], g["reason"]): g["messages"]
+        for g in tables["problem_groups"]
+        if g["problem"] == "dead_lettered"
+    }
+    for name, counts in ref["queues"].items():
+        for reason in ("expired", "rejected", "delivery_limit"):
+            assert dead.get((name, reason), 0) == counts[f"dead_lettered_{reason}"]
     summary = tables["summary"][0]
     assert summary["messages"] == ref["messages"] == 3000
     assert summary["messages_unroutable"] == ref["unroutable"]
