@@ -42,6 +42,8 @@ COMPILED = [
     "warren/broker/engine/consumer.py",
     "warren/broker/server/amqp_connection.py",
     "warren/broker/engine/queue.py",
+    "warren/broker/engine/queue_consumers.py",
+    "warren/broker/engine/deadlines.py",
     "warren/broker/engine/stats.py",
     "warren/broker/engine/message.py",
     "warren/broker/streams/stream.py",

@@ -167,7 +167,7 @@ def test_settled_messages_are_not_kept_for_their_ttl(
 
     def held() -> int:
         q = warren.server.broker.vhosts["/"].queues[qname]
-        return len(q._expiry)  # entries of the expiry heap, each holding its message
+        return len(q.deadlines.expiry)  # entries of the expiry heap, each holding its message
 
     assert counts(warren, qname)["ready"] == 0
     assert warren.call(held) < 100

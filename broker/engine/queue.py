@@ -8,14 +8,13 @@ head: counts are exact at once, the deque entry goes later.
 
 from __future__ import annotations
 
-import bisect
-import heapq
 import itertools
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from mypy_extensions import mypyc_attr
 
+from warren.broker.engine.deadlines import QueueDeadlines
 from warren.broker.engine.message import (
     DELAYED,
     GONE,
@@ -25,11 +24,11 @@ from warren.broker.engine.message import (
     page_out,
     unpage,
 )
+from warren.broker.engine.queue_consumers import QueueConsumers
 from warren.broker.engine.ready import PriorityReady, merge_in_order
 from warren.broker.engine.reaper import EVERYTHING
 from warren.broker.engine.retry import RetryPolicy, parse_schedule
 from warren.broker.engine.stats import ConsumerUse
-from warren.broker.engine.timers import Deadline, DeadlineHeap
 from warren.broker.store.paged import MESSAGE_MEMORY, PagedRun
 from warren.protocol.properties import (
     FLAG_PRIORITY,
@@ -156,32 +155,15 @@ class Queue:
         self.paged_count = 0
         self.paged_bytes = 0
         self.unacked_count = 0
-        self.consumers: list[Consumer] = []
-        self.exclusive_consumer: Consumer | None = None
-        # Plain dispatch (no priorities, no single active consumer) offers messages to the
-        # consumers of ``_turns`` in turn; one found at its limit (prefetch, a paused socket,
-        # a timeout) waits in ``_blocked`` until a settle of its own delivery or a change
-        # that may concern any consumer (dispatch()) brings it back: a delivery costs the
-        # same however many consumers wait at their limit (RabbitMQ's blocked consumers).
-        self._turns: deque[Consumer] = deque()
-        self._blocked: dict[Consumer, None] = {}
-        # Prioritised dispatch (consumers of more than one x-priority, or single active
-        # consumer) keeps the consumers in turn by priority, in ``_levels``, and ``_order``
-        # lists the priorities that have any, lowest first; ``_turns`` then only holds the
-        # consumers that arrived or came back since the last delivery, filed by priority
-        # (_file_turns) before the next. One at its limit waits in ``_blocked`` as above, and
-        # a priority whose consumers all wait leaves ``_order``: a delivery costs the same
-        # however many wait. (RabbitMQ 4.3, rabbit_queue_consumers:deliver/6: the head of a
-        # priority queue of consumers takes the message and goes back last of its priority;
-        # block_consumer/2 moves one at its limit aside, unblock/2 joins it back last.)
-        # A consumer is in exactly one of ``_turns``, ``_levels`` and ``_blocked``.
-        self._levels: dict[int, deque[Consumer]] = {}
-        self._order: list[int] = []
-        self._rescan = True  # dispatch() rechecks the blocked ones (dispatch_settled: not)
+        sac = self.arguments.get("x-single-active-consumer")
+        self.single_active_consumer = sac is True
+        # the consumers and who gets the next message (broker/engine/queue_consumers.py);
+        # ``consumers`` is its list, highest priority first
+        self.dispatcher = QueueConsumers(self.single_active_consumer)
+        self.consumers: list[Consumer] = self.dispatcher.consumers
         self._next_seq = 0
         self.deleted = False
         self.stats = QueueStats()
-        self._had_consumers = False
         # consumer capacity (RabbitMQ's rabbit_queue_consumers use/avg): set while every
         # consumer is blocked with messages ready; its moving average lives in
         # broker/engine/stats.py
@@ -190,12 +172,8 @@ class Queue:
         self._now = timers.clock()
         self._wall = timers.wall  # the store's deadlines: broker time, as the wall clock
         self.use = ConsumerUse(self._now)
-        # per-message deadlines: (expires_at, seq, message), earliest first
-        self._expiry: DeadlineHeap[tuple[float, int, Message]] = DeadlineHeap(
-            timers, self._expire_due, _may_expire
-        )
-        self._unused_timer = Deadline(timers, self._check_unused)
-        self._last_used = self._now()
+        # TTLs, consumer timeouts, delayed retries and x-expires (broker/engine/deadlines.py)
+        self.deadlines = QueueDeadlines(self, timers)
         queue_type = self.arguments.get("x-queue-type", "classic")
         self.queue_type: str = queue_type if isinstance(queue_type, str) else "classic"
         self.store_id = 0  # the queue's id in the store when it keeps persistent messages
@@ -205,20 +183,7 @@ class Queue:
         # exchanges with a binding to this queue (Exchange.bind keeps it): deleting the queue
         # visits them, not every exchange of the vhost
         self.sources: dict[Exchange, None] = {}
-        # consumer timeouts (quorum queues): (deadline, n, message, channel, tag, timeout),
-        # earliest first
-        self._lock_heap: DeadlineHeap[tuple[float, int, Message, Channel, int, int]] = DeadlineHeap(
-            timers, self._locks_due, _locked
-        )
-        self._lock_count = 0
-        # delayed retries: (ready_at, seq, message), earliest first
-        self._delayed: DeadlineHeap[tuple[float, int, Message]] = DeadlineHeap(
-            timers, self._release_delayed, _still_delayed
-        )
         self.delayed_count = 0
-        sac = self.arguments.get("x-single-active-consumer")
-        self.single_active_consumer = sac is True
-        self._plain_dispatch = not self.single_active_consumer  # no SAC, equal priorities
         self.apply_settings()
         self.touch()
 
@@ -227,9 +192,7 @@ class Queue:
         old_expires = getattr(self, "expires", None)
         self._apply_settings()
         if self.expires != old_expires:
-            self._unused_timer.cancel()  # another x-expires: count it from the last use
-            if self.expires is not None and not self.consumers:
-                self._unused_timer.arm(self._last_used + self.expires / 1000)
+            self.deadlines.rearm_unused(self.expires, not self.consumers)
         if self._limited and self.overflow == "drop-head":
             self._drop_head_over_limit()  # a lower limit trims the queue at once, as in RabbitMQ
 
@@ -329,7 +292,7 @@ class Queue:
         self.ready_count += 1
         self.ready_bytes += len(msg.body)
         if self.consumers:
-            self._deliver()  # a consumer that can take it gets it before any limit applies
+            self.dispatcher.deliver(self)  # a consumer that can take it has it before any limit
         if self._limited:
             self._drop_head_over_limit()
         if ttl is not None:
@@ -337,9 +300,9 @@ class Queue:
             msg.expires_at = self._now() + ttl / 1000
             if msg.state == READY:
                 if ttl == 0:
-                    self._expire(msg)  # nobody could take it at once: RabbitMQ's immediate
+                    self.expire(msg)  # nobody could take it at once: RabbitMQ's immediate
                 else:
-                    self._track_expiry(msg)
+                    self.deadlines.track_expiry(msg, self.ready_count + self.delayed_count)
         return True
 
     def _append_ready(self, msg: Message) -> None:
@@ -409,7 +372,7 @@ class Queue:
             (max_len is not None and self.ready_count + self.delayed_count > max_len)
             or (max_bytes is not None and self.ready_bytes > max_bytes)
         ):
-            msg = self._pop_ready(deliver=False)
+            msg = self.pop_ready(deliver=False)
             if msg is None:
                 break
             self._gone(msg)
@@ -427,7 +390,7 @@ class Queue:
             msg.tag = 0
             msg.redelivered = True
             if msg.expires_at is not None and msg.expires_at <= now:
-                self._expired(msg)
+                self.expired(msg)
                 continue
             msg.state = READY
             back.append(msg)
@@ -445,12 +408,12 @@ class Queue:
         for msg in back:
             self.ready_bytes += len(msg.body)
             if msg.expires_at is not None:
-                self._track_expiry(msg)
-        self._deliver()
+                self.deadlines.track_expiry(msg, self.ready_count + self.delayed_count)
+        self.dispatcher.deliver(self)
 
     # ---- out ----
 
-    def _pop_ready(self, deliver: bool = True) -> Message | None:
+    def pop_ready(self, deliver: bool = True) -> Message | None:
         """The head of the ready messages, taken out of them.
 
         ``deliver``: for a consumer or basic.get, the one place a message is handed over
@@ -465,7 +428,7 @@ class Queue:
             if msg.state != READY:
                 continue  # expired or otherwise gone while waiting
             if deliver and msg.expires_at is not None and msg.expires_at < self._now():
-                self._expire(msg)
+                self.expire(msg)
                 continue
             if self.paged_count and msg.paged_size >= 0:
                 self._read_ahead(msg)
@@ -486,144 +449,42 @@ class Queue:
         self.message_store.read_ahead(itertools.chain((head,), self.ready))
 
     def dispatch(self) -> None:
-        """Hand ready messages to consumers with capacity, round-robin: capacity may have
-        come back for any consumer (qos, flow, a drained socket, the end of a timeout), so
-        the blocked ones are offered messages again."""
-        if self._blocked and self._rescan:
-            self._turns.extend(self._blocked)
-            self._blocked.clear()
-        self._deliver()
+        """Hand ready messages to consumers with room (broker/engine/queue_consumers.py):
+        room may have come back for any consumer."""
+        self.dispatcher.dispatch(self)
 
     def dispatch_settled(self) -> None:
         """Deliveries were settled (the channel has no global prefetch): only their
-        consumers gained room, and they are back in turn already (_unblock)."""
-        self._rescan = False
+        consumers gained room, and they are back in turn already (QueueConsumers.unblock)."""
+        dispatcher = self.dispatcher
+        dispatcher.rescan = False
         try:
             self.dispatch()  # a stream's own (broker/streams/stream.py)
         finally:
-            self._rescan = True
-
-    def _unblock(self, consumer: Consumer | None) -> None:
-        """One of ``consumer``'s deliveries is settled: it may take more. (With a channel-wide
-        limit, the room is any of the channel's consumers': dispatch() offers it in turn.)"""
-        if (
-            consumer is not None and consumer in self._blocked
-            and not consumer.channel.prefetch_global
-        ):  # fmt: skip
-            del self._blocked[consumer]
-            self._turns.append(consumer)
-
-    def _file_turns(self) -> None:
-        """Prioritised dispatch: the consumers of ``_turns`` take their turns, each last of
-        its priority."""
-        levels = self._levels
-        arrived = self._turns
-        while arrived:
-            consumer = arrived.popleft()
-            priority = consumer.priority
-            turns = levels.get(priority)
-            if turns is None:
-                levels[priority] = turns = deque()
-                bisect.insort(self._order, priority)
-            turns.append(consumer)
-
-    def _deliver(self) -> None:
-        if not self._plain_dispatch:
-            self._dispatch_ordered()
-            return
-        turns = self._turns
-        while self.ready_count and turns:
-            consumer = turns[0]
-            if not consumer.channel.can_deliver(consumer):
-                turns.popleft()
-                self._blocked[consumer] = None
-                continue
-            if self.idle:
-                self.use.unblocked(self)
-            msg = self._pop_ready()
-            if msg is None:
-                return
-            turns.rotate(-1)  # its turn is over (before the delivery, which may cancel it)
-            consumer.channel.deliver(consumer, msg)
-        if self.ready_count and self.consumers and not turns:
-            self.use.blocked(self)
-
-    def _dispatch_ordered(self) -> None:
-        """Consumer priorities: the highest priority with a consumer in turn gets the
-        message, round-robin among its equals; one found at its limit waits aside
-        (``_blocked``), and its priority leaves ``_order`` once none of it is in turn."""
-        if self.single_active_consumer:
-            self._dispatch_single()
-            return
-        levels = self._levels
-        order = self._order  # changed in place only: a delivery may add or cancel consumers
-        while self.ready_count:
-            if self._turns:
-                if self._plain_dispatch:  # a delivery cancelled the last of other priorities
-                    self._deliver()
-                    return
-                self._file_turns()
-            if not order:
-                break
-            priority = order[-1]
-            turns = levels[priority]
-            consumer = turns[0]
-            if not consumer.channel.can_deliver(consumer):
-                turns.popleft()
-                self._blocked[consumer] = None
-                if not turns:
-                    del levels[priority]
-                    order.pop()
-                continue
-            # the same steps as _deliver's, inline in both: a shared helper would be one
-            # more call per message on the plain path
-            if self.idle:
-                self.use.unblocked(self)
-            msg = self._pop_ready()
-            if msg is None:
-                return
-            turns.rotate(-1)  # its turn is over (before the delivery, which may cancel it)
-            consumer.channel.deliver(consumer, msg)
-        if self.ready_count and self.consumers and not order:
-            self.use.blocked(self)
-
-    def _dispatch_single(self) -> None:
-        """Single active consumer: only the first consumer is ever offered messages."""
-        consumers = self.consumers
-        while self.ready_count and consumers:
-            active = consumers[0]
-            if not active.channel.can_deliver(active):
-                self.use.blocked(self)
-                return
-            if self.idle:
-                self.use.unblocked(self)
-            msg = self._pop_ready()
-            if msg is None:
-                return
-            active.channel.deliver(active, msg)
+            dispatcher.rescan = True
 
     def get(self) -> Message | None:
         """basic.get: the head message, now unacked (the channel settles it for no-ack)."""
         self.touch()
-        return self._pop_ready()
+        return self.pop_ready()
 
     # ---- settling ----
 
     def settled(self, msg: Message) -> None:
         """Acked (or delivered with no-ack): the message is done."""
-        if self._blocked:
-            self._unblock(msg.consumer)
+        if self.dispatcher.blocked:
+            self.dispatcher.unblock(msg.consumer)
         if msg.state == UNACKED:
             self._gone(msg)
             self.unacked_count -= 1
             self.stats.acked += 1
             if msg.expires_at is not None:
-                self._expiry.compact(self.ready_count + self.delayed_count)
+                self.deadlines.expiry.compact(self.ready_count + self.delayed_count)
 
     def rejected(self, msg: Message) -> None:
         """basic.reject or basic.nack without requeue: dead-letter it (or drop it)."""
-        if self._blocked:
-            self._unblock(msg.consumer)
+        if self.dispatcher.blocked:
+            self.dispatcher.unblock(msg.consumer)
         if msg.state != UNACKED:
             return
         self._gone(msg)
@@ -641,9 +502,10 @@ class Queue:
         with requeue, a plain requeue that leaves the delivery count alone (RabbitMQ 4.3,
         rabbit_channel.erl handle_method basic.nack: ``requeue``, not ``settle(true, _)``).
         """
-        if self._blocked:
+        dispatcher = self.dispatcher
+        if dispatcher.blocked:
             for msg in msgs:
-                self._unblock(msg.consumer)
+                dispatcher.unblock(msg.consumer)
         live = [m for m in msgs if m.state == UNACKED]
         self.unacked_count -= len(live)
         if self.deleted:
@@ -678,24 +540,21 @@ class Queue:
             delay = self.retry.delay_ms(msg.retries) / 1000
             if (tracer := self.vhost.tracer) is not None:
                 tracer.retry_scheduled(self, msg, round(delay * 1000), why)
-            self._delayed.push((now + delay, msg.seq, msg), self.delayed_count)
-            if msg.expires_at is not None:
-                self._track_expiry(msg)  # it may expire while it waits
+            self.deadlines.delay(msg, now + delay, self.delayed_count)
+            if msg.expires_at is not None:  # it may expire while it waits
+                self.deadlines.track_expiry(msg, self.ready_count + self.delayed_count)
             if msg.store_id:
                 self.message_store.state(msg, self._wall() + delay)  # type: ignore[union-attr]
 
-    def _release_delayed(self) -> None:
-        """Delays are over: the messages join the tail of the queue, redelivered."""
-        now = self._now()
-        heap = self._delayed.entries
+    def release_delayed(self, msgs: list[Message], now: float) -> None:
+        """Their delays are over (QueueDeadlines): they join the tail of the queue, redelivered."""
         released = False
-        while heap and heap[0][0] <= now:
-            _, _, msg = heapq.heappop(heap)
+        for msg in msgs:
             if msg.state != DELAYED:
                 continue
             self.delayed_count -= 1
             if msg.expires_at is not None and msg.expires_at <= now:
-                self._expired(msg)
+                self.expired(msg)
                 continue
             self._next_seq += 1
             msg.seq = self._next_seq  # the tail, not its old place
@@ -704,11 +563,10 @@ class Queue:
             self.ready_count += 1
             self.ready_bytes += len(msg.body)
             if msg.expires_at is not None:
-                self._track_expiry(msg)
+                self.deadlines.track_expiry(msg, self.ready_count + self.delayed_count)
             released = True
-        self._delayed.rearm()
         if released:
-            self._deliver()
+            self.dispatcher.deliver(self)
 
     def _count_failed_delivery(self, msgs: list[Message]) -> list[Message]:
         """Quorum semantics: a failed delivery counts; past the limit it is dead-lettered."""
@@ -734,11 +592,12 @@ class Queue:
         count = self.ready_count + self.delayed_count
         if count and (tracer := self.vhost.tracer) is not None:
             tracer.purged(self)
-        for _, _, msg in self._delayed:
+        delayed = self.deadlines.delayed
+        for _, _, msg in delayed:
             self._gone(msg)
-        self._delayed.clear()
+        delayed.clear()
         self.delayed_count = 0
-        expiring = self._expiry.take()
+        expiring = self.deadlines.expiry.take()
         if self.ready or self.tail or expiring:
             held: deque[Any] = deque((self.ready, self.tail, expiring))
             self.ready = PriorityReady(self.max_priority) if self.max_priority else deque()
@@ -786,106 +645,31 @@ class Queue:
     # ---- consumers ----
 
     def add_consumer(self, consumer: Consumer) -> None:
-        # highest priority first, registration order within a priority (the management
-        # API's consumer lists and single active consumer read it in this order)
-        consumers = self.consumers
-        consumers.insert(bisect.bisect_right(consumers, -consumer.priority, key=_rank), consumer)
-        self._choose_dispatch()
-        self._turns.append(consumer)
-        if consumer.exclusive:
-            self.exclusive_consumer = consumer
-        self._had_consumers = True
-        self._unused_timer.cancel()
-        self._deliver()
+        self.dispatcher.add(consumer)
+        self.deadlines.unused.cancel()
+        self.dispatcher.deliver(self)
 
     def remove_consumer(self, consumer: Consumer) -> None:
-        try:
-            self.consumers.remove(consumer)
-        except ValueError:
+        dispatcher = self.dispatcher
+        if not dispatcher.remove(consumer):
             return
-        if consumer in self._blocked:
-            del self._blocked[consumer]
-        elif self._plain_dispatch:
-            self._turns.remove(consumer)
-        else:
-            self._file_turns()
-            priority = consumer.priority
-            turns = self._levels[priority]
-            turns.remove(consumer)
-            if not turns:
-                del self._levels[priority]
-                self._order.remove(priority)
-        if self.exclusive_consumer is consumer:
-            self.exclusive_consumer = None
-        self._choose_dispatch()
         if self.single_active_consumer and self.consumers:
             self.dispatch()  # the next consumer takes over
         if not self.consumers:
-            if self.auto_delete and self._had_consumers:
+            if self.auto_delete and dispatcher.had_consumers:
                 self.vhost.delete_queue(self)
                 return
             self.touch()
 
-    def _choose_dispatch(self) -> None:
-        """Plain dispatch while the consumers share one priority and there is no single
-        active consumer, prioritised otherwise. Going prioritised, ``_turns`` is filed by
-        priority at the next delivery; going plain, the one priority left goes back first."""
-        consumers = self.consumers
-        plain = not self.single_active_consumer and (
-            not consumers or consumers[0].priority == consumers[-1].priority
-        )
-        if plain == self._plain_dispatch:
-            return
-        self._plain_dispatch = plain
-        if plain:  # one priority left, if any: its turns, then those not filed yet
-            for priority in self._order:
-                self._turns.extendleft(reversed(self._levels[priority]))
-            self._levels.clear()
-            self._order.clear()
-
-    # ---- consumer timeouts ----
+    @property
+    def exclusive_consumer(self) -> Consumer | None:
+        return self.dispatcher.exclusive
 
     def lock(self, msg: Message, channel: Channel, tag: int, timeout_ms: int) -> None:
-        """Start the clock on an unacked delivery: past its deadline it goes back to the queue."""
-        self._lock_count += 1
-        deadline = self._now() + timeout_ms / 1000
-        entry = (deadline, self._lock_count, msg, channel, tag, timeout_ms)
-        self._lock_heap.push(entry, self.unacked_count)  # settled ones are swept out there
+        """Start the clock on an unacked delivery (a consumer timeout, QueueDeadlines)."""
+        self.deadlines.lock(msg, channel, tag, timeout_ms, self.unacked_count)
 
-    def _locks_due(self) -> None:
-        now = self._now()
-        heap = self._lock_heap.entries
-        due: dict[tuple[Channel, Consumer | None], tuple[list[Message], int]] = {}
-        while heap and heap[0][0] <= now:
-            entry = heapq.heappop(heap)
-            if _locked(entry):
-                msg = entry[2]
-                group = due.setdefault((entry[3], msg.consumer), ([], entry[5]))
-                group[0].append(msg)
-        self._lock_heap.rearm()
-        for (channel, consumer), (msgs, timeout) in due.items():
-            channel.deliveries_timed_out(consumer, msgs, timeout)
-
-    # ---- TTL ----
-
-    def _track_expiry(self, msg: Message) -> None:
-        assert msg.expires_at is not None
-        # delivered messages linger in the heap until their deadline; push sweeps them out
-        self._expiry.push((msg.expires_at, msg.seq, msg), self.ready_count + self.delayed_count)
-
-    def _expire_due(self) -> None:
-        now = self._now()
-        heap = self._expiry.entries
-        while heap and heap[0][0] <= now:
-            _, _, msg = heapq.heappop(heap)
-            if msg.expires_at is None or msg.expires_at > now:
-                continue
-            if msg.state == READY:
-                self._expire(msg)
-            elif msg.state == DELAYED:  # its entry in the delay heap is skipped when due
-                self.delayed_count -= 1
-                self._expired(msg)
-        self._expiry.rearm()  # drops the delivered ones that reached the top meanwhile
+    # ---- leaving ----
 
     def _gone(self, msg: Message) -> None:
         """The message leaves the queue for good (acked, expired, dropped, dead-lettered)."""
@@ -901,17 +685,17 @@ class Queue:
             else:
                 store.remove(msg)
 
-    def _expire(self, msg: Message) -> None:
+    def expire(self, msg: Message) -> None:
         """Remove a ready message wherever it is in the queue."""
         self.ready_count -= 1
         self.ready_bytes -= msg.body_size()
         if self.ready and self.ready[0] is msg:
             self.ready.popleft()
-        self._expired(msg)
+        self.expired(msg)
         if not self.ready_count:
             self.ready.clear()
 
-    def _expired(self, msg: Message) -> None:
+    def expired(self, msg: Message) -> None:
         """Its TTL ran out (ready, waiting for a retry, or coming back unacked): it leaves
         the queue, counted, for the dead-letter exchange if there is one."""
         self._gone(msg)
@@ -1012,7 +796,7 @@ class Queue:
                 msg.state = DELAYED
                 self.delayed_count += 1
                 ready_at = now_mono + (record.retry_at_wall - now_wall)
-                self._delayed.push((ready_at, msg.seq, msg), self.delayed_count)
+                self.deadlines.delay(msg, ready_at, self.delayed_count)
                 continue
             self._append_ready(msg)
             ready_count += 1
@@ -1021,7 +805,7 @@ class Queue:
                 if msg.expires_at <= now_mono:
                     expired.append(msg)
                 else:
-                    self._track_expiry(msg)
+                    self.deadlines.track_expiry(msg, self.ready_count + self.delayed_count)
         self.ready_count += ready_count
         earlier: list[Message] | None = getattr(self, "_expired_at_start", None)
         if earlier:
@@ -1034,49 +818,31 @@ class Queue:
         """Messages whose TTL ran out while the broker was down expire now (dead-lettering)."""
         for msg in getattr(self, "_expired_at_start", ()):
             if msg.state == READY:
-                self._expire(msg)
+                self.expire(msg)
         self._expired_at_start = []
 
     # ---- x-expires ----
 
     def touch(self) -> None:
         """A use that restarts the x-expires timer (declare, get, last consumer gone)."""
-        if self.expires is None:
-            return
-        self._last_used = self._now()
-        if not self.consumers:
-            self._unused_timer.cancel()
-            self._unused_timer.arm(self._last_used + self.expires / 1000)
+        self.deadlines.touch(self.expires, not self.consumers)
 
-    def _check_unused(self) -> None:
-        if self.deleted or self.consumers or self.expires is None:
-            return
-        due = self._last_used + self.expires / 1000
-        if self._now() >= due:
-            self.vhost.log.info(
-                "queue expired", queue=self.name, vhost=self.vhost.name, expires_ms=self.expires
-            )
-            if (tracer := self.vhost.tracer) is not None:
-                tracer.queue_expired(self)
-            self.vhost.delete_queue(self)
-        else:
-            self._unused_timer.arm(due)
+    def unused_expired(self) -> None:
+        """Unused for its x-expires (QueueDeadlines): the queue goes."""
+        self.vhost.log.info(
+            "queue expired", queue=self.name, vhost=self.vhost.name, expires_ms=self.expires
+        )
+        if (tracer := self.vhost.tracer) is not None:
+            tracer.queue_expired(self)
+        self.vhost.delete_queue(self)
 
     def close(self) -> None:
         """Deleted: stop the timers and drop the messages."""
         self.deleted = True
-        self._lock_heap.clear()
-        self._delayed.cancel()  # purge below empties it and the expiry heap
-        self._expiry.cancel()
-        self._unused_timer.cancel()
+        self.deadlines.close()
         self.purge()
-        self._turns.clear()  # the consumers go (vhost.delete_queue cancels them)
-        self._levels.clear()
-        self._order.clear()
-        self._blocked.clear()
-        # the timers call the queue's methods: let go, so that the queue is freed at once
-        for deadline in (self._lock_heap, self._delayed, self._expiry, self._unused_timer):
-            deadline.release()
+        self.dispatcher.clear()
+        self.deadlines.release()
 
 
 def fan_out(queues: list[Queue], msg: Message, ttl: int | None) -> int:
@@ -1095,25 +861,6 @@ def fan_out(queues: list[Queue], msg: Message, ttl: int | None) -> int:
         if queue.publish(copy, ttl):
             taken += 1
     return taken
-
-
-def _rank(consumer: Consumer) -> int:
-    return -consumer.priority  # self.consumers' order: highest priority first
-
-
-def _locked(entry: tuple[float, int, Message, Channel, int, int]) -> bool:
-    """Is the delivery this heap entry timed still out with its consumer?"""
-    msg = entry[2]
-    return msg.state == UNACKED and msg.channel is entry[3] and msg.tag == entry[4]
-
-
-def _may_expire(entry: tuple[float, int, Message]) -> bool:
-    """Is the message this expiry entry times still in the queue, waiting?"""
-    return entry[2].state in (READY, DELAYED)
-
-
-def _still_delayed(entry: tuple[float, int, Message]) -> bool:
-    return entry[2].state == DELAYED
 
 
 def _seq(msg: Message) -> int:

@@ -910,7 +910,7 @@ class StreamQueue(Queue):
         filters, unfiltered = _filters(consumer.arguments)
         self.cursors[consumer] = Cursor(start, filters, unfiltered)
         self.consumers.append(consumer)
-        self._had_consumers = True
+        self.dispatcher.had_consumers = True
         self._deliver_to(consumer)
 
     def remove_consumer(self, consumer: Consumer) -> None:
@@ -1074,7 +1074,7 @@ class StreamQueue(Queue):
         self.deleted = True
         if self._age_timer is not None:
             self._age_timer.cancel()
-        self._unused_timer.cancel()
+        self.deadlines.unused.cancel()
         self.cursors.clear()
         if self.stream is not None:
             self.stream.close(delete=True)

@@ -428,7 +428,7 @@ class Recorder(Relay):
             self.inner.purged(queue)
         reason = "queue_deleted" if queue.deleted else "purged"
         gone = [m for m in queue.ready_messages() if m.state == READY]
-        gone += [m for _, _, m in queue._delayed if m.state == DELAYED]
+        gone += [m for _, _, m in queue.deadlines.delayed if m.state == DELAYED]
         for msg in gone:
             record = self._rec(queue, msg)
             record.outcome = "dropped"

@@ -304,7 +304,7 @@ class Tracer:
         for msg in queue.ready_messages():
             if msg.state == READY:
                 self.dropped(queue, msg, reason)
-        for _, _, msg in queue._delayed:
+        for _, _, msg in queue.deadlines.delayed:
             if msg.state == DELAYED:
                 self.dropped(queue, msg, reason)
 
