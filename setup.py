@@ -44,6 +44,7 @@ COMPILED = [
     "warren/broker/engine/queue.py",
     "warren/broker/engine/queue_consumers.py",
     "warren/broker/engine/deadlines.py",
+    "warren/broker/engine/queue_backlog.py",
     "warren/broker/engine/stats.py",
     "warren/broker/engine/message.py",
     "warren/broker/streams/stream.py",

@@ -180,5 +180,14 @@ def timestamp_of(raw: bytes) -> int | None:
     return int.from_bytes(field, "big") if field is not None else None
 
 
+def priority_of(raw: bytes, default: int = 0) -> int:
+    """The priority property, ``default`` without one (or with one that is not a number)."""
+    if not has_flag(raw, FLAG_PRIORITY):
+        return default
+    field = split_properties(raw).get("priority")
+    value = decode_field("priority", field) if field is not None else default
+    return value if isinstance(value, int) else default
+
+
 def has_flag(raw: bytes, flag: int) -> bool:
     return len(raw) >= 2 and bool(_u16.unpack_from(raw, 0)[0] & flag)

@@ -12,6 +12,7 @@ import heapq
 from typing import TYPE_CHECKING
 
 from warren.broker.engine.message import DELAYED, READY, UNACKED, Message
+from warren.broker.engine.retry import release_delayed
 from warren.broker.engine.timers import Deadline, DeadlineHeap, Timers
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ class QueueDeadlines:
                 due.append(msg)
         self.delayed.rearm()
         if due and self.queue is not None:
-            self.queue.release_delayed(due, now)
+            release_delayed(self.queue, due, now)
 
     # ---- x-expires ----
 

@@ -8,7 +8,6 @@ head: counts are exact at once, the deque entry goes later.
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -16,27 +15,33 @@ from mypy_extensions import mypyc_attr
 
 from warren.broker.engine.deadlines import QueueDeadlines
 from warren.broker.engine.message import (
-    DELAYED,
     GONE,
     READY,
     UNACKED,
     Message,
-    page_out,
-    unpage,
+)
+from warren.broker.engine.queue_backlog import (
+    over_limit,
+    page_later,
+    read_ahead,
+    ready_messages,
+    refill,
 )
 from warren.broker.engine.queue_consumers import QueueConsumers
+from warren.broker.engine.queue_restore import restore_messages
 from warren.broker.engine.ready import PriorityReady, merge_in_order
-from warren.broker.engine.reaper import EVERYTHING
-from warren.broker.engine.retry import RetryPolicy, parse_schedule
+from warren.broker.engine.reaper import EVERYTHING, let_go
+from warren.broker.engine.retry import (
+    RetryPolicy,
+    count_failed_delivery,
+    parse_schedule,
+    wait_for_retry,
+)
 from warren.broker.engine.stats import ConsumerUse
-from warren.broker.store.paged import MESSAGE_MEMORY, PagedRun
+from warren.broker.store.paged import PagedRun
 from warren.protocol.properties import (
-    FLAG_PRIORITY,
-    decode_field,
-    has_flag,
     is_persistent,
-    set_header,
-    split_properties,
+    priority_of,
 )
 
 if TYPE_CHECKING:
@@ -86,14 +91,6 @@ class QueueStats:
         self.redeliveries = 0  # deliveries and get-oks of a message marked redelivered
         # persistent messages in the store (gauge), publish records written, bodies read back
         self.persistent = self.persistent_bytes = self.disk_writes = self.disk_reads = 0
-
-
-def message_priority(properties: bytes, default: int = 0) -> int:
-    if not has_flag(properties, FLAG_PRIORITY):
-        return default
-    raw = split_properties(properties).get("priority")
-    value = decode_field("priority", raw) if raw is not None else default
-    return value if isinstance(value, int) else default
 
 
 def retry_policy(args: dict[str, Any], definition: dict[str, Any]) -> RetryPolicy:
@@ -161,7 +158,7 @@ class Queue:
         # ``consumers`` is its list, highest priority first
         self.dispatcher = QueueConsumers(self.single_active_consumer)
         self.consumers: list[Consumer] = self.dispatcher.consumers
-        self._next_seq = 0
+        self.next_seq = 0
         self.deleted = False
         self.stats = QueueStats()
         # consumer capacity (RabbitMQ's rabbit_queue_consumers use/avg): set while every
@@ -184,6 +181,8 @@ class Queue:
         # visits them, not every exchange of the vhost
         self.sources: dict[Exchange, None] = {}
         self.delayed_count = 0
+        # restored messages whose TTL ran out while the broker was down (expire_restored)
+        self.expired_at_start: list[Message] = []
         self.apply_settings()
         self.touch()
 
@@ -256,16 +255,16 @@ class Queue:
         """Enqueue; False if the queue refused it (overflow reject-publish)."""
         if self._limited and self.overflow != "drop-head" and self._full_for(len(msg.body)):
             if self.overflow == "reject-publish-dlx":
-                self._dead_letter(msg, "maxlen")
+                self.dead_letter(msg, "maxlen")
             elif (tracer := self.vhost.tracer) is not None:
                 tracer.dropped(self, msg, "overflow")
             return False
-        self._next_seq += 1
-        msg.seq = self._next_seq
+        self.next_seq += 1
+        msg.seq = self.next_seq
         msg.queue = self
         self.stats.published += 1
         if self.max_priority:
-            msg.priority = message_priority(msg.properties, self.default_priority)
+            msg.priority = priority_of(msg.properties, self.default_priority)
         queue_ttl = self.message_ttl
         if queue_ttl is not None and (ttl is None or queue_ttl < ttl):
             ttl = queue_ttl
@@ -279,11 +278,11 @@ class Queue:
             stats.persistent_bytes += len(msg.body)
             stats.disk_writes += 1
             limit = store.page_limit
-            if limit is not None and self._over_limit(len(msg.body), limit):
+            if limit is not None and over_limit(self, len(msg.body), limit):
                 # over the memory limit: it leaves memory once on disk, packed in a run, or
                 # (deadlines and priorities need the object) its body only
                 if ttl is None and not self.max_priority:
-                    self._page_later(msg, store)
+                    page_later(self, msg, store)
                     packed = True
                 else:
                     store.page_later(msg)
@@ -305,60 +304,15 @@ class Queue:
                     self.deadlines.track_expiry(msg, self.ready_count + self.delayed_count)
         return True
 
-    def _append_ready(self, msg: Message) -> None:
+    def append_ready(self, msg: Message) -> None:
         if self.tail:
             self.tail.append(msg)
         else:
             self.ready.append(msg)
 
-    def _over_limit(self, size: int, limit: int) -> bool:
-        in_memory = self.ready_count - self.paged_count
-        return in_memory * MESSAGE_MEMORY + self.ready_bytes - self.paged_bytes + size > limit
-
-    def _page_later(self, msg: Message, store: MessageStore) -> None:
-        tail = self.tail
-        run = tail[-1] if tail else None
-        if run is None or run.__class__ is not PagedRun or not run.open:
-            run = PagedRun(self, msg.seq)
-            tail.append(run)
-        assert isinstance(run, PagedRun)
-        run.pending.append(msg)
-        store.page_run_later(run)
-
-    def _refill(self) -> bool:
-        """``ready`` ran dry: the next messages of ``tail`` come into it (a batch of a run)."""
-        tail, ready = self.tail, self.ready
-        while tail and not ready:
-            item = tail[0]
-            if item.__class__ is PagedRun:
-                assert isinstance(item, PagedRun)
-                if item.packed:
-                    assert self.message_store is not None
-                    self.message_store.materialise(item, ready)
-                else:
-                    for msg in item.pending:
-                        if msg.state == READY:
-                            ready.append(msg)
-                    item.pending.clear()
-                if not len(item):
-                    tail.popleft()
-                    assert self.message_store is not None
-                    self.message_store.run_done(item)
-            else:
-                assert isinstance(item, Message)
-                tail.popleft()
-                ready.append(item)
-        return bool(ready)
-
     def ready_messages(self) -> list[Message]:
         """The ready messages held as objects (not those packed on disk), in order."""
-        found = list(self.ready)
-        for item in self.tail:
-            if isinstance(item, PagedRun):
-                found.extend(item.pending)
-            else:
-                found.append(item)
-        return found
+        return ready_messages(self)
 
     def _full_for(self, size: int) -> bool:
         # delayed messages count towards the limits: they are still in the queue
@@ -375,8 +329,8 @@ class Queue:
             msg = self.pop_ready(deliver=False)
             if msg is None:
                 break
-            self._gone(msg)
-            self._dead_letter(msg, "maxlen")
+            self.gone(msg)
+            self.dead_letter(msg, "maxlen")
 
     def requeue(self, msgs: list[Message], why: str) -> None:
         """Put unacked messages back at their original positions, marked redelivered."""
@@ -423,7 +377,7 @@ class Queue:
         drop-head), the head as it is.
         """
         ready = self.ready
-        while ready or (self.tail and self._refill()):
+        while ready or (self.tail and refill(self)):
             msg: Message = ready.popleft()
             if msg.state != READY:
                 continue  # expired or otherwise gone while waiting
@@ -431,7 +385,7 @@ class Queue:
                 self.expire(msg)
                 continue
             if self.paged_count and msg.paged_size >= 0:
-                self._read_ahead(msg)
+                read_ahead(self, msg)
             self.ready_count -= 1
             self.ready_bytes -= len(msg.body)
             if deliver:
@@ -442,11 +396,6 @@ class Queue:
                     self.message_store.delivered(msg)  # type: ignore[union-attr]
             return msg
         return None
-
-    def _read_ahead(self, head: Message) -> None:
-        """The head's body is on disk: bring it back with the next paged ones, in one go."""
-        assert self.message_store is not None
-        self.message_store.read_ahead(itertools.chain((head,), self.ready))
 
     def dispatch(self) -> None:
         """Hand ready messages to consumers with room (broker/engine/queue_consumers.py):
@@ -475,7 +424,7 @@ class Queue:
         if self.dispatcher.blocked:
             self.dispatcher.unblock(msg.consumer)
         if msg.state == UNACKED:
-            self._gone(msg)
+            self.gone(msg)
             self.unacked_count -= 1
             self.stats.acked += 1
             if msg.expires_at is not None:
@@ -487,9 +436,9 @@ class Queue:
             self.dispatcher.unblock(msg.consumer)
         if msg.state != UNACKED:
             return
-        self._gone(msg)
+        self.gone(msg)
         self.unacked_count -= 1
-        self._dead_letter(msg, "rejected")
+        self.dead_letter(msg, "rejected")
 
     def return_unacked(
         self, msgs: list[Message], why: str, failed: bool = True, counted: bool = True
@@ -510,79 +459,15 @@ class Queue:
         self.unacked_count -= len(live)
         if self.deleted:
             for msg in live:
-                self._gone(msg)
+                self.gone(msg)
             return
         # a nack still counts as an attempt of Warren's delayed retry on other queue types
         if failed and self.counts_deliveries and (counted or self.queue_type != "quorum"):
-            live = self._count_failed_delivery(live)
+            live = count_failed_delivery(self, live)
         if self.retry.enabled and self.retry.applies(failed):
-            self._delay(live, why)
+            wait_for_retry(self, live, why)
         else:
             self.requeue(live, why)
-
-    # ---- delayed retry ----
-
-    def _delay(self, msgs: list[Message], why: str) -> None:
-        """Returned messages wait, invisible, for their retry delay (RocketMQ's WaitingRetry)."""
-        now = self._now()
-        for msg in msgs:
-            if msg.state != UNACKED:
-                continue
-            msg.channel = None
-            msg.consumer = None
-            msg.tag = 0
-            msg.redelivered = True
-            msg.retries += 1
-            msg.state = DELAYED
-            self.delayed_count += 1
-            self.stats.retried += 1
-            self._count_node("retried")
-            delay = self.retry.delay_ms(msg.retries) / 1000
-            if (tracer := self.vhost.tracer) is not None:
-                tracer.retry_scheduled(self, msg, round(delay * 1000), why)
-            self.deadlines.delay(msg, now + delay, self.delayed_count)
-            if msg.expires_at is not None:  # it may expire while it waits
-                self.deadlines.track_expiry(msg, self.ready_count + self.delayed_count)
-            if msg.store_id:
-                self.message_store.state(msg, self._wall() + delay)  # type: ignore[union-attr]
-
-    def release_delayed(self, msgs: list[Message], now: float) -> None:
-        """Their delays are over (QueueDeadlines): they join the tail of the queue, redelivered."""
-        released = False
-        for msg in msgs:
-            if msg.state != DELAYED:
-                continue
-            self.delayed_count -= 1
-            if msg.expires_at is not None and msg.expires_at <= now:
-                self.expired(msg)
-                continue
-            self._next_seq += 1
-            msg.seq = self._next_seq  # the tail, not its old place
-            msg.state = READY
-            self._append_ready(msg)
-            self.ready_count += 1
-            self.ready_bytes += len(msg.body)
-            if msg.expires_at is not None:
-                self.deadlines.track_expiry(msg, self.ready_count + self.delayed_count)
-            released = True
-        if released:
-            self.dispatcher.deliver(self)
-
-    def _count_failed_delivery(self, msgs: list[Message]) -> list[Message]:
-        """Quorum semantics: a failed delivery counts; past the limit it is dead-lettered."""
-        limit = self.delivery_limit
-        back = []
-        for msg in msgs:
-            msg.delivery_count += 1
-            if limit is not None and msg.delivery_count > limit:
-                self._gone(msg)
-                self._dead_letter(msg, "delivery_limit")
-                continue
-            msg.properties = set_header(msg.properties, "x-delivery-count", msg.delivery_count)
-            if msg.store_id:
-                self.message_store.state(msg, 0.0)  # type: ignore[union-attr]
-            back.append(msg)
-        return back
 
     def purge(self) -> int:
         """Drop the ready messages and those waiting for a retry; unacked ones stay.
@@ -594,7 +479,7 @@ class Queue:
             tracer.purged(self)
         delayed = self.deadlines.delayed
         for _, _, msg in delayed:
-            self._gone(msg)
+            self.gone(msg)
         delayed.clear()
         self.delayed_count = 0
         expiring = self.deadlines.expiry.take()
@@ -606,41 +491,10 @@ class Queue:
             if self.ready_count > reaper.slice:
                 reaper.add(self, held)
             else:
-                self.let_go(held, EVERYTHING)
+                let_go(self, held, EVERYTHING)
         self.ready_count = 0
         self.ready_bytes = 0
         return count
-
-    def let_go(self, held: deque[Any], budget: int) -> int:
-        """Let go of at most ``budget`` messages that left in a purge, oldest first;
-        ``held`` is the containers they were in (``ready``, ``tail``, then the expiry heap's
-        entries, which only need freeing), emptied as it goes. Returns the budget left."""
-        while held and budget > 0:
-            box = held[0]
-            if not box:
-                held.popleft()
-                continue
-            if box.__class__ is list:  # expiry heap entries
-                keep = max(0, len(box) - budget)
-                budget -= len(box) - keep
-                del box[keep:]
-                continue
-            item = box.popleft()
-            if isinstance(item, PagedRun):
-                for msg in item.pending:
-                    self._gone(msg)
-                budget -= len(item.pending)
-                item.pending.clear()
-                assert self.message_store is not None
-                budget -= self.message_store.drop_run(item, self.deleted, max(budget, 1))
-                if not item.dead:
-                    box.appendleft(item)  # the rest of it next time
-            else:
-                self._gone(item)
-                if item.paged_size >= 0:
-                    unpage(item, b"")
-                budget -= 1
-        return budget
 
     # ---- consumers ----
 
@@ -671,7 +525,7 @@ class Queue:
 
     # ---- leaving ----
 
-    def _gone(self, msg: Message) -> None:
+    def gone(self, msg: Message) -> None:
         """The message leaves the queue for good (acked, expired, dropped, dead-lettered)."""
         msg.state = GONE
         if msg.store_id:
@@ -698,17 +552,17 @@ class Queue:
     def expired(self, msg: Message) -> None:
         """Its TTL ran out (ready, waiting for a retry, or coming back unacked): it leaves
         the queue, counted, for the dead-letter exchange if there is one."""
-        self._gone(msg)
+        self.gone(msg)
         self.stats.expired += 1
-        self._count_node("expired")
-        self._dead_letter(msg, "expired")
+        self.count_node("expired")
+        self.dead_letter(msg, "expired")
 
-    def _count_node(self, counter: str) -> None:
+    def count_node(self, counter: str) -> None:
         stats = self.vhost.stats
         if stats is not None:
             setattr(stats, counter, getattr(stats, counter) + 1)
 
-    def _dead_letter(self, msg: Message, reason: str) -> None:
+    def dead_letter(self, msg: Message, reason: str) -> None:
         if (tracer := self.vhost.tracer) is not None:
             tracer.dead_lettered(self, msg, reason)
         if self.dead_letter_exchange is not None:
@@ -724,102 +578,15 @@ class Queue:
     def restore_messages(
         self, records: list[StoredMessage], now_wall: float, now_mono: float
     ) -> list[Message]:
-        """Take back persistent messages after a restart, in publish order (in several calls
-        for a long queue: each goes on where the last stopped).
-
-        TTLs keep counting from the original publish; delivered ones come back
-        redelivered; those waiting for a retry wait out the rest of their delay.
-        """
-        restored = []
-        expired = []
-        store = self.message_store
-        tail = self.tail
-        ready_count = 0
-        for record in records:
-            body = record.body
-            if (
-                body is None and store is not None and not self.max_priority
-                and not record.expires_wall and not record.retry_at_wall
-                and not record.delivery_count and not record.retries
-            ):  # fmt: skip
-                # past the memory limit, and nothing but its place to remember: packed
-                self._next_seq += 1
-                run = tail[-1] if tail else None
-                if run is None or run.__class__ is not PagedRun or not run.open:
-                    run = PagedRun(self, self._next_seq)
-                    tail.append(run)
-                    store.runs.add(run)
-                assert isinstance(run, PagedRun)
-                size = record.body_size
-                run.add(
-                    record.msg_id, record.segment, record.record_start,
-                    record.body_offset + size - record.record_start, size, record.delivered,
-                )  # fmt: skip
-                self.paged_count += 1
-                self.paged_bytes += size
-                self.ready_bytes += size
-                self.stats.persistent += 1
-                self.stats.persistent_bytes += size
-                ready_count += 1
-                continue
-            if not record.decoded:  # only its place was read (for a queue that packs)
-                assert store is not None
-                length = record.body_offset + record.body_size - record.record_start
-                whole = store.read_record(record.segment, record.record_start, length)
-                whole.body, whole.delivered = None, record.delivered
-                record = whole
-            msg = Message(record.exchange, record.routing_key, record.properties, body or b"")
-            msg.store_id = record.msg_id
-            msg.store_segment, msg.store_offset = record.segment, record.body_offset
-            msg.trace_id = record.trace_id
-            if body is None:  # past the memory limit: the body stays on disk
-                if record.retry_at_wall > now_wall:  # only ready messages are paged out
-                    assert store is not None
-                    msg.body = store.read_body(record.segment, record.body_offset, record.body_size)
-                else:
-                    self.paged_bytes += page_out(msg, record.body_size)
-                    self.paged_count += 1
-            self._next_seq += 1
-            msg.seq = self._next_seq
-            msg.queue = self
-            msg.redelivered = record.delivered
-            msg.delivery_count = record.delivery_count
-            msg.retries = record.retries
-            if self.max_priority:
-                msg.priority = message_priority(msg.properties, self.default_priority)
-            if record.expires_wall:
-                msg.expires_at = now_mono + (record.expires_wall - now_wall)
-            restored.append(msg)
-            self.stats.persistent += 1
-            self.stats.persistent_bytes += record.body_size
-            if record.retry_at_wall > now_wall:
-                msg.state = DELAYED
-                self.delayed_count += 1
-                ready_at = now_mono + (record.retry_at_wall - now_wall)
-                self.deadlines.delay(msg, ready_at, self.delayed_count)
-                continue
-            self._append_ready(msg)
-            ready_count += 1
-            self.ready_bytes += record.body_size
-            if msg.expires_at is not None:
-                if msg.expires_at <= now_mono:
-                    expired.append(msg)
-                else:
-                    self.deadlines.track_expiry(msg, self.ready_count + self.delayed_count)
-        self.ready_count += ready_count
-        earlier: list[Message] | None = getattr(self, "_expired_at_start", None)
-        if earlier:
-            earlier.extend(expired)
-        else:
-            self._expired_at_start = expired
-        return restored
+        """Take back persistent messages after a restart (broker/engine/queue_restore.py)."""
+        return restore_messages(self, records, now_wall, now_mono)
 
     def expire_restored(self) -> None:
         """Messages whose TTL ran out while the broker was down expire now (dead-lettering)."""
-        for msg in getattr(self, "_expired_at_start", ()):
+        for msg in self.expired_at_start:
             if msg.state == READY:
                 self.expire(msg)
-        self._expired_at_start = []
+        self.expired_at_start = []
 
     # ---- x-expires ----
 

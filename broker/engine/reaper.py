@@ -20,7 +20,9 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from warren.broker.engine.message import unpage
 from warren.broker.engine.timers import TimerHandle, Timers
+from warren.broker.store.paged import PagedRun
 
 if TYPE_CHECKING:
     from warren.broker.engine.queue import Queue
@@ -44,7 +46,7 @@ class Reaper:
         self.slice = REAP_SLICE
 
     def add(self, queue: Queue, held: deque[Any]) -> None:
-        """``held``: the containers messages of ``queue`` were in (``Queue.let_go``)."""
+        """``held``: the containers messages of ``queue`` were in (``let_go``)."""
         self._work.append((queue, held))
         if queue.message_store is not None:
             queue.message_store.reaping += 1
@@ -61,7 +63,7 @@ class Reaper:
         work = self._work
         while work and budget > 0:
             queue, held = work[0]
-            budget = queue.let_go(held, budget)
+            budget = let_go(queue, held, budget)
             if not held:
                 work.popleft()
                 if queue.message_store is not None:
@@ -73,3 +75,35 @@ class Reaper:
             self._handle.cancel()
             self._handle = None
         self._reap(EVERYTHING)
+
+
+def let_go(queue: Queue, held: deque[Any], budget: int) -> int:
+    """Let go of at most ``budget`` messages that left in a purge, oldest first;
+    ``held`` is the containers they were in (``ready``, ``tail``, then the expiry heap's
+    entries, which only need freeing), emptied as it goes. Returns the budget left."""
+    while held and budget > 0:
+        box = held[0]
+        if not box:
+            held.popleft()
+            continue
+        if box.__class__ is list:  # expiry heap entries
+            keep = max(0, len(box) - budget)
+            budget -= len(box) - keep
+            del box[keep:]
+            continue
+        item = box.popleft()
+        if isinstance(item, PagedRun):
+            for msg in item.pending:
+                queue.gone(msg)
+            budget -= len(item.pending)
+            item.pending.clear()
+            assert queue.message_store is not None
+            budget -= queue.message_store.drop_run(item, queue.deleted, max(budget, 1))
+            if not item.dead:
+                box.appendleft(item)  # the rest of it next time
+        else:
+            queue.gone(item)
+            if item.paged_size >= 0:
+                unpage(item, b"")
+            budget -= 1
+    return budget
