@@ -47,6 +47,7 @@ COMPILED = [
     "warren/broker/engine/queue_backlog.py",
     "warren/broker/engine/stats.py",
     "warren/broker/engine/message.py",
+    "warren/broker/streams/log.py",
     "warren/broker/streams/stream.py",
     "warren/broker/tracing/events.py",
     "warren/broker/tracing/tracer.py",

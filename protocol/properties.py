@@ -50,6 +50,7 @@ FLAG_EXPIRATION: Final = 1 << 8
 FLAG_MESSAGE_ID: Final = 1 << 7
 FLAG_TIMESTAMP: Final = 1 << 6
 FLAG_USER_ID: Final = 1 << 4
+FLAG_MORE: Final = 1  # another flag word follows (AMQP 0-9-1 defines none)
 # the trace's message fields (delivery_mode, correlation_id, message_id) as a test of the two
 # flag bytes, so the per-publish check needs no unpacking: raw[0] & HI or raw[1] & LO
 TRACED_FLAGS_HI: Final = (FLAG_DELIVERY_MODE | FLAG_CORRELATION_ID) >> 8
@@ -187,6 +188,17 @@ def priority_of(raw: bytes, default: int = 0) -> int:
     field = split_properties(raw).get("priority")
     value = decode_field("priority", field) if field is not None else default
     return value if isinstance(value, int) else default
+
+
+def headers_at(raw: bytes) -> int:
+    """Where the headers table starts, or would go: after the flag word, content-type and
+    content-encoding (properties of one flag word)."""
+    at = 2
+    if raw[0] & FLAG_CONTENT_TYPE >> 8:
+        at += 1 + raw[at]
+    if raw[0] & FLAG_CONTENT_ENCODING >> 8:
+        at += 1 + raw[at]
+    return at
 
 
 def has_flag(raw: bytes, flag: int) -> bool:

@@ -395,7 +395,7 @@ def test_consumers_read_independently(conn: BlockingConnection, name: str) -> No
 def test_a_reader_that_falls_behind_holds_one_read_at_most(broker: Any, name: str) -> None:
     """The broker keeps no messages of the log in memory: a stuck reader holds its last read
     (whole chunks, about 256 KB), however far behind the head it is."""
-    from warren.broker.streams.stream import READ_SIZE
+    from warren.broker.streams.log import READ_SIZE
 
     conn = pika.BlockingConnection(pika.URLParameters(broker.url))
     ch = conn.channel()

@@ -78,7 +78,8 @@ _STREAM_KEYS = (
 
 
 def _validate_stream_key(key: str, value: Any) -> None:
-    from warren.broker.streams.stream import MAX_SEGMENT_SIZE, parse_age
+    from warren.broker.streams.log import MAX_SEGMENT_SIZE
+    from warren.broker.streams.stream import parse_age
 
     if key == "max-age":
         if not isinstance(value, str) or parse_age(value) is None:
