@@ -186,7 +186,9 @@ def test_server_process_ready_line_and_sigterm_forces_close(tmp_path: object) ->
     )
     try:
         assert proc.stderr is not None
-        lines = [proc.stderr.readline() for _ in range(2)]  # store recovered, then ready
+        # the build's line, store recovered, then ready
+        lines = [proc.stderr.readline() for _ in range(3)]
+        assert "starting warren-server" in lines[0]
         assert "ready" in lines[-1] and f"127.0.0.1:{port}" in lines[-1]
         client = RawClient.connect(("127.0.0.1", port))
         proc.send_signal(signal.SIGTERM)
