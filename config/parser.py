@@ -413,6 +413,7 @@ _KEYS: Mapping[str, _Key] = {
     ),
     "warren.clock": _Key(_choice("real", "manual"), "clock"),
     "warren.test_api": _Key(_boolean, "test_api"),
+    "warren.delivery_limit.count_nacks": _Key(_boolean, "delivery_limit_counts_nacks"),
     "warren.frame_min_size": _Key(_frame_min_size, "frame_min_size"),
     "warren.handshake_max": _Key(
         _int_between(1, None, "expected a positive integer (connections)"), "handshake_max"

@@ -107,6 +107,9 @@ class Settings:
     # the /api/warren/* test endpoints, which also record what happens (warren.test_api)
     clock: str = "real"
     test_api: bool = False
+    # RabbitMQ 3.x counted a basic.nack with requeue toward a quorum queue's delivery-limit;
+    # 4.x counts only basic.reject (warren.delivery_limit.count_nacks, docs/messages.md)
+    delivery_limit_counts_nacks: bool = False
     # keys of a real rabbitmq.conf that Warren accepts but does not use
     ignored_keys: tuple[str, ...] = field(default=(), compare=False)
     # the files these settings were read from, in the order they were applied

@@ -283,3 +283,31 @@ def test_ack_after_redeliveries_settles(client: RawClient, janitor: Janitor, nam
     client.assert_silent(0.05)
     client.call(3, commands.Basic.Cancel(consumer_tag="c"), commands.Basic.CancelOk)
     assert message_count(client, q) == 0
+
+
+def test_nacks_count_with_the_3x_key() -> None:
+    """warren.delivery_limit.count_nacks = true: RabbitMQ 3.x's counting, where a nack with
+    requeue is a failed delivery (tests/rabbitmq-3.x.conf sets it for the 3.10 suite)."""
+    import pika
+
+    from warren.broker.testkit import run_broker
+
+    with run_broker(delivery_limit_counts_nacks=True) as broker:
+        conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+        ch = conn.channel()
+        ch.queue_declare("nc-dlq", durable=True)
+        ch.queue_declare("nc-q", durable=True, arguments={
+            "x-queue-type": "quorum", "x-delivery-limit": 1,
+            "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "nc-dlq",
+        })  # fmt: skip
+        ch.confirm_delivery()
+        ch.basic_publish("", "nc-q", b"m")
+        for _ in range(2):  # the second nack is past the limit
+            method, _, _ = ch.basic_get("nc-q")
+            assert method is not None
+            ch.basic_nack(method.delivery_tag, requeue=True)
+        assert ch.basic_get("nc-q") == (None, None, None)
+        method, props, body = ch.basic_get("nc-dlq", auto_ack=True)
+        assert body == b"m"
+        assert props.headers["x-death"][0]["reason"] == "delivery_limit"
+        conn.close()

@@ -147,6 +147,7 @@ class Channel:
         persistence = connection.broker.persistence
         self._store: MessageStore | None = persistence.messages if persistence else None
         self._max_unconfirmed = connection.broker.settings.max_unconfirmed_per_channel
+        self._nacks_count = connection.broker.settings.delivery_limit_counts_nacks  # 3.x
 
     def allow(self, kind: str, resource: str, name: str) -> None:
         """RabbitMQ's permission check: configure, write or read on a queue or exchange."""
@@ -640,7 +641,7 @@ class Channel:
             if requeue:
                 # 4.3 counts only a reject toward delivery-limit (rabbit_channel.erl:
                 # basic.reject requeue gives settle(true, false), basic.nack gives requeue)
-                queue.return_unacked(group, "nack", counted=rejected)
+                queue.return_unacked(group, "nack", counted=rejected or self._nacks_count)
             else:
                 for msg in group:
                     queue.rejected(msg)
