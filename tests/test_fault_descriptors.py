@@ -44,13 +44,15 @@ def _free_port() -> int:
 
 
 @contextmanager
-def limited_broker(tmp_path: Path, config: str, nofile: int = LIMIT) -> Iterator[Broker]:
+def limited_broker(
+    tmp_path: Path, config: str, nofile: int = LIMIT, management_port: int | None = None
+) -> Iterator[Broker]:
     """A broker in a subprocess with ``config`` and an RLIMIT_NOFILE of ``nofile``."""
     conf = tmp_path / "rabbitmq.conf"
     conf.write_text(config)
     port = _free_port()
     command = [sys.executable, "-m", "warren", "--port", str(port), "--bind", "127.0.0.1"]
-    command += ["--management-port", "none", "--prometheus-port", "none"]
+    command += ["--management-port", str(management_port or "none"), "--prometheus-port", "none"]
     command += ["--data-dir", str(tmp_path / "data"), "--config", str(conf)]
 
     def lower_limit() -> None:
@@ -115,6 +117,59 @@ def test_idle_connections_cannot_take_the_stores_descriptors(tmp_path: Path) -> 
         other.close()
         conn.close()
     assert not any("resource check failed" in line for line in broker.lines)
+
+
+def test_idle_management_connections_cannot_take_the_stores_descriptors(
+    tmp_path: Path,
+) -> None:
+    # the same storm on the management port: aiohttp's listener asks the reserve too, so
+    # the store still opens its segments, and the API answers once the storm is gone
+    config = "message_store.segment_size = 2048\nwarren.descriptor_reserve = 64\n"
+    http_port = _free_port()
+    with limited_broker(tmp_path, config, management_port=http_port) as broker:
+        conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("storm.q", durable=True)
+        idle = storm(http_port, 400)
+        try:
+            wait_until(lambda: broker.logged("refusing new connections"))
+            # some were taken before the reserve was reached; the rest were closed at once
+            assert sum(_closed_by_broker(sock) for sock in idle) > 100
+            for i in range(20):  # 3 KiB each: a new segment every message
+                ch.basic_publish("", "storm.q", b"%04d" % i + b"x" * 3000, PERSISTENT)
+            assert not broker.logged("message store writer failed")
+        finally:
+            for sock in idle:
+                sock.close()
+        wait_until(lambda: _answers(http_port))
+        conn.close()
+    assert not any("resource check failed" in line for line in broker.lines)
+
+
+def _closed_by_broker(sock: socket.socket) -> bool:
+    sock.settimeout(0.01)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False  # still open: taken by aiohttp, idle
+    except ConnectionResetError:
+        return True  # aborted: RST
+
+
+def _answers(port: int) -> bool:
+    import base64
+    import http.client
+
+    client = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        auth = base64.b64encode(b"guest:guest").decode()
+        client.request("GET", "/api/overview", headers={"Authorization": f"Basic {auth}"})
+        return client.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        client.close()
 
 
 def _connects(broker: Broker) -> bool:

@@ -57,17 +57,19 @@ class AMQPServerProtocol(asyncio.Protocol):
             self.connection.resume_writing()
 
 
-def admit(broker: Broker) -> bool:
+def admit(broker: Broker, handshake: bool = True) -> bool:
     """Whether a connection just accepted may stay: not while ``warren.handshake_max``
     connections are still in their handshake (not authenticated yet), nor while fewer
     than ``warren.descriptor_reserve`` descriptors are free (the message store, the
     definitions database and the resource monitor need them). A refused one is closed
     at once, before anything is read: a flood of idle sockets cannot take the last
-    descriptors, nor keep the ones it has past handshake_timeout."""
+    descriptors, nor keep the ones it has past handshake_timeout. The HTTP listeners
+    (management, Prometheus) ask with ``handshake=False``: the reserve holds for them
+    too, their connections have no AMQP handshake to count."""
     settings = broker.settings
     monitor = broker.monitor
     reason = ""
-    if broker.handshaking >= settings.handshake_max:
+    if handshake and broker.handshaking >= settings.handshake_max:
         reason = f"{broker.handshaking} connections are in their handshake (handshake_max)"
     elif monitor.descriptors_used + settings.descriptor_reserve >= monitor.descriptor_limit:
         reason = (
@@ -163,7 +165,7 @@ class Server:
         if settings.management_port is not None:
             from warren.broker.ops.management.api import management_app  # aiohttp only when used
 
-            site = management_app(mgmt)
+            site = management_app(mgmt, lambda: admit(self.broker, handshake=False))
             self.http_sites.append(site)
             where = (settings.management_ip, settings.management_port)
             with naming(*where, "management.tcp.port", "--management-port"):
@@ -172,7 +174,7 @@ class Server:
             from warren.broker.ops.management.app import HttpSite
             from warren.broker.ops.metrics import MetricsApp
 
-            site = HttpSite(MetricsApp(mgmt).app)
+            site = HttpSite(MetricsApp(mgmt).app, lambda: admit(self.broker, handshake=False))
             self.http_sites.append(site)
             where = (settings.prometheus_ip, settings.prometheus_port)
             with naming(*where, "prometheus.tcp.port", "--prometheus-port"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from warren.broker.ops.management import (
     access,
     bindings,
@@ -48,5 +50,5 @@ def build_router(test_api: bool = False) -> Router:
     return router
 
 
-def management_app(mgmt: Management) -> HttpSite:
-    return HttpSite(ManagementApp(mgmt, build_router(mgmt.broker.settings.test_api)).app)
+def management_app(mgmt: Management, admit: Callable[[], bool] | None = None) -> HttpSite:
+    return HttpSite(ManagementApp(mgmt, build_router(mgmt.broker.settings.test_api)).app, admit)

@@ -9,6 +9,7 @@ path 404, then method 405, then authentication and tags 401, then the handler.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Callable, Iterable
@@ -422,20 +423,43 @@ class ManagementApp:
 
 
 class HttpSite:
-    """One aiohttp server on the running loop; port 0 picks a free port."""
+    """One aiohttp server on the running loop; port 0 picks a free port.
 
-    def __init__(self, app: web.Application) -> None:
+    Its listening sockets are served by our own ``create_server`` rather than aiohttp's
+    sites, so that ``admit`` (the descriptor reserve, broker/server/shell.py) can close
+    a connection the moment it is accepted, before aiohttp reads a byte of it."""
+
+    def __init__(self, app: web.Application, admit: Callable[[], bool] | None = None) -> None:
         self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self.admit = admit
         self.port = 0
+        self.servers: list[asyncio.Server] = []
+
+    def _protocol(self) -> asyncio.BaseProtocol:
+        if self.admit is not None and not self.admit():
+            return _Refused()
+        server = self.runner.server
+        assert server is not None
+        return server()
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host`` as RabbitMQ's HTTP listeners do (broker/server/listen.py)."""
         await self.runner.setup()
+        loop = asyncio.get_running_loop()
         for sock in listen_sockets(host, port):
-            await web.SockSite(self.runner, sock).start()
-        addresses: Any = self.runner.addresses
-        self.port = int(addresses[0][1])
+            self.servers.append(await loop.create_server(self._protocol, sock=sock, backlog=128))
+        self.port = int(self.servers[0].sockets[0].getsockname()[1])
         return self.port
 
     async def stop(self) -> None:
-        await self.runner.cleanup()
+        for server in self.servers:
+            server.close()
+        self.servers.clear()
+        await self.runner.cleanup()  # closes the connections still open
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the descriptor reserve: closed before anything is read."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.abort()  # type: ignore[attr-defined]
