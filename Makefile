@@ -39,6 +39,13 @@ $(GO_AMQP):
 	$(SUDO) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends golang-go golang-github-rabbitmq-amqp091-go-dev
 
+# RabbitMQ's own rabbitmqadmin, as the image ships it (docker/fetch-rabbitmqadmin).
+RABBITMQADMIN := build/rabbitmqadmin
+$(RABBITMQADMIN):
+	mkdir -p build
+	$(SUDO) apt-get update -qq
+	docker/fetch-rabbitmqadmin $@
+
 # The compiled build, made once and again only when a compiled module's source changes.
 # Without a C compiler setup.py builds it pure, and the broker's first log line says so.
 run: $(COMPILED_STAMP)
@@ -47,7 +54,7 @@ run: $(COMPILED_STAMP)
 
 # The compiled build is made while the message-path tests run on pure Python (one core each),
 # then the whole suite runs on the compiled build, which is what users run.
-test: $(STAMP) $(CHROMIUM) $(GO_AMQP) $(GCC)
+test: $(STAMP) $(CHROMIUM) $(GO_AMQP) $(GCC) $(RABBITMQADMIN)
 	$(BIN)/ruff check broker protocol config tests pipeline warren
 	$(BIN)/lint-imports
 	$(BIN)/mypy

@@ -403,6 +403,11 @@ def test_dockerfile_compiles_in_a_build_stage_and_ships_only_the_wheel() -> None
     assert not [c for c in copied if c.split()[0] in ("broker", "protocol", "config", "warren")]
     assert targets["docker/rabbitmq.conf"] == "/etc/rabbitmq/rabbitmq.conf"
     assert targets["docker/10-defaults.conf"] == "/etc/rabbitmq/conf.d/10-defaults.conf"
+    # RabbitMQ's rabbitmqadmin, taken out of Debian's package in the build stage by the
+    # script make test runs too (tests/test_docker_tools.py runs the file it makes)
+    assert targets["docker/fetch-rabbitmqadmin"] == "/tmp/fetch-rabbitmqadmin"
+    assert any("/tmp/fetch-rabbitmqadmin /rabbitmqadmin" in a for a in runs)
+    assert "--from=build /rabbitmqadmin /usr/local/bin/rabbitmqadmin" in copied
 
 
 def test_dockerfile_healthcheck_and_entrypoint() -> None:

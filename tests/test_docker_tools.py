@@ -106,3 +106,65 @@ def test_rabbitmq_diagnostics_commands_that_exited_64(warren: RunningBroker, con
 
     assert run("rabbitmq-diagnostics", conf, "server_version").stdout.strip() == __version__
     assert run("rabbitmq-diagnostics", conf, "erlang_version").returncode == 64
+
+
+RABBITMQADMIN = ROOT / "build" / "rabbitmqadmin"  # make test: docker/fetch-rabbitmqadmin
+
+
+def admin(warren: RunningBroker, *args: str) -> subprocess.CompletedProcess[str]:
+    """RabbitMQ's own rabbitmqadmin (v1), the file the image ships, against Warren's API."""
+    assert RABBITMQADMIN.is_file(), "make build/rabbitmqadmin (docker/fetch-rabbitmqadmin)"
+    port = str(warren.server.management_port)
+    command = [sys.executable, str(RABBITMQADMIN), "-H", "127.0.0.1", "-P", port, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+def test_rabbitmqadmin_as_testcontainers_runs_it(warren: RunningBroker) -> None:
+    # testcontainers-java's RabbitMQContainer.withVhost/withUser/withPermission/withExchange/
+    # withQueue/withBinding/withPolicy run these in the container; testcontainers-python's
+    # declare_queue checks for the "queue declared" line
+    steps = [
+        (("declare", "vhost", "name=tc-admin"), "vhost declared"),
+        (("declare", "user", "name=tc-u", "password=tc-p", "tags=administrator"), "user declared"),
+        (
+            ("declare", "permission", "vhost=tc-admin", "user=tc-u")
+            + ("configure=.*", "write=.*", "read=.*"),
+            "permission declared",
+        ),
+        (("-V", "tc-admin", "declare", "exchange", "name=tc.ex", "type=direct"), "exchange declared"),
+        (
+            ("-V", "tc-admin", "declare", "queue", "name=tc.q", "durable=true")
+            + ('arguments={"x-max-length": 10}',),
+            "queue declared",
+        ),
+        (
+            ("-V", "tc-admin", "declare", "binding", "source=tc.ex", "destination=tc.q")
+            + ("routing_key=k",),
+            "binding declared",
+        ),
+        (
+            ("-V", "tc-admin", "declare", "policy", "name=tc-pol", "pattern=^tc\\.")
+            + ('definition={"max-length": 5}', "apply-to=queues"),
+            "policy declared",
+        ),
+        (
+            ("-V", "tc-admin", "publish", "exchange=tc.ex", "routing_key=k", "payload=hello"),
+            "Message published",
+        ),
+    ]
+    for args, said in steps:
+        result = admin(warren, *args)
+        assert result.returncode == 0, (args, result.stdout, result.stderr)
+        assert said in result.stdout, (args, result.stdout)
+    listed = admin(warren, "-V", "tc-admin", "-f", "tsv", "-q", "list", "queues", "name", "messages")
+    assert listed.stdout.split() == ["tc.q", "1"], listed.stdout
+    got = admin(warren, "-V", "tc-admin", "get", "queue=tc.q", "ackmode=ack_requeue_false")
+    assert got.returncode == 0 and "hello" in got.stdout, got.stdout
+    shown = admin(warren, "-f", "raw_json", "show", "overview")
+    assert shown.returncode == 0 and '"management_version"' in shown.stdout, shown.stdout
+    assert admin(warren, "-V", "tc-admin", "delete", "queue", "name=tc.q").returncode == 0
+    assert admin(warren, "delete", "vhost", "name=tc-admin").returncode == 0
+    assert admin(warren, "delete", "user", "name=tc-u").returncode == 0
+    # a queue that is not there: rabbitmqadmin's own refusal of the API's 404
+    gone = admin(warren, "-V", "/", "delete", "queue", "name=tc.none")
+    assert gone.returncode != 0 and "Not found" in gone.stdout + gone.stderr
