@@ -8,6 +8,7 @@ Exit codes are rabbitmq_cli's (deps/rabbitmq_cli/lib/rabbitmq/cli/core/exit_code
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -124,39 +125,35 @@ def test_rabbitmqadmin_as_testcontainers_runs_it(warren: RunningBroker) -> None:
     # withQueue/withBinding/withPolicy run these in the container; testcontainers-python's
     # declare_queue checks for the "queue declared" line
     steps = [
-        (("declare", "vhost", "name=tc-admin"), "vhost declared"),
-        (("declare", "user", "name=tc-u", "password=tc-p", "tags=administrator"), "user declared"),
+        ("declare vhost name=tc-admin", "vhost declared"),
+        ("declare user name=tc-u password=tc-p tags=administrator", "user declared"),
         (
-            ("declare", "permission", "vhost=tc-admin", "user=tc-u")
-            + ("configure=.*", "write=.*", "read=.*"),
+            "declare permission vhost=tc-admin user=tc-u configure=.* write=.* read=.*",
             "permission declared",
         ),
-        (("-V", "tc-admin", "declare", "exchange", "name=tc.ex", "type=direct"), "exchange declared"),
+        ("-V tc-admin declare exchange name=tc.ex type=direct", "exchange declared"),
         (
-            ("-V", "tc-admin", "declare", "queue", "name=tc.q", "durable=true")
-            + ('arguments={"x-max-length": 10}',),
+            "-V tc-admin declare queue name=tc.q durable=true "
+            """'arguments={"x-max-length": 10}'""",
             "queue declared",
         ),
         (
-            ("-V", "tc-admin", "declare", "binding", "source=tc.ex", "destination=tc.q")
-            + ("routing_key=k",),
+            "-V tc-admin declare binding source=tc.ex destination=tc.q routing_key=k",
             "binding declared",
         ),
         (
-            ("-V", "tc-admin", "declare", "policy", "name=tc-pol", "pattern=^tc\\.")
-            + ('definition={"max-length": 5}', "apply-to=queues"),
+            "-V tc-admin declare policy name=tc-pol pattern=^tc apply-to=queues "
+            """'definition={"max-length": 5}'""",
             "policy declared",
         ),
-        (
-            ("-V", "tc-admin", "publish", "exchange=tc.ex", "routing_key=k", "payload=hello"),
-            "Message published",
-        ),
+        ("-V tc-admin publish exchange=tc.ex routing_key=k payload=hello", "Message published"),
     ]
-    for args, said in steps:
+    for line, said in steps:
+        args = shlex.split(line)
         result = admin(warren, *args)
         assert result.returncode == 0, (args, result.stdout, result.stderr)
         assert said in result.stdout, (args, result.stdout)
-    listed = admin(warren, "-V", "tc-admin", "-f", "tsv", "-q", "list", "queues", "name", "messages")
+    listed = admin(warren, *shlex.split("-V tc-admin -f tsv -q list queues name messages"))
     assert listed.stdout.split() == ["tc.q", "1"], listed.stdout
     got = admin(warren, "-V", "tc-admin", "get", "queue=tc.q", "ackmode=ack_requeue_false")
     assert got.returncode == 0 and "hello" in got.stdout, got.stdout
