@@ -422,6 +422,16 @@ _KEYS: Mapping[str, _Key] = {
         _int_between(0, None, "expected a non-negative integer (descriptors)"),
         "descriptor_reserve",
     ),
+    # a consumer whose oldest unsettled delivery has waited this long shows as stuck in
+    # /api/consumers and the console (ms; seen at each collect_statistics_interval)
+    "warren.consumer_stuck_after": _Key(
+        _int_between(1, None, "expected a positive integer (milliseconds)"),
+        "consumer_stuck_after",
+    ),
+    "collect_statistics_interval": _Key(
+        _int_between(100, None, "expected an integer of at least 100 (milliseconds)"),
+        "collect_statistics_interval",
+    ),
     "warren.read_coalescing_interval": _Key(
         _int_between(0, 100, "expected an integer from 0 to 100 (milliseconds)"),
         "read_coalescing_interval",
@@ -530,7 +540,6 @@ _IGNORED: tuple[str, ...] = (
     "message_interceptors",
     # statistics, logging other than the console, the message of the day
     "collect_statistics",
-    "collect_statistics_interval",
     "log",
     "log.console.stdio",
     "log.console.use_colors",

@@ -50,6 +50,11 @@ class Settings:
     # descriptors kept free for the store, the definitions and the monitor: below it new
     # connections are closed at once (warren.descriptor_reserve)
     descriptor_reserve: int = 100
+    # ms between the management statistics' samples (RabbitMQ's key and default): rates, and
+    # the age of each consumer's oldest unsettled delivery (broker/ops/management/stuck.py)
+    collect_statistics_interval: int = 5000
+    # a consumer whose oldest unsettled delivery is older than this (ms) shows as stuck
+    consumer_stuck_after: int = 60000
     # ms a publisher's socket waits between small, quick reads; 0 reads as data arrives
     # (warren.read_coalescing_interval; broker/server/amqp_connection.py Connection._coalesce)
     read_coalescing_interval: int = 1

@@ -541,7 +541,6 @@ IGNORED = [
     "auth_backends.1 = internal",
     "auth_mechanisms.1 = PLAIN",
     "collect_statistics = coarse",
-    "collect_statistics_interval = 10000",
     "queue_master_locator = min-masters",
     "mqtt.listeners.tcp.default = 1883",
     "stomp.default_user = guest",
@@ -859,3 +858,15 @@ def test_one_mistake_stays_one_error() -> None:
     error = error_of("heartbeat = often\n")
     assert error.errors == (error,)
     assert "\n" not in str(error)
+
+
+def test_statistics_interval_and_stuck_consumer_threshold() -> None:
+    settings = parse_config(
+        "collect_statistics_interval = 10000\nwarren.consumer_stuck_after = 120000\n"
+    )
+    assert (settings.collect_statistics_interval, settings.consumer_stuck_after) == (
+        10000,
+        120000,
+    )
+    with pytest.raises(ConfigError, match="at least 100"):
+        parse_config("collect_statistics_interval = 5\n")

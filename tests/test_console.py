@@ -13,7 +13,7 @@ import re
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pika
 import pytest
@@ -359,6 +359,65 @@ def test_a_consumer_entering_the_timeout_state(
     screenshot(page, shots / "console-overview.png")
     conn.close()
     page.close()
+
+
+def test_a_classic_consumer_holding_its_prefetch_shows_as_stuck(browser: Browser) -> None:
+    # RabbitMQ 4.3's classic queues evaluate no consumer timeout (its release notes; the
+    # x-consumer-timeout argument is quorum-only, rabbit_quorum_queue:capabilities/0), so a
+    # consumer that never settles is shown, not cancelled: the age of its oldest unsettled
+    # delivery (broker/ops/management/stuck.py), seen at each statistics sample
+    with run_broker(management_port=0, clock="manual", consumer_stuck_after=30000) as running:
+        assert running.server.management_port
+        api = HttpApi(running.server.management_port)
+        conn = amqp(running, "stuck-test")
+        ch = conn.channel()
+        ch.queue_declare("stuck.q", durable=True)
+        ch.basic_qos(prefetch_count=2)
+        for n in range(3):
+            ch.basic_publish("", "stuck.q", f"job {n}".encode())
+        tags: list[int] = []
+        ch.basic_consume("stuck.q", lambda _c, m, _p, _b: tags.append(m.delivery_tag),
+                         consumer_tag="holder")  # fmt: skip
+        while len(tags) < 2:
+            conn.process_data_events(time_limit=0.1)
+        sample = running.server.management.rates.sample
+
+        def holder() -> dict[str, Any]:
+            (row,) = api.ok("GET", "/api/consumers")
+            assert row["consumer_tag"] == "holder"
+            return cast(dict[str, Any], row)
+
+        running.call(sample)
+        assert (holder()["oldest_unacked_ms"], holder()["stuck"]) == (0, False)
+        running.clock.advance(20)
+        running.call(sample)
+        assert (holder()["oldest_unacked_ms"], holder()["stuck"]) == (20000, False)
+        running.clock.advance(11)
+        running.call(sample)
+        row = holder()
+        assert (row["oldest_unacked_ms"], row["stuck"]) == (31000, True)
+        assert (row["messages_unacknowledged"], row["prefetch_count"]) == (2, 2)
+
+        page = login(browser, api)
+        page.goto(f"{base(api)}/?refresh={POLL_MS}#/overview")
+        line = page.locator("[data-role=stuck] [data-stuck=holder]")
+        expect(line).to_contain_text("holder on stuck.q")
+        expect(line).to_contain_text("has waited 31 s and it holds its whole prefetch (2)")
+
+        # settling the oldest: the next oldest has waited as long (it came in the same
+        # sample); settling everything: nothing waits, nothing is stuck
+        ch.basic_ack(tags[0])
+        while len(tags) < 3:
+            conn.process_data_events(time_limit=0.1)
+        running.call(sample)
+        assert holder()["stuck"] is True
+        ch.basic_ack(tags[2], multiple=True)
+        ch.queue_declare("stuck.q", durable=True, passive=True)  # the acks are in
+        running.call(sample)
+        assert (holder()["oldest_unacked_ms"], holder()["stuck"]) == (0, False)
+        expect(page.locator("[data-role=stuck] [data-stuck=holder]")).to_have_count(0)
+        page.close()
+        conn.close()
 
 
 # ---- exchanges ----

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from warren.broker.engine.queue import Queue
+from warren.broker.ops.management.stuck import UnackedAges
 from warren.broker.server.amqp_connection import VERSION
 
 if TYPE_CHECKING:
@@ -127,6 +128,7 @@ class RateSampler:
 
     def sample(self) -> None:
         now = time.monotonic()
+        self.mgmt.unacked_ages.sample(self.mgmt.broker)
         current = self._current()
         rates: dict[Key, dict[str, float]] = {}
         for key, (names, values) in current.items():
@@ -174,13 +176,17 @@ GLOBAL_FIELDS = (
 class Management:
     """The shared state of the HTTP API, the metrics endpoint and definitions import."""
 
-    def __init__(self, broker: Broker, sample_interval: float = SAMPLE_INTERVAL) -> None:
+    def __init__(self, broker: Broker, sample_interval: float | None = None) -> None:
         self.broker = broker
+        if sample_interval is None:
+            sample_interval = broker.settings.collect_statistics_interval / 1000
         if broker.settings.test_api:  # the test API reads the test kit's recording
             from warren.broker.testkit.recorder import start_recording
 
             start_recording(broker)
         self.rates = RateSampler(self, sample_interval)
+        self.unacked_ages = UnackedAges()
+        self.stuck_after_ms = broker.settings.consumer_stuck_after
         self.vhost_meta: dict[str, VhostMeta] = {}
         self.node = f"warren@{platform.node() or 'localhost'}"
         self.version = VERSION  # Warren's own (the node's "applications")

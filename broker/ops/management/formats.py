@@ -200,6 +200,10 @@ def consumer_json(mgmt: Management, consumer: Consumer) -> dict[str, Any]:
         "messages_unacknowledged": consumer.unacked,
         "timed_out": consumer.timed_out > 0,
         "timed_out_deliveries": consumer.timed_out,
+        # Warren's own: how long its oldest unsettled delivery has waited (0: none), and
+        # whether that is past warren.consumer_stuck_after (broker/ops/management/stuck.py)
+        "oldest_unacked_ms": (age := mgmt.unacked_ages.age_ms(consumer, mgmt.broker.clock.now())),
+        "stuck": age >= mgmt.stuck_after_ms,
         # only when it has one: rabbitmqadmin 3.10's ``list consumers`` measures every value
         # with len() and crashes on a null
         **({} if consumer.timeout is None else {"consumer_timeout": consumer.timeout}),

@@ -66,6 +66,13 @@ export function overview(ctx) {
         h("a", { href: qlink(c.queue.vhost, c.queue.name) }, c.queue.name),
         ` \u2014 ${num(c.timed_out_deliveries)} deliveries passed the ${num(c.consumer_timeout)} ms timeout; it gets nothing new until they are settled`));
     }
+    for (const c of consumers.filter((c) => c.stuck && !c.timed_out)) {
+      const full = c.prefetch_count > 0 && c.messages_unacknowledged >= c.prefetch_count;
+      rows.push(h("li", { dataset: { stuck: c.consumer_tag } }, badge("stuck", "warn"), " consumer ", h("code", {}, c.consumer_tag), " on ",
+        h("a", { href: qlink(c.queue.vhost, c.queue.name) }, c.queue.name),
+        ` \u2014 its oldest of ${num(c.messages_unacknowledged)} unacked deliveries has waited ${num(Math.round(c.oldest_unacked_ms / 1000))} s`,
+        full ? ` and it holds its whole prefetch (${num(c.prefetch_count)}): it gets nothing new until it settles` : ""));
+    }
     for (const q of deep.items.filter((q) => q.messages > 0)) {
       const why = q.consumers === 0 ? "no consumers" : q.messages_unacknowledged > 0 && q.messages_ready === 0 ? "all delivered, waiting for acks" : `${q.consumers} consumer(s)`;
       rows.push(h("li", {}, badge(`${num(q.messages)} message${q.messages === 1 ? "" : "s"}`, q.consumers === 0 ? "warn" : ""), " in ",
@@ -76,7 +83,7 @@ export function overview(ctx) {
       rows.push(h("li", {}, badge(`${num(q.messages_delayed)} delayed`, "warn"), " in ",
         h("a", { href: qlink(q.vhost, q.name) }, q.name), " \u2014 waiting for a retry"));
     }
-    replace(stuck, rows.length ? h("ul", {}, rows) : h("p", { class: "muted" }, "Nothing waiting: no timed-out consumers, delayed retries or backed-up queues."));
+    replace(stuck, rows.length ? h("ul", {}, rows) : h("p", { class: "muted" }, "Nothing waiting: no timed-out or stuck consumers, delayed retries or backed-up queues."));
   }
   return { el, refresh };
 }
