@@ -113,8 +113,11 @@ MESSAGE_PATH_TESTS := tests/test_compiled.py tests/test_protocol.py tests/test_f
 # test_routing_scale.py counts the interpreted lines routing runs (and binds stand-in
 # destinations the compiled exchange refuses): it runs on pure Python only.
 PURE_ONLY := tests/test_routing_scale.py
+# Two workers (pytest-xdist): most tests wait on sockets, subprocesses and Spark, so the
+# suite takes about half the wall time on CI's 2 cores; worksteal evens out the long files.
 COMPILED_PYTEST = PYTHONPATH=$(COMPILED):. WARREN_EXPECT_COMPILED=1 \
-	$(BIN)/pytest -q -o pythonpath= $(addprefix --ignore=,$(PURE_ONLY))
+	$(BIN)/pytest -q -n 2 --dist worksteal --durations=15 -o pythonpath= \
+	$(addprefix --ignore=,$(PURE_ONLY))
 # (two kill -9 rounds of test_durability.py, not ten: the compiled run has the others)
 PURE_PYTEST = WARREN_CRASH_ROUNDS=2 $(BIN)/pytest -q $(MESSAGE_PATH_TESTS) $(PURE_ONLY)
 test-pure: $(STAMP)
