@@ -163,38 +163,3 @@ def test_vhost_limits_in_vhost_entries(api: HttpApi) -> None:
     assert api.ok("GET", "/api/vhost-limits/lim2") == [
         {"vhost": "lim2", "value": {"max-queues": 7}}
     ]
-
-
-@pytest.mark.parametrize(
-    ("definitions", "reason"),
-    [
-        (
-            {"topic_permissions": [{"user": "guest", "vhost": "/", "exchange": "amq.topic"}]},
-            "Warren does not support topic_permissions: remove them to import",
-        ),
-        (
-            {"operator_policies": [{"vhost": "/", "name": "op", "pattern": ".*"}]},
-            "Warren does not support operator_policies: remove them to import",
-        ),
-        (
-            {
-                "users": [
-                    {"name": "u", "password_hash": "", "tags": [], "limits": {"max-channels": 1}}
-                ]
-            },
-            "Warren does not support user limits (user 'u'): remove them to import",
-        ),
-    ],
-)
-def test_import_refuses_what_warren_cannot_honour(
-    api: HttpApi, definitions: dict[str, object], reason: str
-) -> None:
-    # refused before anything changes: the vhost in the same file is not created
-    body = {**definitions, "vhosts": [{"name": "never"}]}
-    refused = api.request("POST", "/api/definitions", body)
-    assert (refused.status, refused.body["reason"]) == (400, reason)
-    assert api.get("/api/vhosts/never").status == 404
-    assert api.get("/api/users/u").status == 404
-    # empty sections, as RabbitMQ exports them, are fine
-    empty = {"topic_permissions": [], "operator_policies": [], "users": [], "vhosts": []}
-    assert api.request("POST", "/api/definitions", empty).status == 204

@@ -12,6 +12,7 @@ from warren.broker.engine.deprecated import DeprecatedFeatures
 from warren.broker.engine.global_parameters import GlobalParameters
 from warren.broker.engine.interceptors import incoming
 from warren.broker.engine.limits import VhostLimits
+from warren.broker.engine.operator_policy import OperatorPolicies
 from warren.broker.engine.parameters import Parameters
 from warren.broker.engine.persistence import Persistence
 from warren.broker.engine.reaper import Reaper
@@ -63,6 +64,7 @@ class Broker:
         self.access = AccessControl()
         self.parameters = Parameters()  # runtime parameters and their components
         self.parameters.register(VhostLimits(self.vhosts))
+        self.parameters.register(OperatorPolicies(self.vhosts))
         self.global_parameters = GlobalParameters()  # cluster_name and others
         settings = self.settings
         self.access.add_user(
@@ -165,6 +167,7 @@ class Broker:
         for exchange in vhost.exchanges.values():
             exchange.close()  # x-delayed-message: its timer and held messages go
         self.parameters.vhost_deleted(name)
+        self.access.vhost_deleted(name)
         for user, vhost_name in list(self.access.permissions):
             if vhost_name == name:
                 self.access.clear_permissions(user, vhost_name)

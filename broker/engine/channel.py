@@ -69,6 +69,7 @@ from warren.protocol.properties import (
 
 if TYPE_CHECKING:
     from warren.broker.engine.queue import Queue
+    from warren.broker.engine.topic_permissions import TopicRule
     from warren.broker.server.amqp_connection import Connection
     from warren.broker.store import MessageStore
 
@@ -133,6 +134,8 @@ class Channel:
         self._allowed: set[tuple[str, str, str]] = set()  # permission checks that passed
         self._allowed_version = -1
         self._published_to: str | None = None  # the exchange of the last publish allowed
+        # its topic permission, when the user has one (broker/engine/topic_permissions.py)
+        self._topic_rule: TopicRule | None = None
         # direct reply-to: the no-ack consumer of the pseudo-queue amq.rabbitmq.reply-to
         self.reply_tag: str | None = None
         self.reply_token = ""
@@ -161,6 +164,16 @@ class Channel:
             self._allowed_version = access.version
         if len(self._allowed) < 1024:
             self._allowed.add(key)
+
+    def _topic_read(self, exchange: str, routing_key: str) -> None:
+        """Read on a topic exchange's binding key, after read on the exchange (RabbitMQ 4.3,
+        rabbit_channel:binding_action_with_checks/10); a missing exchange is not checked."""
+        access = self.conn.broker.access
+        if access.topic_permissions:
+            rule = access.topic_rule(self.conn.user, self.vhost.name, exchange)
+            found = self.vhost.exchanges.get(exchange) if rule is not None else None
+            if rule is not None and found is not None and found.kind == "topic":
+                rule.check("read", routing_key)
 
     def _allow_any(self, resource: str, name: str) -> None:
         """A passive declare: any of read, write or configure will do, and a refusal reads as
@@ -335,6 +348,8 @@ class Channel:
         ):  # fmt: skip
             self.allow("write", "exchange", method.exchange or "amq.default")
             self._published_to = method.exchange  # allow() brought _allowed_version up to date
+            access = self.conn.broker.access
+            self._topic_rule = access.topic_rule(self.conn.user, self.vhost.name, method.exchange)
         exchange = self.vhost.exchanges.get(method.exchange)
         if exchange is None:
             raise ChannelError(
@@ -352,6 +367,8 @@ class Channel:
         # "CC" or "BCC" somewhere in the headers? (find: about half the cost of ``in`` here)
         if flags & FLAG_HEADERS and props.find(b"CC") >= 0:
             props, sender_keys = routing_headers(props)
+        if self._topic_rule is not None and exchange.kind == "topic":
+            self._topic_rule.check_publish(method.routing_key, sender_keys)
         ttl = None
         if flags & (FLAG_EXPIRATION | FLAG_USER_ID | FLAG_REPLY_TO):
             ttl, props = self._check_properties(props)
@@ -879,6 +896,7 @@ class Channel:
         self.vhost.not_default(method.destination)
         self.vhost.not_default(method.source)
         self.allow("read", "exchange", method.source)
+        self._topic_read(method.source, method.routing_key)
         destination = self.vhost.exchange(method.destination)
         self.vhost.bind(method.source, destination, method.routing_key, method.arguments or {})
         if not method.nowait:
@@ -889,6 +907,7 @@ class Channel:
         self.vhost.not_default(method.destination)
         self.vhost.not_default(method.source)
         self.allow("read", "exchange", method.source)
+        self._topic_read(method.source, method.routing_key)
         destination = self.vhost.exchanges.get(method.destination)
         if destination is not None:  # RabbitMQ: unbinding what is not there succeeds
             self.vhost.unbind(
@@ -967,6 +986,7 @@ class Channel:
         self.allow("write", "queue", self._queue_name(method.queue))
         self.vhost.not_default(method.exchange)
         self.allow("read", "exchange", method.exchange)
+        self._topic_read(method.exchange, method.routing_key)
         self.vhost.exchange(method.exchange)  # RabbitMQ names a missing exchange first
         queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
         self.vhost.bind(method.exchange, queue, method.routing_key, method.arguments or {})
@@ -978,6 +998,7 @@ class Channel:
         self.allow("write", "queue", self._queue_name(method.queue))
         self.vhost.not_default(method.exchange)
         self.allow("read", "exchange", method.exchange)
+        self._topic_read(method.exchange, method.routing_key)
         queue = self.vhost.queues.get(self._queue_name(method.queue))
         exchange = self.vhost.exchanges.get(method.exchange)
         arguments = method.arguments or {}

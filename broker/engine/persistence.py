@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from warren.broker.engine.parameters import ParameterError
 from warren.broker.engine.policy import Policy, PolicyError
+from warren.broker.engine.topic_permissions import TopicPermission
 from warren.broker.store import DefinitionStore, MessageStore
 
 if TYPE_CHECKING:
@@ -183,6 +184,12 @@ class Persistence:
             access.add_user(name, password_hash=password_hash, tags=tags, persist=False)
         for user_name, on_vhost, configure, write, read in defs.permissions:
             access.set_permissions(user_name, on_vhost, configure, write, read, persist=False)
+        for user_name, on_vhost, exchange, write, read in defs.topic_permissions:
+            access.set_topic_permission(
+                user_name, on_vhost, TopicPermission(exchange, write, read), persist=False
+            )
+        for user_name, limits in defs.user_limits:
+            access.set_user_limits(user_name, limits, persist=False)
         for vhost_name, name, pattern, apply_to, priority, definition in defs.policies:
             vhost = broker.vhosts.get(vhost_name)
             if vhost is None:

@@ -20,6 +20,7 @@ from warren.broker.engine.message import (
     UNACKED,
     Message,
 )
+from warren.broker.engine.operator_policy import merge as merge_definitions
 from warren.broker.engine.queue_backlog import (
     over_limit,
     page_later,
@@ -177,6 +178,7 @@ class Queue:
         self.trace_ref = 0  # its id in the trace stream (broker/tracing/tracer.py), 0: none yet
         self.message_store: MessageStore | None = None
         self.policy: Policy | None = None
+        self.operator_policy: Policy | None = None  # merged over it (effective_definition)
         # exchanges with a binding to this queue (Exchange.bind keeps it): deleting the queue
         # visits them, not every exchange of the vhost
         self.sources: dict[Exchange, None] = {}
@@ -197,7 +199,7 @@ class Queue:
 
     def _apply_settings(self) -> None:
         args = self.arguments
-        definition = self.policy.definition if self.policy is not None else {}
+        definition = self.effective_definition()
 
         def smallest(arg: str, key: str) -> int | None:
             values: list[int] = []
@@ -237,6 +239,12 @@ class Queue:
         )
         for consumer in self.consumers:
             consumer.timeout = self.consumer_timeout_for(consumer.arguments)
+
+    def effective_definition(self) -> dict[str, Any]:
+        """The policy's definition merged with the operator policy's (RabbitMQ's rules)."""
+        if self.operator_policy is None:
+            return self.policy.definition if self.policy is not None else {}
+        return merge_definitions(self.policy, self.operator_policy)
 
     def consumer_timeout_for(self, consumer_arguments: dict[str, Any]) -> int | None:
         """RabbitMQ 4.3: the consumer's argument, else min(queue argument, policy), else global."""

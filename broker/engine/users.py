@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from warren.broker.engine.topic_permissions import TopicPermission, TopicRule
 from warren.protocol.constants import ACCESS_REFUSED
 from warren.protocol.errors import ChannelError
 
@@ -75,6 +76,10 @@ class AccessControl:
     def __init__(self) -> None:
         self.users: dict[str, User] = {}
         self.permissions: dict[tuple[str, str], Permission] = {}  # (user, vhost)
+        # (user, vhost) -> exchange -> its topic permission (broker/engine/topic_permissions.py)
+        self.topic_permissions: dict[tuple[str, str], dict[str, TopicPermission]] = {}
+        # user -> {"max-connections": n, "max-channels": n} (rabbit_auth_backend_internal)
+        self.user_limits: dict[str, dict[str, int]] = {}
         self.version = 0  # bumped on every change, so channels can cache decisions
         self.persistence: Persistence | None = None  # when there is a data dir
 
@@ -100,9 +105,12 @@ class AccessControl:
         removed = self.users.pop(name, None) is not None
         for key in [k for k in self.permissions if k[0] == name]:
             del self.permissions[key]
+        for key in [k for k in self.topic_permissions if k[0] == name]:
+            del self.topic_permissions[key]
+        self.user_limits.pop(name, None)
         self.version += 1
         if removed and self.persistence is not None:
-            self.persistence.user_deleted(name)
+            self.persistence.user_deleted(name)  # its permissions, topic ones and limits too
         return removed
 
     def authenticate(self, name: str, password: str) -> User | None:
@@ -127,6 +135,62 @@ class AccessControl:
         if removed and self.persistence is not None:
             self.persistence.permission_deleted(user, vhost)
         return removed
+
+    # ---- topic permissions ----
+
+    def set_topic_permission(
+        self, user: str, vhost: str, permission: TopicPermission, persist: bool = True
+    ) -> None:
+        self.topic_permissions.setdefault((user, vhost), {})[permission.exchange] = permission
+        self.version += 1  # channels ask for their rules again
+        if persist and self.persistence is not None:
+            self.persistence.definitions.save_topic_permission(
+                user, vhost, permission.exchange, permission.write, permission.read
+            )
+
+    def clear_topic_permissions(self, user: str, vhost: str, exchange: str | None = None) -> bool:
+        """Clear one exchange's topic permission, or all of (user, vhost); False if none."""
+        current = self.topic_permissions.get((user, vhost))
+        if not current or (exchange is not None and exchange not in current):
+            return False
+        if exchange is None:
+            current.clear()
+        else:
+            del current[exchange]
+        if not current:
+            del self.topic_permissions[(user, vhost)]
+        self.version += 1
+        if self.persistence is not None:
+            self.persistence.definitions.delete_topic_permissions(user, vhost, exchange)
+        return True
+
+    def vhost_deleted(self, vhost: str) -> None:
+        """A deleted vhost's topic permissions go with it (its store rows go with the vhost's)."""
+        for key in [k for k in self.topic_permissions if k[1] == vhost]:
+            del self.topic_permissions[key]
+        self.version += 1
+
+    def topic_rule(self, user: str, vhost: str, exchange: str) -> TopicRule | None:
+        """The rule a channel checks routing keys against on ``exchange``; None: no checks."""
+        per_vhost = self.topic_permissions.get((user, vhost))
+        permission = per_vhost.get(exchange) if per_vhost else None
+        return TopicRule(permission, user, vhost) if permission is not None else None
+
+    # ---- user limits ----
+
+    def set_user_limits(self, user: str, limits: dict[str, int], persist: bool = True) -> None:
+        if limits:
+            self.user_limits[user] = dict(limits)
+        else:
+            self.user_limits.pop(user, None)
+        if persist and self.persistence is not None:
+            self.persistence.definitions.save_user_limits(user, limits)
+
+    def user_limit(self, user: str, name: str) -> int | None:
+        """A limit in force (rabbit_auth_backend_internal:get_user_limit/2: negative is none)."""
+        limits = self.user_limits.get(user)
+        value = limits.get(name) if limits else None
+        return value if value is not None and value >= 0 else None
 
     def can_access_vhost(self, user: str, vhost: str) -> bool:
         return (user, vhost) in self.permissions

@@ -77,6 +77,8 @@ class VirtualHost:
         self.timers = timers
         self.default_consumer_timeout = default_consumer_timeout  # ms, None: off
         self.policies: dict[str, Policy] = {}
+        # the operator_policy parameters' policies (broker/engine/operator_policy.py)
+        self.operator_policies: dict[str, Policy] = {}
         self.limits: dict[str, int] = {}  # max-connections, max-queues (negative: no limit)
         self.stats: Any = None  # the broker's BrokerStats, for node-wide lifecycle counters
         self.persistence: Persistence | None = None  # with a data directory
@@ -476,10 +478,28 @@ class VirtualHost:
             ):
                 self._apply_exchange_policy(exchange)
 
+    def set_operator_policy(self, policy: Policy) -> None:
+        """Stored by the parameter that holds it: re-pick every queue's (they are rare)."""
+        self.operator_policies[policy.name] = policy
+        self._reapply_operator_policies()
+
+    def clear_operator_policy(self, name: str) -> None:
+        if self.operator_policies.pop(name, None) is not None:
+            self._reapply_operator_policies()
+
+    def _reapply_operator_policies(self) -> None:
+        for queue in list(self.queues.values()):
+            self._apply_policy(queue)
+
     def _apply_policy(self, queue: Queue) -> None:
-        policy = pick(self.policies, lambda p: p.applies_to_queue(queue.name, queue.queue_type))
-        if policy is not queue.policy:
+        def matches(p: Policy) -> bool:
+            return p.applies_to_queue(queue.name, queue.queue_type)
+
+        policy = pick(self.policies, matches)
+        operator = pick(self.operator_policies, matches) if self.operator_policies else None
+        if policy is not queue.policy or operator is not queue.operator_policy:
             queue.policy = policy
+            queue.operator_policy = operator
             queue.apply_settings()
 
     def _apply_exchange_policy(self, exchange: Exchange) -> None:

@@ -404,6 +404,9 @@ class Connection:
         if record is None:  # close-ok: the protocol freed the number; its Channel has closed
             return
         if isinstance(method, commands.Channel.Open):
+            limit = self.broker.access.user_limit(self.user, "max-channels")
+            if limit is not None:
+                self._check_user_channels(limit)
             record.owner = Channel(self, channel_id)
             # RabbitMQ leaves the reserved field empty; pamqp insists on "0"
             self.send_method(channel_id, make(commands.Channel.OpenOk, channel_id=""))
@@ -418,6 +421,24 @@ class Connection:
             return
         # connection methods, or methods only a server sends
         raise ConnectionError_(COMMAND_INVALID, "unimplemented method").at(*_ids(method))
+
+    def _check_user_channels(self, limit: int) -> None:
+        """rabbit_reader:is_over_limits/1: the user's open channels on every connection; a
+        refusal closes the connection (530, no method named)."""
+        user = self.user
+        count = sum(
+            1
+            for c in self.broker.connections
+            if c.user == user
+            for ch in c.channels.values()
+            if not ch.closed
+        )
+        if count >= limit:
+            raise ConnectionError_(
+                NOT_ALLOWED,
+                f"number of channels opened for user '{user}' has reached "
+                f"the maximum allowed user limit of {limit}",
+            )
 
     @property
     def name(self) -> str:
@@ -637,6 +658,22 @@ class Connection:
                     NOT_ALLOWED,
                     f"access to vhost '{vhost.name}' refused for user '{self.user}': "
                     f"connection limit ({limit}) is reached",
+                    10,
+                    40,
+                )
+        user_limit = self.broker.access.user_limit(self.user, "max-connections")
+        if user_limit is not None:
+            # rabbit_reader:is_over_user_connection_limit/1, after the vhost's limit
+            own = sum(
+                1
+                for c in self.broker.connections
+                if c.protocol.state is OPEN and c.user == self.user
+            )
+            if own >= user_limit:
+                raise ConnectionError_(
+                    NOT_ALLOWED,
+                    f"connection refused for user '{self.user}': "
+                    f"user connection limit ({user_limit}) is reached",
                     10,
                     40,
                 )

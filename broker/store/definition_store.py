@@ -35,6 +35,10 @@ CREATE TABLE IF NOT EXISTS delayed_exchanges (
 CREATE TABLE IF NOT EXISTS parameters (
     vhost TEXT, component TEXT, name TEXT, value TEXT, PRIMARY KEY (vhost, component, name));
 CREATE TABLE IF NOT EXISTS global_parameters (name TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS topic_permissions (
+    user TEXT, vhost TEXT, exchange TEXT, write TEXT, read TEXT,
+    PRIMARY KEY (user, vhost, exchange));
+CREATE TABLE IF NOT EXISTS user_limits (user TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS bindings (
     vhost TEXT, source TEXT, destination_type TEXT, destination TEXT, routing_key TEXT,
     arguments BLOB, PRIMARY KEY (vhost, source, destination_type, destination, routing_key,
@@ -64,6 +68,8 @@ class Definitions:
     # runtime parameters (broker/engine/parameters.py): (vhost, component, name, JSON value)
     parameters: list[tuple[str, str, str, Any]] = field(default_factory=list)
     global_parameters: list[tuple[str, Any]] = field(default_factory=list)
+    topic_permissions: list[tuple[str, str, str, str, str]] = field(default_factory=list)
+    user_limits: list[tuple[str, dict[str, int]]] = field(default_factory=list)
 
 
 class DefinitionStore:
@@ -95,8 +101,8 @@ class DefinitionStore:
         for table in ("vhosts", "vhost_queue_types"):
             self._run(f"DELETE FROM {table} WHERE name = ?", name)
         tables = (
-            "permissions", "policies", "parameters", "exchanges", "delayed_exchanges", "queues",
-            "bindings",
+            "permissions", "topic_permissions", "policies", "parameters", "exchanges",
+            "delayed_exchanges", "queues", "bindings",
         )  # fmt: skip
         for table in tables:
             self._run(f"DELETE FROM {table} WHERE vhost = ?", name)
@@ -111,6 +117,8 @@ class DefinitionStore:
         self.db.execute("BEGIN")
         self._run("DELETE FROM users WHERE name = ?", name)
         self._run("DELETE FROM permissions WHERE user = ?", name)
+        self._run("DELETE FROM topic_permissions WHERE user = ?", name)
+        self._run("DELETE FROM user_limits WHERE user = ?", name)
         self.db.execute("COMMIT")
 
     def save_permission(self, user: str, vhost: str, configure: str, write: str, read: str) -> None:
@@ -164,6 +172,35 @@ class DefinitionStore:
             component,
             name,
         )
+
+    def save_topic_permission(
+        self, user: str, vhost: str, exchange: str, write: str, read: str
+    ) -> None:
+        self._run(
+            "INSERT OR REPLACE INTO topic_permissions VALUES (?, ?, ?, ?, ?)",
+            user,
+            vhost,
+            exchange,
+            write,
+            read,
+        )
+
+    def delete_topic_permissions(self, user: str, vhost: str, exchange: str | None) -> None:
+        if exchange is None:
+            self._run("DELETE FROM topic_permissions WHERE user = ? AND vhost = ?", user, vhost)
+        else:
+            self._run(
+                "DELETE FROM topic_permissions WHERE user = ? AND vhost = ? AND exchange = ?",
+                user,
+                vhost,
+                exchange,
+            )
+
+    def save_user_limits(self, user: str, limits: dict[str, int]) -> None:
+        if limits:
+            self._run("INSERT OR REPLACE INTO user_limits VALUES (?, ?)", user, json.dumps(limits))
+        else:
+            self._run("DELETE FROM user_limits WHERE user = ?", user)
 
     def save_global_parameter(self, name: str, value: Any) -> None:
         self._run("INSERT OR REPLACE INTO global_parameters VALUES (?, ?)", name, json.dumps(value))
@@ -320,6 +357,10 @@ class DefinitionStore:
         d.global_parameters = [
             (name, json.loads(value))
             for name, value in self._run("SELECT * FROM global_parameters")
+        ]
+        d.topic_permissions = [tuple(row) for row in self._run("SELECT * FROM topic_permissions")]
+        d.user_limits = [
+            (user, json.loads(value)) for user, value in self._run("SELECT * FROM user_limits")
         ]
         return d
 

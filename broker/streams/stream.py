@@ -307,7 +307,7 @@ class StreamQueue(Queue):
         self.delivery_limit = None
         self.counts_deliveries = False
         args = self.arguments
-        definition = self.policy.definition if self.policy is not None else {}
+        definition = self.effective_definition()
 
         def pick(key: str) -> Any:
             arg = "x-" + key
@@ -501,7 +501,7 @@ class StreamQueue(Queue):
         if log is None or self.deleted:
             return
         self._sync_counts()  # at the end too: a segment the log rolled is counted first
-        definition = self.policy.definition if self.policy is not None else {}
+        definition = self.effective_definition()
         max_bytes = self.arguments.get("x-max-length-bytes", definition.get("max-length-bytes"))
         now_ms = log.wall_ms()
         segments = log.segments

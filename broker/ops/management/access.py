@@ -15,6 +15,7 @@ from warren.broker.ops.management import auth
 from warren.broker.ops.management.app import Ctx, Router, created, no_content, reply, reply_list
 from warren.broker.ops.management.errors import bad_request, not_found
 from warren.broker.ops.management.formats import parse_bool, with_details
+from warren.broker.ops.management.user_limits import checked_limits
 
 if TYPE_CHECKING:
     from warren.broker.engine.users import User
@@ -24,13 +25,13 @@ if TYPE_CHECKING:
 # ---- users ----
 
 
-def user_json(user: User) -> dict[str, Any]:
+def user_json(user: User, limits: dict[str, int] | None = None) -> dict[str, Any]:
     return {
         "name": user.name,
         "password_hash": user.password_hash,
         "hashing_algorithm": HASHING_ALGORITHM,
         "tags": list(user.tags),
-        "limits": {},
+        "limits": dict(limits or {}),
     }
 
 
@@ -84,21 +85,28 @@ def put_user(mgmt: Management, name: str, body: dict[str, Any]) -> bool:
         password_hash = check_password_hash(body["password_hash"], body.get("hashing_algorithm"))
     else:
         password_hash = ""  # RabbitMQ: no password at all clears it (no password login)
+    limits = body.get("limits")  # rabbit_auth_backend_internal:put_user/3 sets them too
+    if limits is not None:
+        limits = checked_limits(limits)
     existed = name in access.users
     access.add_user(name, password_hash=password_hash, tags=tags)
+    if limits is not None:
+        access.set_user_limits(name, limits)
     return not existed
 
 
 def list_users(ctx: Ctx) -> web.StreamResponse:
     users = ctx.mgmt.broker.access.users.values()
-    return reply_list(ctx, [user_json(u) for u in users], ("name",))
+    limits = ctx.mgmt.broker.access.user_limits
+    return reply_list(ctx, [user_json(u, limits.get(u.name)) for u in users], ("name",))
 
 
 def list_users_without_permissions(ctx: Ctx) -> web.StreamResponse:
     access = ctx.mgmt.broker.access
     with_perms = {user for user, _ in access.permissions}
     users = [u for u in access.users.values() if u.name not in with_perms]
-    return reply_list(ctx, [user_json(u) for u in users], ("name",))
+    rows = [user_json(u, access.user_limits.get(u.name)) for u in users]
+    return reply_list(ctx, rows, ("name",))
 
 
 def _user(ctx: Ctx) -> User:
@@ -109,7 +117,8 @@ def _user(ctx: Ctx) -> User:
 
 
 def get_user(ctx: Ctx) -> web.StreamResponse:
-    return reply(ctx, user_json(_user(ctx)))
+    user = _user(ctx)
+    return reply(ctx, user_json(user, ctx.mgmt.broker.access.user_limits.get(user.name)))
 
 
 def put_user_route(ctx: Ctx) -> web.StreamResponse:

@@ -13,12 +13,15 @@ from warren.broker.ops.management import (
     global_parameters,
     health,
     limits,
+    operator_policies,
     overview,
     parameters,
     plugins,
     policies,
     queues,
+    topic_permissions,
     trace,
+    user_limits,
 )
 from warren.broker.ops.management.app import HttpSite, ManagementApp, Router
 from warren.broker.ops.management.core import Management
@@ -37,6 +40,9 @@ def build_router(test_api: bool = False) -> Router:
         parameters,
         global_parameters,
         limits,
+        user_limits,
+        operator_policies,
+        topic_permissions,
         plugins,
         health,
         definitions,

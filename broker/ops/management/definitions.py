@@ -35,9 +35,14 @@ from warren.broker.ops.management.formats import (
     vhost_bindings,
 )
 from warren.broker.ops.management.global_parameters import global_parameters, set_global
+from warren.broker.ops.management.operator_policies import set_operator_policy
 from warren.broker.ops.management.overview import API_VERSION
 from warren.broker.ops.management.parameters import parameter_json, set_parameter
 from warren.broker.ops.management.policies import set_policy
+from warren.broker.ops.management.topic_permissions import (
+    set_topic_permission,
+    topic_permissions,
+)
 from warren.config import ConfigError
 from warren.protocol.constants import INTERNAL_ERROR
 from warren.protocol.errors import AMQPError, ConnectionError_
@@ -134,6 +139,7 @@ def export(mgmt: Management, only: str | None = None) -> dict[str, Any]:
             "bindings": bindings,
         }
     vhosts = []
+    user_limits = broker.access.user_limits
     for name in names:
         meta = mgmt.meta(name)
         # rabbit_definitions:vhost_definition/1 (4.3): the metadata carries the vhost's
@@ -156,10 +162,10 @@ def export(mgmt: Management, only: str | None = None) -> dict[str, Any]:
         "rabbitmq_version": API_VERSION,
         "product_name": mgmt.product_name,
         "product_version": mgmt.product_version,
-        "users": [user_json(u) for u in broker.access.users.values()],
+        "users": [user_json(u, user_limits.get(u.name)) for u in broker.access.users.values()],
         "vhosts": vhosts,
         "permissions": permissions(mgmt),
-        "topic_permissions": [],
+        "topic_permissions": topic_permissions(mgmt),
         "parameters": params,
         "global_parameters": global_parameters(mgmt),
         "policies": policies,
@@ -247,22 +253,11 @@ def _import_parameter(mgmt: Management, item: dict[str, Any], only: str | None) 
     set_parameter(mgmt, vhost.name, component, name, item["value"])
 
 
-# Sections and keys Warren cannot honour yet: an import that carries any of them (not empty)
-# is refused before anything changes, rather than dropping them without a word.
-UNSUPPORTED_SECTIONS = ("topic_permissions", "operator_policies")
-
-
-def _refuse_unsupported(data: dict[str, Any]) -> None:
-    for section in UNSUPPORTED_SECTIONS:
-        if data.get(section):
-            raise bad_request(f"Warren does not support {section}: remove them to import")
-    users = data.get("users")
-    for item in users if isinstance(users, list) else []:
-        if isinstance(item, dict) and item.get("limits"):
-            raise bad_request(
-                f"Warren does not support user limits (user '{item.get('name')}'): "
-                "remove them to import"
-            )
+def _import_operator_policy(mgmt: Management, item: dict[str, Any], only: str | None) -> None:
+    """An ``operator_policies`` entry (policy-shaped). RabbitMQ itself carries operator
+    policies as ``operator_policy`` parameters, which import with the other parameters."""
+    vhost = _vhost(mgmt, item, only)
+    set_operator_policy(mgmt, vhost.name, _name(item), item)
 
 
 def _import_vhost(mgmt: Management, item: dict[str, Any], user: str | None) -> None:
@@ -303,7 +298,6 @@ def import_definitions(
     """
     if not isinstance(data, dict):
         raise bad_request("failed_to_parse_json")
-    _refuse_unsupported(data)
     steps: list[tuple[str, Callable[[dict[str, Any]], None]]] = []
     if only is None:
         steps += [
@@ -315,7 +309,17 @@ def import_definitions(
     steps += [
         ("parameters", lambda i: _import_parameter(mgmt, i, only)),
         ("exchanges", lambda i: _import_exchange(mgmt, i, only)),
+    ]
+    if only is None:  # rabbit_definitions:apply_defs/3: after the exchanges they name
+        steps += [
+            (
+                "topic_permissions",
+                lambda i: set_topic_permission(mgmt, i.get("user"), i.get("vhost"), i),
+            )
+        ]
+    steps += [
         ("policies", lambda i: _import_policy(mgmt, i, only)),
+        ("operator_policies", lambda i: _import_operator_policy(mgmt, i, only)),
         ("queues", lambda i: _import_queue(mgmt, i, only)),
         ("bindings", lambda i: _import_binding(mgmt, i, only)),
     ]

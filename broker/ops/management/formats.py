@@ -246,8 +246,11 @@ def queue_json(mgmt: Management, queue: Queue, full: bool = False) -> dict[str, 
             queue.consumers[0].tag if queue.single_active_consumer and queue.consumers else None
         ),
         "policy": policy.name if policy is not None else None,
-        "operator_policy": None,
-        "effective_policy_definition": dict(policy.definition) if policy is not None else {},
+        "operator_policy": (
+            queue.operator_policy.name if queue.operator_policy is not None else None
+        ),
+        # rabbit_policy:effective_definition/1: the policy merged with the operator policy
+        "effective_policy_definition": dict(queue.effective_definition()),
         "message_bytes_ready": queue.ready_bytes,
         "message_bytes_ram": queue.ready_bytes - queue.paged_bytes,  # ready bodies in memory
         "messages_paged_out": queue.paged_count,
