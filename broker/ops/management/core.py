@@ -147,6 +147,12 @@ class RateSampler:
             self.retired.add(queue)
         self.known = live
 
+    def reset(self) -> None:
+        """DELETE /api/reset: rates and the chart's history start again from the next sample."""
+        self._prev.clear()
+        self._rates = {}
+        self.history.clear()
+
     def rates(self, key: Key) -> dict[str, float]:
         return self._rates.get(key, {})
 

@@ -4,7 +4,8 @@
 RabbitMQ 4.3 (rabbit_mgmt_wm_topic_permission[s][_user|_vhost]): items are
 ``{user, vhost, exchange, write, read}``; GET of a (vhost, user) pair is a list, 404 when it
 has none; PUT takes ``exchange``, ``write`` and ``read`` and answers 201 when the pair had
-none, 204 after; DELETE clears every exchange of the pair. Refusals, in RabbitMQ's order
+none, 204 after; DELETE clears every exchange of the pair, or with ``/{exchange}`` that one
+(204 while the pair has any, as the resource exists). Refusals, in RabbitMQ's order
 (rabbit_auth_backend_internal:set_topic_permissions/6): unknown user or vhost 400
 ``vhost_or_user_not_found``, a missing key, an invalid regex, a missing exchange.
 """
@@ -107,6 +108,14 @@ def delete_pair(ctx: Ctx) -> web.StreamResponse:
     return no_content()
 
 
+def delete_exchange(ctx: Ctx) -> web.StreamResponse:
+    pair = _pair(ctx)
+    if pair is None or pair not in ctx.mgmt.broker.access.topic_permissions:
+        raise not_found()
+    ctx.mgmt.broker.access.clear_topic_permissions(*pair, ctx.params["exchange"])
+    return no_content()
+
+
 def routes(router: Router) -> None:
     router.add("GET", "topic-permissions", list_all, auth.admin)
     router.add("GET", "users/{user}/topic-permissions", list_for_user, auth.admin)
@@ -115,3 +124,7 @@ def routes(router: Router) -> None:
     router.add("GET", path, get_pair, auth.admin)
     router.add("PUT", path, put_pair, auth.admin)
     router.add("DELETE", path, delete_pair, auth.admin)
+    # one exchange's: GET shows the pair's (RabbitMQ's resource reads no exchange), DELETE
+    # clears that exchange's only (clear_topic_permissions/4)
+    router.add("GET", path + "/{exchange}", get_pair, auth.admin)
+    router.add("DELETE", path + "/{exchange}", delete_exchange, auth.admin)
