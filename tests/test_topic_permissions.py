@@ -156,6 +156,22 @@ def test_publish_and_bind_checked_on_topic_exchanges(warren: RunningBroker, api:
         conn.close()
 
 
+def test_client_id_is_not_expanded_on_amqp_0_9_1(warren: RunningBroker, api: HttpApi) -> None:
+    # rabbit_channel_sup:start_link/1 gives a network channel no variable map: only {username}
+    # and {vhost} are replaced, and "{client_id}" is matched as the literal text it is
+    perm = {"exchange": "amq.topic", "write": "^{client_id}$", "read": ".*"}
+    api.ok("PUT", "/api/topic-permissions/%2F/tp", perm)
+    conn = connect(warren)
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("amq.topic", "{client_id}", b"the literal key")
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker):
+            ch.basic_publish("amq.topic", "tp", b"not a client id")
+    finally:
+        conn.close()
+
+
 def test_topic_permissions_durable_and_in_definitions(tmp_path: Path) -> None:
     with run_broker(management_port=0, data_dir=str(tmp_path)) as warren:
         api = http(warren)

@@ -8,9 +8,9 @@ rabbit_channel:check_topic_authorisation/5):
 - no topic permission for the (user, vhost, exchange): allowed;
 - an empty pattern is ``^$``; patterns match anywhere (unanchored);
 - ``{username}`` and ``{vhost}`` in a pattern are replaced by the connection's, escaped as
-  regex literals (expand_topic_permission/2). ``{client_id}`` is replaced only for MQTT
-  connections (their variable map); on an AMQP 0-9-1 connection it stays as written, as in
-  RabbitMQ;
+  regex literals (expand_topic_permission/2). Other variables come from the connection's
+  AMQP params, which only direct connections (MQTT, STOMP) have: a network AMQP 0-9-1 channel
+  gets none (rabbit_channel_sup:start_link/1, ``tcp``), so ``{client_id}`` stays as written;
 - a refusal is ``403 ACCESS_REFUSED - write access to topic 'k' in exchange 'x' in vhost 'v'
   refused for user 'u'`` (rabbit_access_control:check_topic_access/4), a channel error.
 
