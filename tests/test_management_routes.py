@@ -223,6 +223,9 @@ def test_node_diagnostics(warren: RunningBroker) -> None:
     api.ok("PUT", "/api/users/mgmt", {"password": "pw", "tags": "management"})
     assert api.as_user("mgmt", "pw").get(f"/api/nodes/{node}/memory").status == 401
     assert api.as_user("mgmt", "pw").get(f"/api/auth/attempts/{node}").status == 401
+    # /api/auth answers before a login, as 3.x's rabbit_mgmt_wm_auth:is_authorized/2 does
+    settings = api.request("GET", "/api/auth", auth=False)
+    assert (settings.status, settings.body["enable_uaa"]) == (200, False)
     assert api.delete("/api/reset").status == 204
     assert api.post("/api/rebalance/queues").status == 204
     assert api.post(f"/api/vhosts/%2F/start/{node}").status == 204

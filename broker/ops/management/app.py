@@ -407,9 +407,14 @@ class ManagementApp:
             return web.Response(status=200, headers={"Allow": ", ".join([*allowed, "OPTIONS"])})
         if method not in route.handlers:
             raise method_not_allowed(allowed)
-        user = auth.authenticate(self.mgmt, request.headers.get("Authorization"), request.remote)
-        ctx = Ctx(self.mgmt, request, method, params, user)
         handler, check = route.handlers[method]
+        if check is auth.public:  # a route anyone may read, before logging in (GET /api/auth)
+            user = auth.ANONYMOUS
+        else:
+            user = auth.authenticate(
+                self.mgmt, request.headers.get("Authorization"), request.remote
+            )
+        ctx = Ctx(self.mgmt, request, method, params, user)
         check(ctx)
         refusal = _unsupported_media_type(method, request)
         if refusal is not None:

@@ -16,12 +16,14 @@ import binascii
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from warren.broker.engine.users import User
 from warren.broker.ops.management.errors import login_failed, not_authorised
 
 if TYPE_CHECKING:
-    from warren.broker.engine.users import User
     from warren.broker.ops.management.app import Ctx
     from warren.broker.ops.management.core import Management
+
+ANONYMOUS = User("", "")  # the user of a public route's request, with no tags
 
 MANAGEMENT_TAGS = frozenset(("administrator", "monitoring", "policymaker", "management"))
 
@@ -87,6 +89,10 @@ def listed_vhosts(mgmt: Management, user: User) -> list[str]:
 
 
 # ---- per-route checks ----
+
+
+def public(ctx: Ctx) -> None:
+    """No login at all: the dispatcher does not authenticate (the user is ANONYMOUS)."""
 
 
 def any_user(ctx: Ctx) -> None:

@@ -16,7 +16,8 @@ the old node health check and the management UI's auth settings.
   resets them, administrators): rabbit_core_metrics:format_auth_attempt/1's rows for AMQP
   0-9-1 logins; per source only with ``track_auth_attempt_source``.
 - ``/api/healthchecks/node[/{node}]`` (3.x's rabbit_mgmt_wm_healthchecks): ``{"status": "ok"}``.
-- ``/api/auth`` (3.x's rabbit_mgmt_wm_auth): UAA/OAuth is off.
+- ``/api/auth`` (3.x's rabbit_mgmt_wm_auth, no login: the console asks before it has one):
+  UAA/OAuth is off.
 - ``POST /api/rebalance/queues`` (rabbit_mgmt_wm_rebalance_queues): one node has nothing to
   move, 204; ``DELETE /api/reset[/{node}]`` (rabbit_mgmt_wm_reset): the rate samples start
   again, 204; ``POST /api/vhosts/{vhost}/start/{node}`` (rabbit_mgmt_wm_vhost_restart): every
@@ -259,7 +260,7 @@ def routes(router: Router) -> None:
         router.add("DELETE", path, reset_auth_attempts, auth.admin)
     router.add("GET", "healthchecks/node", node_healthcheck, auth.any_user)
     router.add("GET", "healthchecks/node/{node}", node_healthcheck, auth.any_user)
-    router.add("GET", "auth", auth_settings, auth.any_user)
+    router.add("GET", "auth", auth_settings, auth.public)
     router.add("POST", "rebalance/queues", rebalance, auth.admin)
     router.add("DELETE", "reset", reset_stats, auth.admin)
     router.add("DELETE", "reset/{node}", reset_stats, auth.admin)
