@@ -604,3 +604,44 @@ def test_status_rows_are_json_objects_rabbitmqadmin_reads(api: HttpApi) -> None:
     api.ok("PUT", "/api/parameters/shovel/%2F/plain", {"value": definition})
     row = running(api, "plain")
     assert all(isinstance(v, str | int) for v in row.values()), json.dumps(row)
+
+
+# -- the console's "Move messages" ----------------------------------------------------------
+
+
+def test_the_console_moves_messages_with_a_shovel_that_deletes_itself(
+    warren: RunningBroker, api: HttpApi, tmp_path: Path
+) -> None:
+    """The queue page's "Move messages" form, as rabbitmq_shovel_management's shovel.js sends
+    it: a shovel named "Move from {queue}" with src-delete-after queue-length."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.test_console import CHROMIUM, CHROMIUM_ARGS, POLL_MS, SHOT_LIMIT
+
+    publish(warren.url, "console.stuck", range(40))
+    errors: list[str] = []
+    shots = Path(os.environ.get("WARREN_CONSOLE_SHOTS") or tmp_path)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{api.base}/?refresh={POLL_MS}")
+        page.fill("input[name=username]", "guest")
+        page.fill("input[name=password]", "guest")
+        page.click("form#login button[type=submit]")
+        expect(page.locator("#who")).to_contain_text("guest")
+        page.goto(f"{api.base}/?refresh={POLL_MS}#/queue/%2F/console.stuck")
+        expect(page.locator("[data-stat=ready] b")).to_have_text("40")
+        form = page.locator("form[data-role=move-messages]")
+        form.locator("input[name=destination]").fill("console.fixed")
+        form.scroll_into_view_if_needed()
+        form.locator("button[type=submit]").click()
+        expect(form.locator(".msg.ok")).to_contain_text("Moving the messages to console.fixed")
+        expect(page.locator("[data-stat=ready] b")).to_have_text("0")
+        page.screenshot(path=str(shots / "console-move.png"), full_page=False)
+        browser.close()
+    assert 0 < (shots / "console-move.png").stat().st_size < SHOT_LIMIT
+    assert errors == []
+    gone = "/api/parameters/shovel/%2F/Move%20from%20console.stuck"
+    wait_for(lambda: api.get(gone).status == 404, "the shovel to delete itself")
+    assert receive(warren.url, "console.fixed", set(range(40))) == list(range(40))
