@@ -249,6 +249,21 @@ def test_move_messages_deletes_the_shovel_when_the_queue_is_moved(
     assert receive(warren.url, "empty", {0, 1, 2, 3}) == [0, 1, 2, 3]
 
 
+def test_delete_after_duration_ends_the_shovel(warren: RunningBroker, api: HttpApi) -> None:
+    """src-delete-after-duration: seconds after it started consuming, the shovel deletes
+    itself whatever it moved (rabbit_shovel_util:sched_expire_after_duration/2)."""
+    definition = {
+        "src-uri": "amqp://",
+        "src-queue": "idle",
+        "dest-uri": "amqp://",
+        "src-delete-after-duration": 1,
+    }
+    api.ok("PUT", "/api/parameters/shovel/%2F/brief", {"value": definition})
+    running(api, "brief")
+    wait_for(lambda: api.get("/api/parameters/shovel/%2F/brief").status == 404, "autodelete")
+    assert api.ok("GET", "/api/shovels") == []
+
+
 BASE = {"src-uri": "amqp://", "src-queue": "q", "dest-uri": "amqp://"}
 
 

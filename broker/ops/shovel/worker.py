@@ -219,6 +219,8 @@ class Worker:
                     await client.close()
         self.src = self.dest = None
         self.src_channel = self.dest_channel = None
+        if self.done is not None and not self.done.done():
+            self.done.cancel()  # and with it a src-delete-after-duration timer
         self.unacked.clear()
         self._paused = False
         if self._drain_task is not None:
@@ -304,6 +306,11 @@ class Worker:
             no_ack=no_ack, arguments=config.consumer_args,
         )  # fmt: skip
         await src.call(consume, commands.Basic.ConsumeOk)
+        if config.delete_after_duration:  # sched_expire_after_duration/2: then autodelete
+            timer = asyncio.get_running_loop().call_later(
+                config.delete_after_duration, self._expired
+            )
+            self.done.add_done_callback(lambda _: timer.cancel())
         self._report("running")
         waits: list[asyncio.Future[Any]] = [self.src.closed, self.dest.closed, self.done]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -453,6 +460,10 @@ class Worker:
             return
         self.remaining -= count
         if self.remaining <= 0 and self.done is not None and not self.done.done():
+            self.done.set_exception(Finished())
+
+    def _expired(self) -> None:
+        if self.done is not None and not self.done.done():
             self.done.set_exception(Finished())
 
     def _cancelled(self) -> None:
