@@ -100,6 +100,6 @@ def routes(router: Router) -> None:
         router.add("GET", path, federation_links, auth.vhost)
     for path in ("shovels", "shovels/{vhost}"):
         router.add("GET", path, shovels, auth.vhost)
-    router.add("GET", "shovels/vhost/{vhost}/{name}", get_shovel, auth.vhost)
+    router.add("GET", "shovels/vhost/{vhost}/{name}", get_shovel, auth.monitor)
     router.add("DELETE", "shovels/vhost/{vhost}/{name}", delete_shovel, auth.policies)
     router.add("DELETE", "shovels/vhost/{vhost}/{name}/restart", restart_shovel, auth.policies)
