@@ -21,9 +21,22 @@ from typing import Any
 from pamqp import commands
 
 from warren.protocol.frames import HEARTBEAT_FRAME, content_frames
-from warren.protocol.methods import BasicAck, BasicNack, decode_method, make, method_frame
+from warren.protocol.methods import (
+    BasicAck,
+    BasicNack,
+    ack_frame,
+    decode_method,
+    make,
+    method_frame,
+    nack_frame,
+    shortstr,
+)
 
 _HEAD = struct.Struct(">BHI")
+_TAG = struct.Struct(">Q")
+DELIVER = b"\x00\x3c\x00\x3c"  # basic.deliver: class 60, method 60
+PUBLISH = b"\x00\x3c\x00\x28\x00\x00"  # basic.publish and its reserved short
+READ_SIZE = 256 * 1024
 _CONTENT = struct.Struct(">HHQ")  # class, weight, body size
 FRAME_END = 0xCE
 PRODUCT = "Warren shovel"
@@ -40,6 +53,33 @@ class ClientClosed(Exception):
 # (channel, method, raw properties, body)
 DeliverCallback = Callable[[int, Any, bytes, bytes], None]
 ConfirmCallback = Callable[[int, bool, bool], None]  # (tag, multiple, ack)
+
+
+class Deliver:
+    """basic.deliver, decoded by hand: it comes once per message."""
+
+    __slots__ = ("consumer_tag", "delivery_tag", "exchange", "redelivered", "routing_key")
+
+    def __init__(
+        self, consumer_tag: str, delivery_tag: int, redelivered: bool, exchange: str, key: str
+    ) -> None:
+        self.consumer_tag = consumer_tag
+        self.delivery_tag = delivery_tag
+        self.redelivered = redelivered
+        self.exchange = exchange
+        self.routing_key = key
+
+    @staticmethod
+    def decode(payload: bytes) -> Deliver:
+        off = 5 + payload[4]
+        tag = payload[5:off].decode("utf-8", "surrogateescape")
+        (delivery_tag,) = _TAG.unpack_from(payload, off)
+        redelivered = bool(payload[off + 8] & 1)
+        off += 9
+        end = off + 1 + payload[off]
+        exchange = payload[off + 1 : end].decode("utf-8", "surrogateescape")
+        key = payload[end + 1 : end + 1 + payload[end]].decode("utf-8", "surrogateescape")
+        return Deliver(tag, delivery_tag, redelivered, exchange, key)
 
 
 def _closed_by_peer(method: Any) -> ClientClosed:
@@ -82,8 +122,9 @@ class Channel:
     def publish(self, exchange: str, routing_key: str, properties: bytes, body: bytes) -> int:
         """Write one message; its confirm sequence number (meaningful once confirms are on)."""
         self._check()
-        method = make(commands.Basic.Publish, exchange=exchange, routing_key=routing_key)
-        frames = [method_frame(self.number, method)]
+        names = shortstr(exchange) + shortstr(routing_key)
+        head = _HEAD.pack(1, self.number, 7 + len(names)) + PUBLISH
+        frames = [head, names, b"\x00\xce"]
         frames += content_frames(self.number, properties, body, self.client.frame_max)
         self.client.write(b"".join(frames))
         seq = self.next_seq
@@ -92,12 +133,15 @@ class Channel:
 
     def ack(self, tag: int, multiple: bool = False) -> None:
         if self.closed is None and self.client.error is None:
-            self.client.write(method_frame(self.number, commands.Basic.Ack(tag, multiple)))
+            self.client.write(ack_frame(self.number, tag, multiple))
 
     def nack(self, tag: int, multiple: bool = False, requeue: bool = True) -> None:
         if self.closed is None and self.client.error is None:
-            method = commands.Basic.Nack(tag, multiple, requeue)
-            self.client.write(method_frame(self.number, method))
+            if requeue:
+                self.client.write(nack_frame(self.number, tag, multiple))
+            else:
+                method = commands.Basic.Nack(tag, multiple, requeue)
+                self.client.write(method_frame(self.number, method))
 
     async def close(self) -> None:
         if self.closed is None and self.client.error is None:
@@ -110,7 +154,7 @@ class Channel:
     # -- frames in ------------------------------------------------------------------------
 
     def method(self, method: Any) -> None:
-        if isinstance(method, commands.Basic.Deliver):
+        if isinstance(method, Deliver):
             self._content = (method, b"", -1, [])
         elif isinstance(method, BasicAck | BasicNack):
             if self.on_confirm is not None:
@@ -137,10 +181,14 @@ class Channel:
             self._deliver()
 
     def body(self, payload: bytes) -> None:
-        if self._content is None:
+        content = self._content
+        if content is None:
             return
-        self._content[3].append(payload)
-        if sum(len(p) for p in self._content[3]) >= self._content[2]:
+        parts = content[3]
+        parts.append(payload)
+        if len(parts) == 1 and len(payload) >= content[2]:
+            self._deliver()  # the usual case: one body frame
+        elif sum(len(p) for p in parts) >= content[2]:
             self._deliver()
 
     def _deliver(self) -> None:
@@ -175,15 +223,34 @@ class Client:
         self._reader_task: asyncio.Task[None] | None = None
         self._beat_task: asyncio.Task[None] | None = None
         self._received = 0  # frames read since the last heartbeat check
+        self._out: list[bytes] = []
+        self._out_size = 0  # bytes in _out
+        self._flush_scheduled = False
+        self._loop = asyncio.get_running_loop()
 
     def write(self, data: bytes) -> None:
-        if self.error is None:
-            self.writer.write(data)
+        """Queue bytes; they go out together at the end of this loop turn (one send for all
+        the frames a read produced)."""
+        if self.error is not None:
+            return
+        self._out.append(data)
+        self._out_size += len(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and self.error is None:
+            self.writer.write(b"".join(self._out))
+        self._out.clear()
+        self._out_size = 0
 
     def write_buffer_size(self) -> int:
-        return self.writer.transport.get_write_buffer_size()
+        return self.writer.transport.get_write_buffer_size() + self._out_size
 
     async def drain(self) -> None:
+        self._flush()
         await self.writer.drain()
 
     def pause_reading(self) -> None:
@@ -208,6 +275,7 @@ class Client:
         """connection.close, waiting briefly for close-ok; the socket is closed in any case."""
         if self.error is None:
             self.write(method_frame(0, commands.Connection.Close(200, "Goodbye", 0, 0)))
+            self._flush()
             with contextlib.suppress(asyncio.TimeoutError, Exception):
                 await asyncio.wait_for(asyncio.shield(self.closed), 2.0)
         self._lost(ClientClosed("closed by the shovel"))
@@ -218,17 +286,29 @@ class Client:
     # -- reading --------------------------------------------------------------------------
 
     async def _read_frames(self) -> None:
+        """Read what the socket has and handle every complete frame in it, then flush once."""
         reader = self.reader
+        buf = bytearray()
         try:
             while True:
-                head = await reader.readexactly(7)
-                kind, number, size = _HEAD.unpack(head)
-                payload = await reader.readexactly(size + 1)
-                if payload[-1] != FRAME_END:
-                    raise ClientClosed("frame end octet missing")
-                self._received += 1
-                self._frame(kind, number, memoryview(payload)[:-1].tobytes())
-        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+                data = await reader.read(READ_SIZE)
+                if not data:
+                    raise ClientClosed("connection lost")
+                buf += data
+                off = 0
+                size = len(buf)
+                while size - off >= 7:
+                    kind, number, length = _HEAD.unpack_from(buf, off)
+                    end = off + 7 + length
+                    if end >= size:
+                        break
+                    if buf[end] != FRAME_END:
+                        raise ClientClosed("frame end octet missing")
+                    self._received += 1
+                    self._frame(kind, number, bytes(buf[off + 7 : end]))
+                    off = end + 1
+                del buf[:off]
+        except (ConnectionError, OSError):
             self._lost(ClientClosed("connection lost"))
         except ClientClosed as exc:
             self._lost(exc)
@@ -239,7 +319,7 @@ class Client:
 
     def _frame(self, kind: int, number: int, payload: bytes) -> None:
         if kind == 1:
-            method = decode_method(payload)
+            method = Deliver.decode(payload) if payload[:4] == DELIVER else decode_method(payload)
             if number == 0:
                 self._connection_method(method)
             else:
@@ -279,6 +359,9 @@ class Client:
             self.closed.set_result(error)
         self._handshake.put_nowait(error)
         with contextlib.suppress(Exception):
+            if self._out:
+                self.writer.write(b"".join(self._out))
+            self._out.clear()
             self.writer.close()
         current = asyncio.current_task()
         for task in (self._reader_task, self._beat_task):

@@ -167,6 +167,8 @@ class Worker:
         self._paused = False
         self._drain_task: asyncio.Task[None] | None = None
         self._props_cache: tuple[bytes, bytes] | None = None
+        self._ack_upto = 0  # on-publish: the last delivery published, acked at the turn's end
+        self._ack_scheduled = False
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -222,6 +224,7 @@ class Worker:
         if self.done is not None and not self.done.done():
             self.done.cancel()  # and with it a src-delete-after-duration timer
         self.unacked.clear()
+        self._ack_upto = 0
         self._paused = False
         if self._drain_task is not None:
             self._drain_task.cancel()
@@ -430,19 +433,32 @@ class Worker:
             self.unacked[seq] = tag
         else:
             if config.ack_mode == "on-publish":
-                src.ack(tag)
+                # one ack (multiple) for all that this loop turn published: each is on its way
+                self._ack_upto = tag
+                if not self._ack_scheduled:
+                    self._ack_scheduled = True
+                    asyncio.get_running_loop().call_soon(self._ack_published)
             self._settled(1)
         dest_client = self.dest
         if not self._paused and dest_client and dest_client.write_buffer_size() > HIGH_WATER:
             self._pause()
+
+    def _ack_published(self) -> None:
+        self._ack_scheduled = False
+        if self.src_channel is not None and self._ack_upto:
+            self.src_channel.ack(self._ack_upto, multiple=True)
 
     def _confirmed(self, seq: int, multiple: bool, ack: bool) -> None:
         """confirm_to_inbound/4: a destination confirm settles the source's delivery."""
         src = self.src_channel
         if src is None:
             return
-        if multiple:
-            seqs = [s for s in self.unacked if s <= seq]
+        if multiple:  # the dict is in publish order: stop at the first one past seq
+            seqs = []
+            for pending in self.unacked:
+                if pending > seq:
+                    break
+                seqs.append(pending)
         else:
             seqs = [seq] if seq in self.unacked else []
         if not seqs:
