@@ -191,6 +191,75 @@ def test_a_shovel_moves_100_messages_within_warren(warren: RunningBroker, api: H
     assert "Shovel mover" in names
 
 
+def test_large_and_empty_bodies_and_properties_cross_intact(
+    warren: RunningBroker, api: HttpApi
+) -> None:
+    """A body over frame_max arrives in several body frames, an empty one in none; the
+    properties arrive as the publisher sent them."""
+    big = bytes(range(256)) * 1200  # 307,200 bytes: three body frames at frame_max 131072
+    props = pika.BasicProperties(
+        content_type="application/octet-stream",
+        message_id="m-1",
+        priority=3,
+        headers={"x-n": 1, "nested": {"a": [1, "b"]}},
+        delivery_mode=2,
+    )
+    conn = pika.BlockingConnection(pika.URLParameters(warren.url))
+    ch = conn.channel()
+    ch.queue_declare("bodies", durable=True)
+    ch.basic_publish("", "bodies", big, props)
+    ch.basic_publish("", "bodies", b"", props)
+    definition = {
+        "src-uri": "amqp://",
+        "src-queue": "bodies",
+        "dest-uri": "amqp://",
+        "dest-queue": "copies",
+    }
+    api.ok("PUT", "/api/parameters/shovel/%2F/bodies", {"value": definition})
+    running(api, "bodies")  # the destination queue is declared
+    wait_for(lambda: depth(warren.url, "copies") == 2, "both messages")
+    got = [ch.basic_get("copies", auto_ack=True) for _ in range(2)]
+    conn.close()
+    assert [body for _, _, body in got] == [big, b""]
+    for _, received, _ in got:
+        assert (received.content_type, received.message_id, received.priority) == (
+            "application/octet-stream",
+            "m-1",
+            3,
+        )
+        assert received.headers == {"x-n": 1, "nested": {"a": [1, "b"]}}
+        assert received.delivery_mode == 2
+
+
+def test_a_blocked_destination_shows_as_blocked_and_resumes(
+    warren: RunningBroker, api: HttpApi
+) -> None:
+    """connection.blocked from the destination (a memory alarm here): the state is blocked
+    (rabbit_amqp091_shovel:status/1), and the shovel carries on once unblocked."""
+    definition = {
+        "src-uri": "amqp://",
+        "src-queue": "pressure",
+        "dest-uri": "amqp://",
+        "dest-queue": "relief",
+    }
+    publish(warren.url, "pressure", range(5))
+    api.ok("PUT", "/api/parameters/shovel/%2F/pressed", {"value": definition})
+    assert receive(warren.url, "relief", set(range(5))) == list(range(5))
+    monitor = warren.server.broker.monitor
+
+    def memory_limit(limit: int) -> None:
+        monitor.memory_limit = limit
+        monitor.check()
+
+    warren.call(memory_limit, 1)
+    state = lambda: (shovel_state(api, "pressed") or {}).get("state")  # noqa: E731
+    wait_for(lambda: state() == "blocked", "blocked")
+    warren.call(memory_limit, 1 << 50)
+    wait_for(lambda: state() == "running", "running again")
+    publish(warren.url, "pressure", range(5, 10), declare=False)
+    assert receive(warren.url, "relief", set(range(5, 10))) == list(range(5, 10))
+
+
 def test_exchange_to_exchange_keeps_or_replaces_the_routing_key(
     warren: RunningBroker, api: HttpApi
 ) -> None:
