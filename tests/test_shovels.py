@@ -577,7 +577,7 @@ def process(tmp_path: Path) -> Iterator[Warren]:
     broker.stop()
 
 
-N = 3000
+N = 5000
 
 
 def moved_some(url: str, queue: str, at_least: int) -> bool:
@@ -606,7 +606,7 @@ def test_on_confirm_loses_nothing_when_warren_is_killed_as_the_destination(
             "reconnect-delay": 1,
         }
         process.api.ok("PUT", "/api/parameters/shovel/%2F/in", {"value": definition})
-        wait_for(lambda: moved_some(process.url, "landed", N // 5), "some messages moved")
+        wait_for(lambda: moved_some(process.url, "landed", N // 50), "some messages moved")
         process.kill_9()
         assert depth(RABBITMQ, source) > 0, "the kill came after every message moved"
         process.start()
@@ -633,7 +633,7 @@ def test_on_confirm_loses_nothing_when_warren_is_killed_as_the_source(process: W
             "reconnect-delay": 1,
         }
         process.api.ok("PUT", "/api/parameters/shovel/%2F/out", {"value": definition})
-        wait_for(lambda: moved_some(RABBITMQ, target, N // 5), "some messages moved")
+        wait_for(lambda: moved_some(RABBITMQ, target, N // 50), "some messages moved")
         process.kill_9()
         assert depth(RABBITMQ, target) < N, "the kill came after every message moved"
         process.start()
@@ -664,7 +664,7 @@ def test_a_shovel_reconnects_when_the_other_broker_is_killed_and_comes_back(
             "reconnect-delay": 0.5,
         }
         api.ok("PUT", "/api/parameters/shovel/%2F/far", {"value": definition})
-        wait_for(lambda: moved_some(other.url, "away", N // 5), "some messages moved")
+        wait_for(lambda: moved_some(other.url, "away", N // 50), "some messages moved")
         other.kill_9()
         assert depth(warren.url, "far") > 0, "the kill came after every message moved"
 
