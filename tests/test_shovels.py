@@ -729,3 +729,41 @@ def test_the_console_moves_messages_with_a_shovel_that_deletes_itself(
     gone = "/api/parameters/shovel/%2F/Move%20from%20console.stuck"
     wait_for(lambda: api.get(gone).status == 404, "the shovel to delete itself")
     assert receive(warren.url, "console.fixed", set(range(40))) == list(range(40))
+
+
+# -- warrenctl -------------------------------------------------------------------------------
+
+
+def test_warrenctl_shovel_status_restart_and_delete(warren: RunningBroker, api: HttpApi) -> None:
+    """rabbitmqctl's shovel_status, restart_shovel and delete_shovel (rabbitmq_shovel's
+    Elixir.RabbitMQ.CLI.Ctl.Commands.*ShovelCommand.erl: banners, the not-found texts)."""
+    from tests.test_warrenctl import ctl
+
+    definition = {"src-uri": "amqp://", "src-queue": "c1", "dest-uri": "amqp://"}
+    api.ok("PUT", "/api/parameters/shovel/%2F/ctl", {"value": definition})
+    running(api, "ctl")
+    node = api.ok("GET", "/api/overview")["node"]
+    status = ctl(warren, "shovel_status")
+    assert status.returncode == 0, status.stderr
+    lines = status.stdout.splitlines()
+    assert lines[0] == f"Shovel status on node {node}"
+    assert lines[1].split("\t") == [
+        "name", "vhost", "type", "state", "source", "destination", "last_changed"
+    ]  # fmt: skip
+    assert lines[2].split("\t")[:6] == ["ctl", "/", "dynamic", "running", "amqp://", "amqp://"]
+    restarted = ctl(warren, "restart_shovel", "ctl")
+    assert restarted.returncode == 0, restarted.stderr
+    assert restarted.stdout.startswith(
+        f"Restarting dynamic Shovel ctl in virtual host / on node {node}"
+    )
+    missing = ctl(warren, "restart_shovel", "nope")
+    assert missing.returncode == 70
+    assert (
+        f"Shovel with the given name was not found on the target node '{node}' and / or "
+        "virtual host '/'"
+    ) in missing.stderr
+    deleted = ctl(warren, "delete_shovel", "ctl")
+    assert deleted.returncode == 0, deleted.stderr
+    assert deleted.stdout.startswith("Deleting shovel ctl in vhost /")
+    assert api.get("/api/parameters/shovel/%2F/ctl").status == 404
+    assert ctl(warren, "delete_shovel", "ctl").returncode == 70
