@@ -392,7 +392,9 @@ class Worker:
         if self.state == "running":
             row.update(
                 remaining="unlimited" if self.remaining is None else self.remaining,
-                remaining_unacked=self.remaining_unacked or 0,
+                remaining_unacked=(
+                    "unlimited" if self.remaining_unacked is None else self.remaining_unacked
+                ),
                 pending=0,
                 forwarded=self.forwarded,
                 state="blocked" if self.blocked else "running",
