@@ -89,9 +89,14 @@ def test_rabbitmq_plugins(conf: Path) -> None:
     assert "[E*] rabbitmq_management" in listed.stdout.splitlines()
     enabled = run("rabbitmq-plugins", conf, "enable", "rabbitmq_management", "rabbitmq_prometheus")
     assert enabled.returncode == 0, enabled.stderr
-    unknown = run("rabbitmq-plugins", conf, "enable", "rabbitmq_shovel")
+    # dynamic shovels are built in (broker/ops/shovel); federation is not
+    shovel = run(
+        "rabbitmq-plugins", conf, "enable", "rabbitmq_shovel", "rabbitmq_shovel_management"
+    )
+    assert shovel.returncode == 0, shovel.stderr
+    unknown = run("rabbitmq-plugins", conf, "enable", "rabbitmq_federation")
     assert unknown.returncode == 69
-    assert "rabbitmq_shovel is not built into Warren" in unknown.stderr
+    assert "rabbitmq_federation is not built into Warren" in unknown.stderr
     assert run("rabbitmq-plugins", conf, "frobnicate").returncode == 64
 
 

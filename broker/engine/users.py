@@ -25,6 +25,15 @@ HASHING_ALGORITHM = "rabbit_password_hashing_sha256"
 TAGS = ("administrator", "monitoring", "management", "policymaker", "impersonator")
 
 
+class InternalUser(str):
+    """The user of an in-process connection that names none (a shovel's ``amqp://``): RabbitMQ's
+    direct connections as ``none`` (rabbit_auth_backend_dummy:user/0) may do anything. A type
+    of its own, so that no user created over the API or definitions can be mistaken for it."""
+
+
+INTERNAL_USER = InternalUser("none")
+
+
 def hash_password(password: str, salt: bytes | None = None) -> str:
     salt = os.urandom(4) if salt is None else salt
     digest = hashlib.sha256(salt + password.encode()).digest()
@@ -193,10 +202,12 @@ class AccessControl:
         return value if value is not None and value >= 0 else None
 
     def can_access_vhost(self, user: str, vhost: str) -> bool:
-        return (user, vhost) in self.permissions
+        return (user, vhost) in self.permissions or type(user) is InternalUser
 
     def check(self, user: str, vhost: str, kind: str, resource: str, name: str) -> None:
         """Raise 403 unless ``user`` has ``kind`` (configure/write/read) on the resource."""
+        if type(user) is InternalUser:
+            return
         permission = self.permissions.get((user, vhost))
         if permission is None or not permission.allows(kind, name):
             raise ChannelError(

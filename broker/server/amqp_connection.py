@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from pamqp import commands
 
 from warren.broker.engine.channel import HANDLERS, Channel
+from warren.broker.engine.users import INTERNAL_USER
 from warren.broker.server.flow import ALARM, COALESCE, TURN, UNCONFIRMED, WRITER, FlowControl
 from warren.broker.server.listen import transport_address
 from warren.protocol.connection import (
@@ -104,6 +105,8 @@ class Connection:
         # the protocol's own table, read here on every event (only the protocol changes it)
         self._channels = self.protocol.channels
         self.user = ""
+        # in process, without a socket of its own: a shovel's amqp:// URI (broker/ops/shovel)
+        self.direct = False
         self.vhost: VirtualHost = broker.default_vhost_obj()
         self.client_properties: dict[str, Any] = {}
         self.capabilities: dict[str, Any] = {}
@@ -582,6 +585,14 @@ class Connection:
             f"Login was refused using authentication mechanism {mechanism}. "
             "For details see the broker logfile."
         )
+        if self.direct:
+            # rabbit_direct:connect/2: no password; a user named must exist, and without one
+            # it is RabbitMQ's internal "none" user, allowed everything
+            if name and name not in self.broker.access.users:
+                self._refuse_login(refused, name, "no such user")
+                return
+            self._logged_in(name or INTERNAL_USER)
+            return
         if not self.broker.authenticate(name, password.decode(errors="replace")):
             stats.auth_attempt(False, address, name)
             self._refuse_login(refused, name, "invalid credentials")
@@ -591,6 +602,9 @@ class Connection:
             self._refuse_login(refused, name, f"user '{name}' can only connect via localhost")
             return
         stats.auth_attempt(True, address, name)
+        self._logged_in(name)
+
+    def _logged_in(self, name: str) -> None:
         self.user = name
         self._authenticated()
         settings = self.broker.settings

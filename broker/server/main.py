@@ -157,8 +157,17 @@ async def serve(settings: Settings) -> None:
 
 
 # The RabbitMQ plugins whose work Warren does itself, by what they need to be running.
-ALWAYS_STARTED = ("rabbitmq_consistent_hash_exchange", "rabbitmq_delayed_message_exchange")
-MANAGEMENT_PLUGINS = ("rabbitmq_management", "rabbitmq_management_agent", "rabbitmq_web_dispatch")
+ALWAYS_STARTED = (
+    "rabbitmq_consistent_hash_exchange",
+    "rabbitmq_delayed_message_exchange",
+    "rabbitmq_shovel",  # dynamic shovels: broker/ops/shovel
+)
+MANAGEMENT_PLUGINS = (
+    "rabbitmq_management",
+    "rabbitmq_management_agent",
+    "rabbitmq_shovel_management",
+    "rabbitmq_web_dispatch",
+)
 
 
 def started_plugins(management_port: int | None, prometheus_port: int | None) -> list[str]:

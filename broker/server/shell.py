@@ -14,6 +14,7 @@ from typing import Any
 from warren.broker.engine.broker import Broker
 from warren.broker.engine.timers import Timers
 from warren.broker.ops.management.core import Management
+from warren.broker.ops.shovel import Shovels
 from warren.broker.server.amqp_connection import Connection
 from warren.broker.server.listen import display_host, listen_sockets, naming
 from warren.config import Settings
@@ -121,6 +122,9 @@ class Server:
         self.tls_servers: list[asyncio.AbstractServer] = []  # kept apart: .addresses is AMQP
         self.management = Management(self.broker)
         self.http_sites: list[Any] = []  # broker.ops.management.app.HttpSite
+        # dynamic shovels: validated from the start (recovery, definitions), run once listening
+        self.shovels = Shovels(self.management, self.open_direct)
+        self.broker.parameters.register(self.shovels)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -156,6 +160,26 @@ class Server:
                     )
                     self.tls_servers.append(server)
         await self._start_http()
+        self.shovels.start()
+
+    async def open_direct(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A client connection to this broker with no listener in between (a socket pair):
+        RabbitMQ's direct connection, which a shovel's ``amqp://`` URI asks for."""
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair()
+        try:
+            _, protocol = await loop.connect_accepted_socket(
+                lambda: AMQPServerProtocol(self.broker), theirs
+            )
+        except BaseException:
+            ours.close()
+            theirs.close()
+            raise
+        if protocol.connection is None:  # refused by admit(): no descriptor to spare
+            ours.close()
+            raise ConnectionRefusedError("the broker refuses new connections")
+        protocol.connection.direct = True
+        return await asyncio.open_connection(sock=ours)
 
     async def _start_http(self) -> None:
         """The management API and Prometheus metrics, on this loop (port 0: a free port)."""
@@ -200,6 +224,7 @@ class Server:
 
     async def stop(self) -> None:
         """Stop listening, close every client with 320 CONNECTION_FORCED, and wait briefly."""
+        await self.shovels.stop()
         for server in self.servers + self.tls_servers:
             server.close()
         await self.management.rates.stop()

@@ -785,6 +785,72 @@ def delete_queue(api: Api, args: argparse.Namespace, out: Output) -> None:
     out.info(f"Queue was successfully deleted with {ready} ready messages")
 
 
+# ---- shovels (rabbitmq_shovel's CLI commands: ShovelStatusCommand, DeleteShovelCommand,
+# RestartShovelCommand), over /api/shovels and the shovel parameters ----
+
+SHOVEL_COLUMNS = ["name", "vhost", "type", "state", "source", "destination", "last_changed"]
+# the API row's fields under the names shovel_status shows them (fmt_status/2, details_to_map/1)
+SHOVEL_FIELDS = {
+    "source": "src_uri", "destination": "dest_uri", "source_protocol": "src_protocol",
+    "destination_protocol": "dest_protocol", "termination_reason": "reason",
+    "last_changed": "timestamp", "source_queue": "src_queue", "source_exchange": "src_exchange",
+    "source_exchange_key": "src_exchange_key", "destination_queue": "dest_queue",
+    "destination_exchange": "dest_exchange", "destination_exchange_key": "dest_exchange_key",
+}  # fmt: skip
+
+
+@command("shovel_status", "list the dynamic shovels and their state", _columns_arg(SHOVEL_COLUMNS))
+def shovel_status(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f"Shovel status on node {api.get('overview').get('node')}")
+    items = []
+    for row in api.get("shovels"):
+        item = dict(row)
+        for name, field in SHOVEL_FIELDS.items():
+            item[name] = row.get(field, "")
+        items.append(item)
+    out.rows(items, args.columns or args.default_columns, {})
+
+
+def _shovel_missing(api: Api, args: argparse.Namespace, text: str) -> CtlError:
+    node = api.get("overview").get("node")
+    return CtlError(text.format(node=node, vhost=args.vhost), EX_SOFTWARE)
+
+
+@command("delete_shovel", "delete a dynamic shovel", lambda p: p.add_argument("name"))
+def delete_shovel(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f"Deleting shovel {args.name} in vhost {args.vhost}")
+    running = any(
+        r.get("name") == args.name and r.get("vhost") == args.vhost for r in api.get("shovels")
+    )
+    # its parameter goes in any case, as rabbitmqctl's try_force_removing/4 does
+    api.request("DELETE", f"shovels/vhost/{q(args.vhost)}/{q(args.name)}")
+    if not running:
+        raise _shovel_missing(
+            api,
+            args,
+            "Shovel with the given name was not found on the target node '{node}' and/or "
+            "virtual host '{vhost}'. It may be failing to connect and report its state, will "
+            "delete its runtime parameter...",
+        )
+
+
+@command("restart_shovel", "restart a dynamic shovel", lambda p: p.add_argument("name"))
+def restart_shovel(api: Api, args: argparse.Namespace, out: Output) -> None:
+    node = api.get("overview").get("node")
+    out.info(f"Restarting dynamic Shovel {args.name} in virtual host {args.vhost} on node {node}")
+    try:
+        api.request("DELETE", f"shovels/vhost/{q(args.vhost)}/{q(args.name)}/restart")
+    except HttpError as exc:
+        if exc.status == 404:
+            raise _shovel_missing(
+                api,
+                args,
+                "Shovel with the given name was not found on the target node '{node}' and / "
+                "or virtual host '{vhost}'",
+            ) from None
+        raise
+
+
 def _close_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("connection", help="its name, as list_connections name shows it")
     p.add_argument("explanation")

@@ -115,7 +115,7 @@ def connection_json(mgmt: Management, conn: Connection) -> dict[str, Any]:
         "user": conn.user,
         "user_who_performed_action": conn.user,
         "state": "closing" if conn.closing else "running",
-        "type": "network",
+        "type": "direct" if conn.direct else "network",  # direct: a shovel's amqp://
         "protocol": "AMQP 0-9-1",
         "auth_mechanism": "PLAIN",
         "host": local_host,

@@ -7,8 +7,10 @@
   ``/api/federation-links/vhost/{vhost}/{id}/{node}/restart`` names no link (404).
 - ``/api/shovels[/{vhost}]``: what the ``shovel`` parameter component reports if one is
   registered (its ``statuses()``: RabbitMQ's shovel status objects, each with ``vhost``),
-  else none; ``/api/shovels/vhost/{vhost}/{name}[/restart]`` one of them (404 if none;
-  DELETE of the shovel clears its parameter, as rabbit_shovel_mgmt does; restart answers 204).
+  else none.
+- ``/api/shovels/vhost/{vhost}/{name}``: GET the shovel's parameter with its URIs' credentials
+  removed, DELETE it (the parameter goes, so the shovel stops); ``.../restart`` (DELETE)
+  restarts it (rabbit_shovel_mgmt_shovel: 404 for a shovel with no status).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from aiohttp import web
 from warren.broker.ops.management import auth
 from warren.broker.ops.management.app import Ctx, Router, no_content, reply, reply_list
 from warren.broker.ops.management.errors import not_found
+from warren.broker.ops.management.parameters import parameter_json
+from warren.broker.ops.shovel.definition import UriError, parse_uri
 
 
 def extensions(ctx: Ctx) -> web.StreamResponse:
@@ -48,28 +52,51 @@ def no_link(ctx: Ctx) -> web.StreamResponse:
     raise not_found()
 
 
-def _shovel(ctx: Ctx) -> dict[str, Any]:
-    vhost, name = ctx.vhost().name, ctx.params["name"]
+def _shovel_status(ctx: Ctx) -> tuple[Any, dict[str, Any] | None]:
+    """The shovel component and this shovel's status row, if it has one."""
+    vhost = ctx.vhost().name  # a missing vhost is a 404
     component: Any = ctx.mgmt.broker.parameters.components.get("shovel")
     statuses = getattr(component, "statuses", None)
-    for row in list(statuses()) if callable(statuses) else []:
-        if row.get("vhost") == vhost and row.get("name") == name:
-            return dict(row)
-    raise not_found()
+    rows: list[dict[str, Any]] = list(statuses()) if callable(statuses) else []
+    name = ctx.params["name"]
+    row = next((r for r in rows if r.get("vhost") == vhost and r.get("name") == name), None)
+    return component, row
+
+
+def _redacted(uris: Any) -> Any:
+    """rabbit_shovel_parameters:redact_uris_in_definition/1: no credentials in the answer."""
+    if isinstance(uris, list):
+        return [_redacted(u) for u in uris]
+    try:
+        return parse_uri(uris).redacted if isinstance(uris, str) else uris
+    except UriError:
+        return uris
 
 
 def get_shovel(ctx: Ctx) -> web.StreamResponse:
-    return reply(ctx, _shovel(ctx))
+    _, row = _shovel_status(ctx)
+    key = (ctx.params["vhost"], "shovel", ctx.params["name"])
+    value = ctx.mgmt.broker.parameters.get(*key)
+    if row is None or not isinstance(value, dict):
+        raise not_found()
+    body = parameter_json(ctx.mgmt, key)
+    body["value"] = {
+        k: _redacted(v) if k in ("src-uri", "dest-uri") else v for k, v in value.items()
+    }
+    return reply(ctx, body)
 
 
 def delete_shovel(ctx: Ctx) -> web.StreamResponse:
-    _shovel(ctx)
-    ctx.mgmt.broker.parameters.clear(ctx.params["vhost"], "shovel", ctx.params["name"])
+    """Deleting a shovel clears its parameter, whether it runs or not (try_delete/4)."""
+    vhost = ctx.vhost().name
+    ctx.mgmt.broker.parameters.clear(vhost, "shovel", ctx.params["name"])
     return no_content()
 
 
 def restart_shovel(ctx: Ctx) -> web.StreamResponse:
-    _shovel(ctx)
+    component, row = _shovel_status(ctx)
+    if row is None or not component.restart(row["vhost"], row["name"]):
+        raise not_found()
     return no_content()
 
 
@@ -77,15 +104,13 @@ def routes(router: Router) -> None:
     router.add("GET", "extensions", extensions, auth.any_user)
     for path in ("federation-links", "federation-links/{vhost}"):
         router.add("GET", path, federation_links, auth.vhost)
+    for path in ("shovels", "shovels/{vhost}"):
+        router.add("GET", path, shovels, auth.vhost)
     for path in ("federation-links/state/down", "federation-links/{vhost}/state/down"):
         router.add("GET", path, federation_links, auth.vhost)
     restart = "federation-links/vhost/{vhost}/{id}/{node}/restart"
     router.add("GET", restart, no_link, auth.vhost)
     router.add("DELETE", restart, no_link, auth.vhost)
-    for path in ("shovels", "shovels/{vhost}"):
-        router.add("GET", path, shovels, auth.vhost)
-    one = "shovels/vhost/{vhost}/{name}"
-    router.add("GET", one, get_shovel, auth.vhost)
-    router.add("DELETE", one, delete_shovel, auth.vhost)
-    router.add("GET", one + "/restart", get_shovel, auth.vhost)
-    router.add("DELETE", one + "/restart", restart_shovel, auth.vhost)
+    router.add("GET", "shovels/vhost/{vhost}/{name}", get_shovel, auth.monitor)
+    router.add("DELETE", "shovels/vhost/{vhost}/{name}", delete_shovel, auth.policies)
+    router.add("DELETE", "shovels/vhost/{vhost}/{name}/restart", restart_shovel, auth.policies)

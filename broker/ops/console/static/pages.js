@@ -1,6 +1,7 @@
 // Overview, queues, exchanges, connections and channels: read through the API, acted on through it.
 import { api, enc, listPage } from "./api.js";
 import { PagedTable, RateChart, act, ago, badge, h, json, kv, messageSlot, num, rate, replace } from "./ui.js";
+import { moveMessagesForm } from "./shovel.js";
 
 const qlink = (vhost, name) => `#/queue/${enc(vhost)}/${enc(name)}`;
 const xlink = (vhost, name) => `#/exchange/${enc(vhost)}/${enc(name || "amq.default")}`;
@@ -226,6 +227,7 @@ export function queue(ctx) {
     h("div", { class: "cols" }, h("div", { class: "card" }, h("h2", {}, "Details"), summary),
       h("div", { class: "card" }, h("h2", {}, "Bindings"), bindings)),
     canChange ? publishForm(vhost, "", name, refresh) : null,
+    canChange ? moveMessagesForm(vhost, name, refresh) : null,
     canChange ? h("div", { class: "card" }, h("h2", {}, "Danger zone"), h("div", { class: "actions" }, purge, del, actionSlot)) : null);
 
   async function refresh() {
