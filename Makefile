@@ -10,7 +10,7 @@ COMPILED := build/compiled
 COMPILED_STAMP := $(COMPILED)/.built
 COMPILED_SOURCES := $(shell sed -n 's|^    "warren/\(.*\.py\)",$$|\1|p' setup.py)
 
-.PHONY: run test test-pure compile lint typecheck check bench bench-compare conformance crash-test fuzz fuzz-short soak clean \
+.PHONY: run test rabbitmq test-pure compile lint typecheck check bench bench-compare conformance crash-test fuzz fuzz-short soak clean \
 	console-screenshots wheel test-install
 
 # `make run` needs the broker and mypyc (the compiled build); `make test` also the test tools
@@ -39,6 +39,16 @@ $(GO_AMQP):
 	$(SUDO) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends golang-go golang-github-rabbitmq-amqp091-go-dev
 
+# tests/test_shovels.py moves messages to and from a real RabbitMQ: Debian's (3.10), started
+# here unless one already runs (on 5672; set WARREN_RABBITMQ_URL for another).
+RABBITMQ_SERVER := /usr/sbin/rabbitmq-server
+$(RABBITMQ_SERVER):
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends rabbitmq-server
+rabbitmq: $(RABBITMQ_SERVER)
+	@$(SUDO) rabbitmqctl -q await_startup -t 5 >/dev/null 2>&1 || \
+		{ $(SUDO) rabbitmq-server -detached && $(SUDO) rabbitmqctl -q await_startup -t 120; }
+
 # RabbitMQ's own rabbitmqadmin, as the image ships it (docker/fetch-rabbitmqadmin).
 RABBITMQADMIN := build/rabbitmqadmin
 $(RABBITMQADMIN):
@@ -54,7 +64,7 @@ run: $(COMPILED_STAMP)
 
 # The compiled build is made while the message-path tests run on pure Python (one core each),
 # then the whole suite runs on the compiled build, which is what users run.
-test: $(STAMP) $(CHROMIUM) $(GO_AMQP) $(GCC) $(RABBITMQADMIN)
+test: $(STAMP) $(CHROMIUM) $(GO_AMQP) $(GCC) $(RABBITMQADMIN) rabbitmq
 	$(BIN)/ruff check broker protocol config tests pipeline warren
 	$(BIN)/lint-imports
 	$(BIN)/mypy
