@@ -343,3 +343,43 @@ def test_durable_deletes_and_moves_survive_a_restart(tmp_path: Path) -> None:
         assert [r["payload"] for r in browse(api, "dur.src")] == expected
         assert [r["payload"] for r in browse(api, "dur.dst")] == ["m5"]
         assert [body for body, _ in drain(running, "dur.src")] == expected
+
+
+def test_acting_on_a_quorum_queue_follows_its_priority_order(
+    api: HttpApi, warren: RunningBroker, name: str
+) -> None:
+    # RabbitMQ 4.3 rabbit_fifo_pq: higher priorities first, no priority property counts as 4
+    # (rabbit_fifo:msg_priority/1); positions are that delivery order
+    conn = connect(warren)
+    ch = conn.channel()
+    ch.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+    for body, priority in (("low", 1), ("none", None), ("high", 9), ("high2", 9)):
+        ch.basic_publish("", name, body.encode(), pika.BasicProperties(priority=priority))
+    ch.queue_declare(name, passive=True)
+    conn.close()
+    base = f"/api/queues/%2F/{q(name)}/messages"
+    api.ok("POST", f"{base}/delete", {"position": 0})  # high
+    api.ok("POST", f"{base}/to-tail", {"position": 0})  # high2: last of its priority
+    assert [r["payload"] for r in browse(api, name)] == ["high2", "none", "low"]
+    api.ok("POST", f"{base}/delete", {"position": 1})  # none
+    assert drain(warren, name) == [("high2", False), ("low", False)]
+
+
+def test_a_traced_vhost_records_why_a_message_left(tmp_path: Path) -> None:
+    trace_dir = tmp_path / "trace"
+    with run_broker(
+        management_port=0, trace_enabled=True, trace_dir=str(trace_dir), record=False
+    ) as running:
+        from warren.broker.tracing import format as trace_format
+
+        api = http(running)
+        fill(running, "traced.q", 3, durable=True)
+        api.ok("PUT", "/api/queues/%2F/traced.other", {"durable": True})
+        base = "/api/queues/%2F/traced.q/messages"
+        api.ok("POST", f"{base}/delete", {"message_id": "id0"})
+        api.ok("POST", f"{base}/move", {"message_id": "id1", "queue": "traced.other"})
+        api.ok("POST", f"{base}/to-tail", {"message_id": "id2"})
+        running.call(running.server.broker.tracing.flush)
+        events = trace_format.events(str(trace_dir))
+        dropped = [(e["queue"], e["reason"]) for e in events if e["ev"] == "dropped"]
+        assert dropped == [("traced.q", "deleted"), ("traced.q", "moved"), ("traced.q", "to_tail")]

@@ -200,13 +200,16 @@ class _IdMatcher:
         return raw is not None and decode_field("message_id", raw) == self.message_id
 
 
-def take_out(queue: Queue, seq: int) -> Message | None:
+def take_out(queue: Queue, seq: int, why: str) -> Message | None:
     """The ready message ``seq``, out of the queue (its store record removed), with its body
     in memory; None if it is not ready in the queue. Messages of the paged backlog before
-    it come back into memory first, in order, as they would on their way to the head."""
+    it come back into memory first, in order, as they would on their way to the head.
+    ``why`` is the trace's reason (deleted, moved, to_tail)."""
     msg = held(queue, seq)
     if msg is None:
         return None
+    if (tracer := queue.vhost.tracer) is not None:
+        tracer.dropped(queue, msg, why)
     body = msg.body  # a paged-out one's body is read back before its record goes
     queue.ready_count -= 1
     queue.ready_bytes -= len(body)

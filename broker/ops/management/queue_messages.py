@@ -161,7 +161,7 @@ def delete(ctx: Ctx) -> web.StreamResponse:
     a purge drops messages)."""
     _, queue, body = _source(ctx)
     seq = _choose(queue, body)
-    msg = queue_browse.take_out(queue, seq)
+    msg = queue_browse.take_out(queue, seq, "deleted")
     assert msg is not None  # found ready a moment ago, in this same turn of the loop
     return reply(ctx, {"deleted": 1, "seq": seq})
 
@@ -171,7 +171,7 @@ def to_tail(ctx: Ctx) -> web.StreamResponse:
     redelivered flag, delivery count and what is left of its TTL; it gets a new seq."""
     _, queue, body = _source(ctx)
     seq = _choose(queue, body)
-    old = queue_browse.take_out(queue, seq)
+    old = queue_browse.take_out(queue, seq, "to_tail")
     assert old is not None
     msg = Message(old.exchange, old.routing_key, old.properties, old.body)
     msg.sender_keys = old.sender_keys
@@ -206,7 +206,7 @@ def move(ctx: Ctx) -> web.StreamResponse:
         delay = exchange.delay(copy) if exchange.delays else 0
         if delay:  # x-delayed-message: it waits in the exchange (the plugin's route/3)
             exchange.hold(copy, ttl, delay)
-            queue_browse.take_out(queue, seq)
+            queue_browse.take_out(queue, seq, "moved")
             return reply(ctx, {"moved": 1, "seq": seq, "queues": 0, "delayed": True})
         queues = vhost.route(exchange, copy)
         if not queues:
@@ -215,7 +215,7 @@ def move(ctx: Ctx) -> web.StreamResponse:
         raise ApiError(
             409, "conflict", "The message was not moved: the destination refused it; it stays"
         )
-    queue_browse.take_out(queue, seq)
+    queue_browse.take_out(queue, seq, "moved")
     return reply(ctx, {"moved": 1, "seq": seq, "queues": len(queues)})
 
 
