@@ -144,8 +144,8 @@ def test_browse_shows_arrival_time_delivery_count_and_x_death(
     started = time.time()
     ch.basic_publish("", dlq, b"retried", PERSISTENT)
     ch.basic_publish("", work, b"poison", PERSISTENT)
-    # a quorum queue counts a reject with requeue as a delivery attempt (RabbitMQ 4.3,
-    # rabbit_fifo: delivery_count in the message's header on return)
+    # a reject with requeue counts as a failed delivery on a quorum queue (Queue.return_unacked;
+    # RabbitMQ 4.3 rabbit_channel.erl handle_method basic.reject calls reject/4), a nack not
     method, _, _ = ch.basic_get(dlq)
     assert method is not None
     ch.basic_reject(method.delivery_tag, requeue=True)
