@@ -383,3 +383,23 @@ def test_a_traced_vhost_records_why_a_message_left(tmp_path: Path) -> None:
         events = trace_format.events(str(trace_dir))
         dropped = [(e["queue"], e["reason"]) for e in events if e["ev"] == "dropped"]
         assert dropped == [("traced.q", "deleted"), ("traced.q", "moved"), ("traced.q", "to_tail")]
+
+
+def test_arrival_times_are_to_the_second(api: HttpApi, warren: RunningBroker, name: str) -> None:
+    # the time passing is what is tested here: Queue.enqueued_at stamps once a tick (1 s)
+    conn = connect(warren)
+    ch = conn.channel()
+    ch.queue_declare(name, durable=True)
+    times = []
+    for body in (b"first", b"second"):
+        before = time.time()
+        ch.basic_publish("", name, body)
+        ch.queue_declare(name, passive=True)  # a round trip: it is in the queue
+        times.append((before, time.time()))
+        time.sleep(1.2)
+    conn.close()
+    rows = browse(api, name)
+    assert [r["payload"] for r in rows] == ["first", "second"]
+    for row, (before, after) in zip(rows, times, strict=True):
+        stamped = row["enqueued_at"] / 1000
+        assert before - 1.0 <= stamped <= after + 0.01, (before, stamped, after)

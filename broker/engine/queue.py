@@ -116,7 +116,6 @@ def retry_policy(args: dict[str, Any], definition: dict[str, Any]) -> RetryPolic
     )
 
 
-STAMP_EVERY = 1.0  # seconds: the precision of a message's time of arrival (Queue.enqueued_at)
 STAMPS_KEPT = 4096
 
 
@@ -166,12 +165,14 @@ class Queue:
         self.dispatcher = QueueConsumers(self.single_active_consumer)
         self.consumers: list[Consumer] = self.dispatcher.consumers
         self.next_seq = 0
-        # when messages arrived, to the second, without a clock value per message: the seq
-        # and broker time of the first arrival once STAMP_EVERY has passed since the last one
-        # (every message between two stamps arrived less than STAMP_EVERY after the first)
+        # when messages arrived, to the second, with no clock read or value per message: the
+        # seq and broker time of the first arrival after each tick of ``vhost.ticks`` (a
+        # tick comes at most STAMP_EVERY after the stamp that armed it, so every message
+        # between two stamps arrived less than STAMP_EVERY after the first)
         self.stamp_seqs = array("q")
         self.stamp_times = array("d")
-        self._next_stamp = 0.0
+        self._ticks = vhost.ticks
+        self._stamped = -1  # the tick count at the last stamp
         self.deleted = False
         self.stats = QueueStats()
         # consumer capacity (RabbitMQ's rabbit_queue_consumers use/avg): set while every
@@ -283,9 +284,8 @@ class Queue:
         msg.seq = self.next_seq
         msg.queue = self
         self.stats.published += 1
-        now = self._now()
-        if now >= self._next_stamp:
-            self._stamp(now)
+        if self._ticks.count != self._stamped:
+            self._stamp()
         if self.max_priority:
             msg.priority = priority_of(msg.properties, self.default_priority)
         queue_ttl = self.message_ttl
@@ -327,8 +327,10 @@ class Queue:
                     self.deadlines.track_expiry(msg, self.ready_count + self.delayed_count)
         return True
 
-    def _stamp(self, now: float) -> None:
-        self._next_stamp = now + STAMP_EVERY
+    def _stamp(self) -> None:
+        ticks = self._ticks
+        self._stamped = ticks.count
+        ticks.arm()
         seqs, times = self.stamp_seqs, self.stamp_times
         if len(seqs) >= STAMPS_KEPT:
             # the older half keeps every other stamp: old arrival times get coarser, and the
@@ -337,11 +339,11 @@ class Queue:
             self.stamp_seqs = seqs = seqs[:half:2] + seqs[half:]
             self.stamp_times = times = times[:half:2] + times[half:]
         seqs.append(self.next_seq)
-        times.append(now)
+        times.append(self._now())
 
     def enqueued_at(self, seq: int) -> float | None:
-        """Broker time at or just before the arrival of message ``seq`` (within STAMP_EVERY
-        where no stamps were thinned out); None for one that came back from the store."""
+        """Broker time at or just before the arrival of message ``seq`` (less than STAMP_EVERY
+        before, where no stamps were thinned out); None for one that came back from the store."""
         i = bisect_right(self.stamp_seqs, seq) - 1
         return self.stamp_times[i] if i >= 0 else None
 
