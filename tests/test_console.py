@@ -99,6 +99,13 @@ def screenshot(page: Page, path: Path) -> None:
     assert 0 < path.stat().st_size < SHOT_LIMIT
 
 
+def scroll_to(page: Page, selector: str) -> None:
+    """The element at the top of the window (for a screenshot of that part of a page)."""
+    page.locator(selector).evaluate(
+        "el => window.scrollTo(0, el.getBoundingClientRect().top + window.scrollY - 56)"
+    )
+
+
 def amqp(warren: RunningBroker, name: str = "console-test") -> pika.BlockingConnection:
     params = pika.URLParameters(warren.url)
     params.client_properties = {"connection_name": name}
@@ -170,7 +177,7 @@ def test_the_queue_heading_shows_its_name_at_heading_size(browser: Browser, api:
     page.close()
 
 
-# ---- queues: find, peek, publish, purge ----
+# ---- queues: find, browse, publish, purge ----
 
 
 def test_a_refresh_keeps_the_rows_it_shows_and_updates_their_cells(
@@ -200,7 +207,7 @@ def test_a_refresh_keeps_the_rows_it_shows_and_updates_their_cells(
     conn.close()
 
 
-def test_find_a_filled_queue_peek_publish_and_purge(
+def test_find_a_filled_queue_browse_publish_and_purge(
     warren: RunningBroker, browser: Browser, api: HttpApi, shots: Path
 ) -> None:
     conn = amqp(warren)
@@ -230,18 +237,19 @@ def test_find_a_filled_queue_peek_publish_and_purge(
     row.locator("a").click()
 
     expect(page.locator(stat(page, "ready"))).to_have_text("2")
-    page.fill("input[name=count]", "2")
-    page.click("button:text('Peek')")
-    messages = page.locator("[data-role=message]")
+    messages = page.locator("[data-role=message]")  # browsed as the page opens
     expect(messages).to_have_count(2)
     expect(messages.nth(0).locator("[data-role=payload]")).to_have_text('{"order": 1}')
     expect(messages.nth(1).locator("[data-role=payload]")).to_have_text('{"order": 2}')
     props = messages.nth(0).locator("[data-role=properties]")
     expect(props).to_contain_text('"x-tenant": "acme"')
     expect(props).to_contain_text('"content_type": "application/json"')
-    # nothing was lost, and the order is the publisher's
-    after = api.ok("POST", "/api/queues/%2F/console.orders/get", peek_body(5))
-    assert [m["payload"] for m in after] == ['{"order": 1}', '{"order": 2}']
+    # nothing was taken, and the order is the publisher's
+    after = api.ok("GET", "/api/queues/%2F/console.orders/messages")
+    assert [(m["payload"], m["redelivered"]) for m in after] == [
+        ('{"order": 1}', False),
+        ('{"order": 2}', False),
+    ]
 
     form = page.locator("form[data-role=publish]")
     form.locator("textarea[name=payload]").fill("from the console")
@@ -281,7 +289,7 @@ def test_an_api_error_shows_next_to_the_action(
     page.close()
 
 
-def test_dead_letter_reason_shows_in_a_peeked_message(
+def test_dead_letter_reason_shows_in_a_browsed_message(
     warren: RunningBroker, browser: Browser, api: HttpApi
 ) -> None:
     conn = amqp(warren)
@@ -300,11 +308,125 @@ def test_dead_letter_reason_shows_in_a_peeked_message(
     page = login(browser, api)
     page.goto(f"{base(api)}/?refresh={POLL_MS}#/queue/%2F/console.dlq")
     expect(page.locator(stat(page, "ready"))).to_have_text("1")
-    page.click("button:text('Peek')")
     death = page.locator("[data-role=x-death]")
     expect(death).to_contain_text("rejected from queue console.work")
     page.goto(f"{base(api)}/?refresh={POLL_MS}#/queue/%2F/console.work")
     expect(page.locator(stat(page, "dead-lettered"))).to_have_text("rejected: 1")
+    conn.close()
+    page.close()
+
+
+# ---- browse a queue, act on one message, replay dead letters (issue 40) ----
+
+
+def test_browse_search_and_act_on_one_message(
+    warren: RunningBroker, browser: Browser, api: HttpApi, shots: Path
+) -> None:
+    conn = amqp(warren)
+    ch = conn.channel()
+    ch.queue_declare("console.browse", durable=True)
+    ch.queue_declare("console.browse.parked", durable=True)
+    for n in range(25):
+        props = pika.BasicProperties(
+            message_id=f"order-{n}",
+            correlation_id=f"batch-{n // 10}",
+            headers={"tenant": "acme" if n % 2 else "globex"},
+            content_type="application/json",
+            delivery_mode=2,
+        )
+        ch.basic_publish("", "console.browse", json.dumps({"order": n}).encode(), props)
+    ch.basic_publish("", "console.browse", b"<img src=x onerror=alert(1)>")
+    page = login(browser, api)
+    page.goto(f"{base(api)}/?refresh={POLL_MS}#/queue/%2F/console.browse")
+    shown = page.locator("[data-role=message]")
+    expect(shown).to_have_count(20)
+    expect(page.locator("[data-role=browse-info]")).to_have_text("positions 0\u201319")
+    page.click("button:text('Next')")
+    expect(shown).to_have_count(6)
+    hostile = shown.last.locator("[data-role=payload]")
+    expect(hostile).to_have_text("<img src=x onerror=alert(1)>")  # text, not markup
+    expect(page.locator("[data-role=messages] img")).to_have_count(0)
+    page.click("button:text('Prev')")
+    expect(shown.first).to_contain_text("#1")
+
+    page.fill("input[name=search]", "order-7")
+    page.click("button:text('Browse')")
+    expect(shown).to_have_count(1)
+    expect(shown.first).to_contain_text("#8")
+    shown.first.locator("button:text('Delete')").click()
+    expect(page.locator("[data-role=messages]")).to_contain_text("No ready message matches")
+    page.fill("input[name=search]", "")
+    page.click("button:text('Browse')")
+    expect(shown.first.locator("[data-role=payload]")).to_have_text('{"order": 0}')
+    shown.first.locator("button:text('To tail')").click()
+    expect(shown.first.locator("[data-role=payload]")).to_have_text('{"order": 1}')
+    move = shown.first.locator("form[data-role=move]")
+    move.locator("input[name=target]").fill("console.browse.parked")
+    move.locator("button:text('Move')").click()
+    expect(shown.first.locator("[data-role=payload]")).to_have_text('{"order": 2}')
+    # a message that left meanwhile: the API's 409 shows next to the button
+    second = shown.nth(1)
+    api.ok("POST", "/api/queues/%2F/console.browse/messages/delete", {"position": 1})
+    second.locator("button:text('To tail')").click()
+    expect(second.locator(".msg.error")).to_contain_text("409")
+    page.click("button:text('Browse')")
+    expect(shown).to_have_count(20)
+    page.fill("input[name=search]", "acme")
+    page.click("button:text('Browse')")
+    expect(shown.first).to_contain_text("#3")  # order-5: order-1 went to parked, 3 was deleted
+    scroll_to(page, "[data-role=browse-card]")
+    screenshot(page, shots / "console-browse.png")
+
+    after = api.ok("GET", "/api/queues/%2F/console.browse/messages?count=100")
+    ids = [m["properties"].get("message_id") if m["properties"] else None for m in after]
+    assert ids == [f"order-{n}" for n in (2, *range(4, 7), *range(8, 25))] + [None, "order-0"]
+    parked = api.ok("GET", "/api/queues/%2F/console.browse.parked/messages")
+    assert [m["properties"]["message_id"] for m in parked] == ["order-1"]
+    conn.close()
+    page.close()
+
+
+def test_replay_dead_letters_from_the_queue_page(
+    warren: RunningBroker, browser: Browser, api: HttpApi, shots: Path
+) -> None:
+    conn = amqp(warren)
+    ch = conn.channel()
+    ch.queue_declare("console.payments.dlq", durable=True)
+    ch.queue_declare(
+        "console.payments",
+        durable=True,
+        arguments={
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": "console.payments.dlq",
+        },
+    )
+    for n in range(3):
+        ch.basic_publish("", "console.payments", f"payment {n}".encode())
+        method, _, _ = ch.basic_get("console.payments")
+        assert method is not None
+        ch.basic_reject(method.delivery_tag, requeue=False)
+    ch.queue_declare("console.payments.dlq", passive=True)  # the rejects are done
+    page = login(browser, api)
+    page.goto(f"{base(api)}/?refresh={POLL_MS}#/queue/%2F/console.payments.dlq")
+    expect(page.locator("[data-role=x-death]")).to_have_count(3)
+    expect(page.locator("[data-role=x-death]").first).to_contain_text(
+        "rejected from queue console.payments"
+    )
+    card = page.locator("[data-role=replay]")
+    card.locator("input[name=replay_count]").fill("2")
+    card.locator("button:text('Replay dead letters')").click()
+    expect(card.locator(".msg")).to_contain_text(
+        'Replayed 2 (2 to exchange "" with ["console.payments"])'
+    )
+    expect(page.locator("[data-role=message]")).to_have_count(1)
+    expect(page.locator(stat(page, "ready"))).to_have_text("1")
+    scroll_to(page, "[data-role=browse-card]")
+    screenshot(page, shots / "console-replay.png")
+    back = api.ok("GET", "/api/queues/%2F/console.payments/messages")
+    assert [(m["payload"], m["x_death"]) for m in back] == [
+        ("payment 0", None),
+        ("payment 1", None),
+    ]
     conn.close()
     page.close()
 
@@ -334,9 +456,8 @@ def test_a_consumer_entering_the_timeout_state(
     expect(consumer).to_contain_text("300 ms")
     expect(consumer.locator("[data-role=state]")).to_contain_text("timed out")
     expect(page.locator(stat(page, "timeouts"))).not_to_have_text("0")
-    page.fill("input[name=count]", "2")
-    page.click("button:text('Peek')")
-    expect(page.locator("[data-role=message]")).to_have_count(2)
+    page.click("button:text('Browse')")  # the deliveries that timed out are ready again
+    expect(page.locator("[data-role=message]").first).to_be_visible()
     page.evaluate("window.scrollTo(0, 0)")
     screenshot(page, shots / "console-queue.png")
 
@@ -662,7 +783,14 @@ def test_a_stream_shows_as_rabbitmqs_management_ui_shows_it(
     expect(details).to_contain_text("Oldest message")
     reader = page.locator("tr[data-tag=reader-1]")
     expect(reader.locator("[data-role=offset]")).to_have_text("15")
-    expect(page.locator("[data-role=messages]")).to_be_hidden()
+    # browsed by offset, from the first one kept; nothing can be taken out of a stream
+    shown = page.locator("[data-role=message]")
+    expect(shown).to_have_count(20)
+    expect(shown.first).to_contain_text("offset 0")
+    expect(shown.first.locator("[data-role=payload]")).to_contain_text("event 00")
+    expect(page.locator("button:text('To tail')")).to_have_count(0)
+    page.click("button:text('Next')")
+    expect(shown.first).to_contain_text("offset 20")
     expect(page.locator("button:text('Purge')")).to_be_hidden()
     expect(page.locator("button:text('Delete queue')")).to_be_visible()
     screenshot(page, shots / "console-stream.png")

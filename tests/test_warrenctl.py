@@ -510,14 +510,50 @@ def test_browse_queue_and_replay_dead_letters(warren: RunningBroker, api: HttpAp
             },
         )
     out = ok(warren, "browse_queue", "ctl-browse", "--offset", "1", "--count", "5")
-    assert rows(out) == [
-        ["position", "redelivered", "message_id", "payload_encoding", "payload"],
-        ["1", "false", "id1", "string", "m1"],
-        ["2", "false", "id2", "string", "m2"],
+    table = rows(out)
+    assert table[0] == [
+        "position", "seq", "redelivered", "delivery_count", "message_id", "payload_encoding",
+        "payload",
+    ]  # fmt: skip
+    assert [(r[0], r[2], r[3], r[4], r[6]) for r in table[1:]] == [
+        ("1", "false", "0", "id1", "m1"),
+        ("2", "false", "0", "id2", "m2"),
     ]
+    out = ok(warren, "browse_queue", "ctl-browse", "--search", "id2")
+    assert [r[4] for r in rows(out)[1:]] == ["id2"]
     assert api.ok("GET", "/api/queues/%2F/ctl-browse")["messages_ready"] == 3
     # none of them died: all stay, counted
     out = ok(warren, "--formatter", "json", "replay_dead_letters", "ctl-browse")
     assert json.loads(out) == {"replayed": 0, "unroutable": 0, "without_x_death": 3, "to": []}
     result = ctl(warren, "browse_queue", "ctl-nowhere")
     assert (result.returncode, result.stderr) == (69, "Error:\nnot_found\n")
+
+
+def test_delete_move_and_send_one_message_to_the_tail(warren: RunningBroker, api: HttpApi) -> None:
+    api.ok("PUT", "/api/queues/%2F/ctl-one", {"durable": True})
+    api.ok("PUT", "/api/queues/%2F/ctl-one-dst", {"durable": True})
+    for i in range(4):
+        api.ok(
+            "POST",
+            "/api/exchanges/%2F/amq.default/publish",
+            {
+                "routing_key": "ctl-one",
+                "properties": {"message_id": f"id{i}"},
+                "payload": f"m{i}",
+                "payload_encoding": "string",
+            },
+        )
+    out = ok(warren, "--formatter", "json", "delete_message", "ctl-one", "--message-id", "id1")
+    assert json.loads(out)["deleted"] == 1
+    out = ok(warren, "move_message", "ctl-one", "--position", "0", "--to-queue", "ctl-one-dst")
+    assert '"moved": 1' in out
+    ok(warren, "message_to_tail", "ctl-one", "--message-id", "id2")
+    browsed = api.ok("GET", "/api/queues/%2F/ctl-one/messages")
+    assert [m["payload"] for m in browsed] == ["m3", "m2"]
+    assert [m["payload"] for m in api.ok("GET", "/api/queues/%2F/ctl-one-dst/messages")] == ["m0"]
+    gone = ctl(warren, "delete_message", "ctl-one", "--message-id", "id1")
+    assert gone.returncode == 69 and "No ready message with message_id 'id1'" in gone.stderr
+    missing = ctl(warren, "delete_message", "ctl-nowhere", "--position", "0")
+    assert (missing.returncode, missing.stderr) == (69, "Error:\nnot_found\n")
+    usage = ctl(warren, "delete_message", "ctl-one")
+    assert usage.returncode == 64  # argparse: one of --position, --seq, --message-id

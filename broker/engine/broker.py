@@ -17,7 +17,7 @@ from warren.broker.engine.parameters import Parameters
 from warren.broker.engine.persistence import Persistence
 from warren.broker.engine.reaper import Reaper
 from warren.broker.engine.stats import BrokerStats, ChannelStats
-from warren.broker.engine.timers import ManualTimers, Timers
+from warren.broker.engine.timers import STAMP_EVERY, ManualTimers, Ticks, Timers
 from warren.broker.engine.users import AccessControl
 from warren.broker.engine.vhost import VirtualHost
 from warren.broker.tracing.tracer import Tracing
@@ -47,6 +47,8 @@ class Broker:
         # message_interceptors.incoming.*: None (the default) costs a publish one test
         self.intercept = incoming(self.settings)
         self.timers = timers or Timers()  # real time: connections and resource checks
+        # real time, so that a test's manual broker clock counts no timer of theirs
+        self.ticks = Ticks(self.timers, STAMP_EVERY)
         if clock is None and self.settings.clock not in ("real", "manual"):
             raise ValueError(f"clock: expected 'real' or 'manual', got {self.settings.clock!r}")
         if clock is None:
@@ -95,6 +97,7 @@ class Broker:
             vhost = self.vhosts[name] = VirtualHost(
                 name, self.clock, self.settings.consumer_timeout
             )
+            vhost.ticks = self.ticks
             vhost.persistence = self.persistence
             vhost.reaper = self.reaper
             vhost.stats = self.stats

@@ -8,6 +8,8 @@ head: counts are exact at once, the deque entry goes later.
 
 from __future__ import annotations
 
+from array import array
+from bisect import bisect_right
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -114,6 +116,9 @@ def retry_policy(args: dict[str, Any], definition: dict[str, Any]) -> RetryPolic
     )
 
 
+STAMPS_KEPT = 4096
+
+
 # subclasses need not be compiled with it (a build that leaves broker/streams/stream.py out)
 @mypyc_attr(allow_interpreted_subclasses=True)
 class Queue:
@@ -160,6 +165,14 @@ class Queue:
         self.dispatcher = QueueConsumers(self.single_active_consumer)
         self.consumers: list[Consumer] = self.dispatcher.consumers
         self.next_seq = 0
+        # when messages arrived, to the second, with no clock read or value per message: the
+        # seq and broker time of the first arrival after each tick of ``vhost.ticks`` (a
+        # tick comes at most STAMP_EVERY after the stamp that armed it, so every message
+        # between two stamps arrived less than STAMP_EVERY after the first)
+        self.stamp_seqs = array("q")
+        self.stamp_times = array("d")
+        self._ticks = vhost.ticks
+        self._stamped = -1  # the tick count at the last stamp
         self.deleted = False
         self.stats = QueueStats()
         # consumer capacity (RabbitMQ's rabbit_queue_consumers use/avg): set while every
@@ -271,6 +284,8 @@ class Queue:
         msg.seq = self.next_seq
         msg.queue = self
         self.stats.published += 1
+        if self._ticks.count != self._stamped:
+            self._stamp()
         if self.max_priority:
             msg.priority = priority_of(msg.properties, self.default_priority)
         queue_ttl = self.message_ttl
@@ -311,6 +326,26 @@ class Queue:
                 else:
                     self.deadlines.track_expiry(msg, self.ready_count + self.delayed_count)
         return True
+
+    def _stamp(self) -> None:
+        ticks = self._ticks
+        self._stamped = ticks.count
+        ticks.arm()
+        seqs, times = self.stamp_seqs, self.stamp_times
+        if len(seqs) >= STAMPS_KEPT:
+            # the older half keeps every other stamp: old arrival times get coarser, and the
+            # index stays bounded on a queue that is never empty
+            half = len(seqs) // 2
+            self.stamp_seqs = seqs = seqs[:half:2] + seqs[half:]
+            self.stamp_times = times = times[:half:2] + times[half:]
+        seqs.append(self.next_seq)
+        times.append(self._now())
+
+    def enqueued_at(self, seq: int) -> float | None:
+        """Broker time at or just before the arrival of message ``seq`` (less than STAMP_EVERY
+        before, where no stamps were thinned out); None for one that came back from the store."""
+        i = bisect_right(self.stamp_seqs, seq) - 1
+        return self.stamp_times[i] if i >= 0 else None
 
     def append_ready(self, msg: Message) -> None:
         if self.tail:

@@ -27,6 +27,7 @@ from warren.broker.engine.message import Message
 from warren.broker.engine.policy import Policy, pick
 from warren.broker.engine.queue import Queue, fan_out
 from warren.broker.engine.reaper import Reaper
+from warren.broker.engine.timers import STAMP_EVERY, Ticks
 from warren.broker.streams.stream import StreamQueue, stream_directory, validate_stream_arguments
 from warren.broker.tracing.firehose import TRACE_EXCHANGE
 from warren.protocol.constants import (
@@ -75,6 +76,9 @@ class VirtualHost:
     ) -> None:
         self.name = name
         self.timers = timers
+        # when messages arrive, to the second, without a clock read per message (Queue._stamp);
+        # the broker gives its vhosts one on real time
+        self.ticks = Ticks(timers, STAMP_EVERY)
         self.default_consumer_timeout = default_consumer_timeout  # ms, None: off
         self.policies: dict[str, Policy] = {}
         # the operator_policy parameters' policies (broker/engine/operator_policy.py)

@@ -417,6 +417,12 @@ class MessageStore:
         record.body_offset += start
         return record
 
+    def read_packed(self, run: PagedRun, k: int) -> StoredMessage:
+        """The publish record of ``run``'s packed entry ``k`` (compaction may have moved it),
+        read without taking it out of the run: browsing a queue changes nothing."""
+        segment, start = self._moved.get(run.ids[k]) or (run.segments[k], run.starts[k])
+        return self.read_record(segment, start, run.lengths[k])
+
     def adopt(self, msgs: list[Message]) -> None:
         """Recovered messages are live again in their queue (which set their place in the log)."""
         self.messages.update({msg.store_id: msg for msg in msgs})

@@ -43,7 +43,9 @@ class CtlError(Exception):
 
 class HttpError(CtlError):
     def __init__(self, status: int, reason: str) -> None:
-        code = {400: EX_DATAERR, 401: EX_NOPERM, 404: EX_UNAVAILABLE}.get(status, EX_SOFTWARE)
+        code = {400: EX_DATAERR, 401: EX_NOPERM, 404: EX_UNAVAILABLE, 409: EX_UNAVAILABLE}.get(
+            status, EX_SOFTWARE
+        )
         super().__init__(reason, code)
         self.status = status
 
@@ -727,6 +729,9 @@ def _browse_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("queue")
     p.add_argument("--offset", type=int, default=0, help="the first position listed")
     p.add_argument("--count", type=int, default=20, help="how many messages at most")
+    p.add_argument(
+        "--search", help="only those whose message id, correlation id or a header has it"
+    )
 
 
 @command("browse_queue", "list a queue's ready messages without taking them", _browse_args)
@@ -734,13 +739,76 @@ def browse_queue(api: Api, args: argparse.Namespace, out: Output) -> None:
     out.info(f"Browsing queue '{args.queue}' in vhost '{args.vhost}' ...")
     path = f"queues/{q(args.vhost)}/{q(args.queue)}/messages"
     try:
-        rows = api.get(f"{path}?offset={args.offset}&count={args.count}")
+        query = f"offset={args.offset}&count={args.count}"
+        if args.search:
+            query += "&search=" + q(args.search)
+        rows = api.get(f"{path}?{query}")
     except HttpError as exc:
         if exc.status == 404:
             raise _queue_missing(args) from None
         raise
-    columns = ["position", "redelivered", "message_id", "payload_encoding", "payload"]
+    columns = ["position", "seq", "redelivered", "delivery_count", "message_id"]
+    columns += ["payload_encoding", "payload"]
     out.rows(rows, columns, {"message_id": "properties.message_id"})
+
+
+def _one_message_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("queue")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--position", type=int, help="the message at this position (browse_queue)")
+    which.add_argument("--seq", type=int, help="the message with this seq (browse_queue)")
+    which.add_argument("--message-id", help="the oldest ready message with this message id")
+
+
+def _chosen(args: argparse.Namespace) -> dict[str, Any]:
+    for key in ("position", "seq", "message_id"):
+        value = getattr(args, key)
+        if value is not None:
+            return {key: value}
+    raise CtlError("Choose the message with --position, --seq or --message-id", EX_USAGE)
+
+
+def _act(api: Api, args: argparse.Namespace, action: str, body: dict[str, Any]) -> Any:
+    path = f"queues/{q(args.vhost)}/{q(args.queue)}/messages/{action}"
+    try:
+        return api.request("POST", path, {**_chosen(args), **body})
+    except HttpError as exc:
+        if exc.status == 404 and "no " not in str(exc):
+            raise _queue_missing(args) from None
+        raise
+
+
+@command("delete_message", "remove one ready message from a queue", _one_message_args)
+def delete_message(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f"Deleting a message of queue '{args.queue}' in vhost '{args.vhost}' ...")
+    out.document(_act(api, args, "delete", {}))
+
+
+def _move_args(p: argparse.ArgumentParser) -> None:
+    _one_message_args(p)
+    to = p.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to-queue", help="into this queue, as it is")
+    to.add_argument("--to-exchange", help="published to this exchange")
+    p.add_argument("--routing-key", help="with --to-exchange (default: the message's own)")
+
+
+@command("move_message", "move one ready message to another queue or exchange", _move_args)
+def move_message(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f"Moving a message of queue '{args.queue}' in vhost '{args.vhost}' ...")
+    body: dict[str, Any] = {}
+    if args.to_queue is not None:
+        body["queue"] = args.to_queue
+    else:
+        body["exchange"] = args.to_exchange
+        if args.routing_key is not None:
+            body["routing_key"] = args.routing_key
+    out.document(_act(api, args, "move", body))
+
+
+@command("message_to_tail", "send one ready message to the back of its queue", _one_message_args)
+def message_to_tail(api: Api, args: argparse.Namespace, out: Output) -> None:
+    out.info(f"Sending a message of queue '{args.queue}' in vhost '{args.vhost}' to its tail ...")
+    out.document(_act(api, args, "to-tail", {}))
 
 
 def _replay_args(p: argparse.ArgumentParser) -> None:

@@ -119,7 +119,8 @@ EVENTS: Final[tuple[Event, ...]] = (
         "dropped",
         ("msg", "queue", "reason"),
         "discarded without a dead-letter exchange; reason: rejected, maxlen, delivery_limit,"
-        " overflow, purged, queue_deleted",
+        " overflow, purged, queue_deleted; taken out through the management API: deleted,"
+        " moved, to_tail",
     ),
     Event(
         "adopted",

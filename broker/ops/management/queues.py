@@ -1,10 +1,10 @@
-"""/api/queues[/{vhost}[/{name}]], /contents (purge) and /get."""
+"""/api/queues[/{vhost}[/{name}]], /contents (purge) and /get (browse and acting on one
+message: broker/ops/management/queue_messages.py)."""
 
 from __future__ import annotations
 
 import base64
-import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -22,7 +22,6 @@ from warren.broker.ops.management.app import (
 )
 from warren.broker.ops.management.errors import bad_request, from_channel, not_found
 from warren.broker.ops.management.formats import properties_json, queue_json
-from warren.broker.store.paged import PagedRun
 from warren.protocol.errors import AMQPError
 
 if TYPE_CHECKING:
@@ -180,54 +179,6 @@ def get_messages(ctx: Ctx) -> web.StreamResponse:
     return reply(ctx, out)
 
 
-def _browsed(queue: Queue) -> Iterator[Message]:
-    """The queue's ready messages held as objects, in delivery order, touched nowhere: no
-    state, count or flag changes (the message path pays nothing for this: it only reads)."""
-    yield from queue.ready
-    for item in queue.tail:
-        if item.__class__ is PagedRun:
-            assert isinstance(item, PagedRun)
-            # packed records on disk are not read back here (see report); pending ones are
-            yield from item.pending
-        else:
-            assert isinstance(item, Message)
-            yield item
-
-
-def browse(ctx: Ctx) -> web.StreamResponse:
-    """GET .../messages?offset=N&count=M: the ready messages at those positions, oldest
-    first, without taking them (RabbitMQ 4.3's open-source API has no such route; its /get
-    takes and requeues, marking them redelivered)."""
-    vhost, queue = _queue(ctx)
-    offset = _int(ctx.query("offset") or "0", "offset")
-    count = _int(ctx.query("count") or "20", "count")
-    if offset < 0:
-        raise bad_request(["offset_below_zero", offset])
-    if count < 0:
-        raise bad_request(["count_below_zero", count])
-    if queue.queue_type == "stream":
-        raise bad_request("Browsing a stream is not supported yet")
-    try:
-        operations.allow(ctx.mgmt, ctx.user.name, vhost.name, "read", "queue", queue.name)
-    except AMQPError as exc:
-        raise from_channel(exc) from None
-    out = []
-    for position, msg in enumerate(itertools.islice(_browsed(queue), offset, offset + count)):
-        paged = msg.paged_size >= 0
-        row = _message_json(msg, queue.ready_count, "auto", None)
-        del row["message_count"]
-        props = row["properties"]  # RabbitMQ's [] when a message has no properties
-        headers = (props.get("headers") if isinstance(props, dict) else None) or {}
-        row.update(
-            position=offset + position,
-            x_death=headers.get("x-death"),
-            delivery_count=msg.delivery_count,
-            paged_out=paged,
-        )
-        out.append(row)
-    return reply(ctx, out)
-
-
 def routes(router: Router) -> None:
     router.add("GET", "queues", list_queues, auth.vhost)
     router.add("GET", "queues/{vhost}", list_queues, auth.vhost)
@@ -236,5 +187,4 @@ def routes(router: Router) -> None:
     router.add("DELETE", "queues/{vhost}/{queue}", delete_queue, auth.vhost)
     router.add("DELETE", "queues/{vhost}/{queue}/contents", purge, auth.vhost)
     router.add("POST", "queues/{vhost}/{queue}/get", get_messages, auth.vhost)
-    router.add("GET", "queues/{vhost}/{queue}/messages", browse, auth.vhost)
     router.add("POST", "queues/{vhost}/{queue}/replay", replay.replay, auth.vhost)

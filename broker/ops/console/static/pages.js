@@ -1,5 +1,6 @@
 // Overview, queues, exchanges, connections and channels: read through the API, acted on through it.
 import { api, enc, listPage } from "./api.js";
+import { messagesCard, replayCard } from "./messages.js";
 import { PagedTable, RateChart, act, ago, badge, h, json, kv, messageSlot, num, rate, replace } from "./ui.js";
 import { moveMessagesForm } from "./shovel.js";
 
@@ -164,26 +165,6 @@ function table(head, rows, empty = "None") {
     h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: head.length, class: "muted" }, empty)))));
 }
 
-function xDeath(headers) {
-  const deaths = headers && headers["x-death"];
-  if (!Array.isArray(deaths) || !deaths.length) return null;
-  return h("div", { class: "msg error", dataset: { role: "x-death" } },
-    h("b", {}, "Dead-lettered: "),
-    deaths.map((d) => h("div", {}, `${d.reason} from queue ${d.queue} (exchange "${d.exchange}", keys ${JSON.stringify(d["routing-keys"])}), ${d.count}\u00d7`)));
-}
-
-function messageView(m, index) {
-  const props = Array.isArray(m.properties) ? {} : m.properties;
-  const headers = props.headers || {};
-  return h("div", { class: "message", dataset: { role: "message", index } },
-    h("div", { class: "actions" }, h("b", {}, `#${index + 1}`),
-      m.redelivered ? badge("redelivered", "warn") : null,
-      h("span", { class: "muted" }, `exchange "${m.exchange}", routing key "${m.routing_key}", ${num(m.payload_bytes)} bytes, ${m.payload_encoding}`)),
-    xDeath(headers),
-    h("pre", { dataset: { role: "payload" } }, m.payload),
-    Object.keys(props).length ? h("details", { open: true }, h("summary", {}, "Properties and headers"), h("pre", { dataset: { role: "properties" } }, json(props))) : null);
-}
-
 export function queue(ctx) {
   const [vhost, name] = ctx.params;
   const path = `/queues/${enc(vhost)}/${enc(name)}`;
@@ -192,38 +173,30 @@ export function queue(ctx) {
   const counters = h("div", { class: "grid" });
   const consumers = h("div");
   const bindings = h("div");
-  const messages = h("div");
-  const peekSlot = messageSlot();
-  const count = h("input", { type: "number", min: "1", max: "100", value: "5", "aria-label": "Messages to peek", name: "count" });
-  const peek = h("button", { class: "primary", onclick: () => act(peekSlot, async () => {
-    // ack_requeue_true: the messages go back in their places, marked redelivered
-    const got = await api("POST", `${path}/get`, { count: Number(count.value), ackmode: "ack_requeue_true", encoding: "auto", truncate: 50000 });
-    replace(messages, got.length ? got.map(messageView) : h("p", { class: "muted" }, "The queue has no ready messages."));
-    return got;
-  }, (got) => `Peeked ${got.length} message(s); they stay in the queue`) }, "Peek");
-
+  // browse (nothing taken), act on one message, replay dead letters (./messages.js)
+  const browse = messagesCard(path, { canChange, onChange: () => refresh() });
+  let browsing = false;
   const actionSlot = messageSlot();
   const purge = h("button", { class: "danger", onclick: () => {
     if (!confirm(`Purge every ready message of ${name}?`)) return;
-    act(actionSlot, async () => { await api("DELETE", `${path}/contents`); replace(messages); await refresh(); }, "Purged");
+    act(actionSlot, async () => { await api("DELETE", `${path}/contents`); await browse.load(); await refresh(); }, "Purged");
   } }, "Purge");
   const del = h("button", { class: "danger", onclick: () => {
     if (!confirm(`Delete queue ${name}?`)) return;
     act(actionSlot, async () => { await api("DELETE", path); location.hash = "#/queues"; });
   } }, "Delete queue");
 
-  // a stream has no get and no purge (RabbitMQ's management UI: QUEUE_TYPE["stream"].actions)
-  const messagesCard = h("div", { class: "card", dataset: { role: "messages" } }, h("h2", {}, "Messages"),
-    h("div", { class: "actions" }, h("label", {}, "Count", count), peek, peekSlot),
-    h("p", { class: "muted" }, "Peek takes the first messages and requeues them at once: nothing is lost, but they count as redelivered."),
-    messages);
+  // a stream has no purge and its messages cannot be taken out (RabbitMQ's management UI:
+  // QUEUE_TYPE["stream"].actions); it is browsed by offset
+  const replay = canChange ? replayCard(path, () => Promise.all([browse.load(), refresh()])) : null;
   const el = h("section", {},
     h("p", {}, h("a", { href: "#/queues" }, "\u2039 Queues")),
     h("h1", {}, "Queue ", h("span", { class: "object-name", dataset: { role: "name" } }, name),
       h("span", { class: "muted vhost" }, ` in vhost ${vhost}`)),
     counters,
     h("div", { class: "card" }, h("h2", {}, "Consumers"), consumers),
-    messagesCard,
+    browse.el,
+    replay,
     h("div", { class: "cols" }, h("div", { class: "card" }, h("h2", {}, "Details"), summary),
       h("div", { class: "card" }, h("h2", {}, "Bindings"), bindings)),
     canChange ? publishForm(vhost, "", name, refresh) : null,
@@ -232,6 +205,10 @@ export function queue(ctx) {
 
   async function refresh() {
     const [q, b] = await Promise.all([api("GET", path), api("GET", `${path}/bindings`)]);
+    if (!browsing) {
+      browsing = true;
+      browse.start(q.type === "stream", q.type === "stream" ? q.first_offset : 0);
+    }
     if (q.type === "stream") return showStream(q, b);
     const pol = q.policy ? h("a", { href: "#/policies" }, q.policy) : h("span", { class: "muted" }, "none");
     replace(summary, kv([
@@ -257,8 +234,8 @@ export function queue(ctx) {
 
   // RabbitMQ's stream-queue-stats: messages (total), consumers, readers, segments, oldest message
   function showStream(q, b) {
-    messagesCard.hidden = true;
     purge.hidden = true;
+    if (replay) replay.hidden = true;
     const pol = q.policy ? h("a", { href: "#/policies" }, q.policy) : h("span", { class: "muted" }, "none");
     replace(summary, kv([
       ["Type", q.type], ["State", q.state], ["Durable", String(q.durable)], ["Policy", pol],
