@@ -10,6 +10,7 @@ rabbit_amqqueue_process:i/2 and rabbit_queue_consumers:capacity/1 define them.
 from __future__ import annotations
 
 import math
+import resource
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,6 +128,10 @@ def test_paged_out_bodies_are_not_in_ram_and_are_read_back(warren: RunningBroker
         assert q["rabbitmq_queue_messages_persistent"] == 10
         assert q["rabbitmq_queue_messages_ready_ram"] < 10
         assert q["rabbitmq_queue_messages_ram_bytes"] <= 1000
+        # RabbitMQ 3.10's paged-out families: what is not in RAM of the ready messages
+        paged = q["rabbitmq_queue_messages_paged_out"]
+        assert paged == 10 - q["rabbitmq_queue_messages_ready_ram"] > 0
+        assert q["rabbitmq_queue_messages_paged_out_bytes"] == 400 * paged
         assert q["rabbitmq_queue_disk_reads_total"] == 0
         for _ in range(10):
             method, _, body = ch.basic_get("fam.paged", auto_ack=True)
@@ -134,6 +139,8 @@ def test_paged_out_bodies_are_not_in_ram_and_are_read_back(warren: RunningBroker
         q = queue_samples(scrape(warren), "fam.paged")
         assert q["rabbitmq_queue_disk_reads_total"] > 0
         assert q["rabbitmq_queue_messages_persistent"] == 0
+        assert q["rabbitmq_queue_messages_paged_out"] == 0
+        assert q["rabbitmq_queue_messages_paged_out_bytes"] == 0
     finally:
         conn.close()
     after = scrape(warren, "/metrics")
@@ -414,3 +421,29 @@ def test_confirms_are_attributed_to_the_exchange_of_each_publish() -> None:
     runs.confirmed(6, 6)
     runs.settled(6)
     assert (x.confirmed, y.confirmed) == (4, 1)
+
+
+def test_sockets_and_pending_packets(warren: RunningBroker) -> None:
+    """RabbitMQ 3.10's process_open_tcp_sockets and process_max_tcp_sockets (the
+    RabbitMQ-Overview dashboard's "TCP sockets available" of 3.x; file_handle_cache's
+    sockets_used and obtain limit), connection_pending_packets (send_pend) and 4.x's
+    global_messages_dead_lettered_confirmed_total (at-least-once dead-lettering only)."""
+    before = scrape(warren, "/metrics")["rabbitmq_process_open_tcp_sockets"]
+    conns = [pika.BlockingConnection(pika.URLParameters(warren.url)) for _ in range(3)]
+    try:
+        samples = scrape(warren, "/metrics")
+        assert samples["rabbitmq_process_open_tcp_sockets"] == before + 3
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        assert samples["rabbitmq_process_max_tcp_sockets"] == int((soft - 103) * 0.9 - 2)
+        assert samples["rabbitmq_connection_pending_packets"] == 0  # clients that read
+        per_object = scrape(warren)
+        pending = [k for k in per_object if k.startswith("rabbitmq_connection_pending_packets{")]
+        assert len(pending) == before + 3
+    finally:
+        for conn in conns:
+            conn.close()
+    confirmed = (
+        "rabbitmq_global_messages_dead_lettered_confirmed_total"
+        '{queue_type="rabbit_quorum_queue",dead_letter_strategy="at_least_once"}'
+    )
+    assert scrape(warren, "/metrics")[confirmed] == 0

@@ -158,6 +158,9 @@ class Queue:
         self.paged_count = 0
         self.paged_bytes = 0
         self.unacked_count = 0
+        # body bytes of the unacked messages (message_bytes_unacknowledged): kept next to
+        # unacked_count, one addition where it changes
+        self.unacked_bytes = 0
         sac = self.arguments.get("x-single-active-consumer")
         self.single_active_consumer = sac is True
         # the consumers and who gets the next message (broker/engine/queue_consumers.py);
@@ -430,10 +433,12 @@ class Queue:
             if self.paged_count and msg.paged_size >= 0:
                 read_ahead(self, msg)
             self.ready_count -= 1
-            self.ready_bytes -= len(msg.body)
+            size = len(msg.body)
+            self.ready_bytes -= size
             if deliver:
                 msg.state = UNACKED
                 self.unacked_count += 1
+                self.unacked_bytes += size
                 self.stats.delivered += 1
                 if msg.store_id and not msg.redelivered:
                     self.message_store.delivered(msg)  # type: ignore[union-attr]
@@ -469,6 +474,7 @@ class Queue:
         if msg.state == UNACKED:
             self.gone(msg)
             self.unacked_count -= 1
+            self.unacked_bytes -= msg.body_size()
             self.stats.acked += 1
             if msg.expires_at is not None:
                 self.deadlines.expiry.compact(self.ready_count + self.delayed_count)
@@ -481,6 +487,7 @@ class Queue:
             return
         self.gone(msg)
         self.unacked_count -= 1
+        self.unacked_bytes -= msg.body_size()
         self.dead_letter(msg, "rejected")
 
     def return_unacked(
@@ -500,6 +507,7 @@ class Queue:
                 dispatcher.unblock(msg.consumer)
         live = [m for m in msgs if m.state == UNACKED]
         self.unacked_count -= len(live)
+        self.unacked_bytes -= sum(m.body_size() for m in live)
         if self.deleted:
             for msg in live:
                 self.gone(msg)

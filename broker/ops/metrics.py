@@ -31,11 +31,16 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from warren.broker.engine.alarms import resident_memory
-from warren.broker.engine.message import READY, Message
+from warren.broker.engine.message import Message
 from warren.broker.engine.stats import SIZE_BOUNDS, ChannelStats, IOStats
-from warren.broker.ops.management.formats import channel_name, connection_name
+from warren.broker.ops.management.formats import (
+    channel_name,
+    connection_name,
+    head_message_timestamp,
+    oldest_unacked,
+    send_pending,
+)
 from warren.broker.ops.management.overview import API_VERSION
-from warren.protocol.properties import timestamp_of
 
 if TYPE_CHECKING:
     from warren.broker.engine.channel import Channel
@@ -131,26 +136,13 @@ def _delivered_consume_manual(q: Queue) -> int:
     return stats.delivered - stats.delivered_auto - stats.get_auto - stats.get_manual
 
 
-def _timestamp(msg: Message) -> int | None:
-    return timestamp_of(msg.properties)
-
-
 def _head_message_timestamp(q: Queue, scope: Scope) -> float | None:
-    """rabbit_variable_queue:head_message_timestamp/2: the older timestamp property of the
-    ready head and of the oldest unacknowledged message; NaN (RabbitMQ's '') if neither
-    has one. Quorum queues have no such key."""
+    """rabbit_variable_queue:head_message_timestamp/2 (formats.head_message_timestamp);
+    NaN (RabbitMQ's '') if neither has one. Quorum queues have no such key."""
     if q.queue_type == "quorum":
         return None
-    heads = []
-    for msg in q.ready:
-        if msg.state == READY:
-            heads.append(msg)
-            break
-    oldest_unacked = scope.unacked(q)[1]
-    if oldest_unacked is not None:
-        heads.append(oldest_unacked)
-    stamps = [t for m in heads if (t := _timestamp(m)) is not None]
-    return min(stamps) if stamps else math.nan
+    stamp = head_message_timestamp(q, scope.oldest_unacked(q))
+    return math.nan if stamp is None else stamp
 
 
 QUEUE_GROUPS: dict[str, tuple[Family, ...]] = {
@@ -197,7 +189,7 @@ QUEUE_GROUPS: dict[str, tuple[Family, ...]] = {
             "queue_messages_ram_bytes",
             "gauge",
             "Size of ready and unacknowledged messages stored in memory",
-            lambda q, s: _classic(q, q.ready_bytes - q.paged_bytes + s.unacked(q)[0]),
+            lambda q, s: _classic(q, q.ready_bytes - q.paged_bytes + q.unacked_bytes),
         ),
         Family(
             "queue_messages_ready_ram",
@@ -226,7 +218,7 @@ QUEUE_GROUPS: dict[str, tuple[Family, ...]] = {
             "gauge",
             "Size in bytes of persistent messages",
             lambda q, s: (
-                q.ready_bytes + s.unacked(q)[0]
+                q.ready_bytes + q.unacked_bytes
                 if q.queue_type == "quorum"
                 else q.stats.persistent_bytes
             ),
@@ -236,7 +228,7 @@ QUEUE_GROUPS: dict[str, tuple[Family, ...]] = {
             "queue_messages_bytes",
             "gauge",
             "Size in bytes of ready and unacknowledged messages",
-            lambda q, s: q.ready_bytes + s.unacked(q)[0],
+            lambda q, s: q.ready_bytes + q.unacked_bytes,
         ),
         Family(
             "queue_messages_ready_bytes",
@@ -248,7 +240,21 @@ QUEUE_GROUPS: dict[str, tuple[Family, ...]] = {
             "queue_messages_unacked_bytes",
             "gauge",
             "Size in bytes of all unacknowledged messages",
-            lambda q, s: s.unacked(q)[0],
+            lambda q, s: q.unacked_bytes,
+        ),
+        # RabbitMQ 3.x's (3.10 prometheus_rabbitmq_core_metrics_collector ?METRICS_RAW;
+        # gone in 4.x with lazy paging): ready messages whose bodies are on disk only
+        Family(
+            "queue_messages_paged_out",
+            "gauge",
+            "Messages paged out to disk",
+            lambda q, _: _classic(q, q.paged_count),
+        ),
+        Family(
+            "queue_messages_paged_out_bytes",
+            "gauge",
+            "Size in bytes of messages paged out to disk",
+            lambda q, _: _classic(q, q.paged_bytes),
         ),
         Family(
             "queue_head_message_timestamp",
@@ -506,6 +512,12 @@ CONNECTION_GROUPS: dict[str, tuple[Family, ...]] = {
             lambda c, _: c.send_cnt,
         ),
         Family(
+            "connection_pending_packets",
+            "gauge",
+            "Number of packets waiting to be sent on a connection",
+            lambda c, _: send_pending(c),
+        ),
+        Family(
             "connection_channels",
             "gauge",
             "Channels on a connection",
@@ -529,27 +541,13 @@ class Scope:
     def wants(self, group: str) -> bool:
         return self.groups is None or group in self.groups
 
-    _unacked: dict[Queue, tuple[int, Message | None]] | None = field(
-        default=None, init=False, repr=False
-    )
+    _unacked: dict[Queue, Message] | None = field(default=None, init=False, repr=False)
 
-    def unacked(self, q: Queue) -> tuple[int, Message | None]:
-        """The body bytes of a queue's unacknowledged messages and the oldest of them, read
-        off the channels once a scrape (the message path keeps no byte count for them)."""
+    def oldest_unacked(self, q: Queue) -> Message | None:
+        """A queue's oldest unacknowledged message, read off the channels once a scrape."""
         if self._unacked is None:
-            found: dict[Queue, tuple[int, Message | None]] = {}
-            for conn in self.mgmt.connections():
-                for ch in conn.channels.values():
-                    for msg in ch.unacked.values():
-                        queue = msg.queue
-                        if queue is None:
-                            continue
-                        size, oldest = found.get(queue, (0, None))
-                        if oldest is None or msg.seq < oldest.seq:
-                            oldest = msg
-                        found[queue] = (size + msg.body_size(), oldest)
-            self._unacked = found
-        return self._unacked.get(q, (0, None))
+            self._unacked = oldest_unacked(self.mgmt)
+        return self._unacked.get(q)
 
     def exchanges(self) -> list[tuple[str, Exchange]]:
         """Exchanges published into (RabbitMQ's exchange_metrics rows), vhost-filtered."""
@@ -620,6 +618,12 @@ def _open_fds() -> int:
         return 0
 
 
+def sockets_limit(fd_limit: int) -> int:
+    """RabbitMQ 3.x's socket limit (file_handle_cache:init/1 and ?OBTAIN_LIMIT): 90% of the
+    descriptors left after 103 reserved, less 2."""
+    return max(0, math.trunc(max(2, fd_limit - 103) * 0.9 - 2))
+
+
 def _node_groups(out: Exposition, scope: Scope) -> None:
     """connection_churn_metrics, node_coarse_metrics, node_metrics: one sample each."""
     broker = scope.mgmt.broker
@@ -663,6 +667,13 @@ def _node_groups(out: Exposition, scope: Scope) -> None:
         _auth_families(out, p + "auth_attempts_detailed", " with source info", source_rows)
     if scope.wants("node_coarse_metrics"):
         out.one(p + "process_open_fds", "gauge", "Open file descriptors", _open_fds())
+        # RabbitMQ 3.x's (file_handle_cache's sockets_used): the client sockets open
+        out.one(
+            p + "process_open_tcp_sockets",
+            "gauge",
+            "Open TCP sockets",
+            len(broker.connections),
+        )
         out.one(
             p + "process_resident_memory_bytes", "gauge", "Memory used in bytes", resident_memory()
         )
@@ -676,6 +687,9 @@ def _node_groups(out: Exposition, scope: Scope) -> None:
     if scope.wants("node_metrics"):
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         out.one(p + "process_max_fds", "gauge", "Open file descriptors limit", soft)
+        out.one(
+            p + "process_max_tcp_sockets", "gauge", "Open TCP sockets limit", sockets_limit(soft)
+        )
         out.one(
             p + "resident_memory_limit_bytes",
             "gauge",
@@ -1173,6 +1187,19 @@ def _dead_letters(
             DEAD_LETTER_HELP[reason],
             samples,
         )
+    # only a quorum queue's at-least-once dead-lettering confirms (rabbit_global_counters:
+    # messages_dead_lettered_confirmed/3); Warren dead-letters at most once: none yet
+    out.family(
+        "rabbitmq_global_messages_dead_lettered_confirmed_total",
+        "counter",
+        "Total number of messages dead-lettered and confirmed by target queues",
+        [
+            (
+                {"queue_type": "rabbit_quorum_queue", "dead_letter_strategy": "at_least_once"},
+                0,
+            )
+        ],
+    )
     by_reason: dict[str, int] = {r: 0 for r in DEAD_LETTER_REASONS}
     for (_, reason), count in dead.items():
         by_reason[reason] = by_reason.get(reason, 0) + count

@@ -15,7 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from warren.broker.engine.channel import Channel
 from warren.broker.engine.queue import Queue
+from warren.broker.engine.stats import ChannelStats
 from warren.broker.ops.management.stuck import UnackedAges
 from warren.broker.server.amqp_connection import VERSION
 
@@ -67,6 +69,9 @@ class RateSampler:
         self.known: set[Queue] = set()  # queues seen at the last sample
         # (wall-clock ms, global counters) of the last samples, oldest first
         self.history: deque[tuple[int, tuple[int, ...]]] = deque(maxlen=HISTORY)
+        # idle_since of queues and channels: (their counters, wall-clock ms of the first
+        # sample that found them so); read against the counters of the moment (idle_since)
+        self._still: dict[object, tuple[tuple[int, ...], int]] = {}
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -96,21 +101,15 @@ class RateSampler:
                 counts[0] += ready + unacked
                 counts[1] += ready
                 counts[2] += unacked
-                s = queue.stats
-                out[queue] = (
-                    QUEUE_FIELDS,
-                    (
-                        s.published,
-                        s.delivered,
-                        s.acked,
-                        s.redelivered,
-                        ready + unacked,
-                        ready,
-                        unacked,
-                    ),
-                )
+                out[queue] = (QUEUE_FIELDS, queue_values(queue))
             out[("vhost", vhost.name)] = (LENGTH_FIELDS, tuple(counts))
             total = [a + b for a, b in zip(total, counts, strict=True)]
+        for conn in self.mgmt.connections():
+            out[conn] = (CONNECTION_FIELDS, (conn.recv_oct, conn.send_oct))
+            for channel in conn.channels.values():
+                if not channel.closed:
+                    out[channel] = (CHANNEL_FIELDS, channel_values(channel.stats))
+        node = broker.stats
         out["global"] = (
             GLOBAL_FIELDS,
             (
@@ -121,7 +120,19 @@ class RateSampler:
                 stats.redelivered,
                 stats.unroutable_returned,
                 stats.unroutable_dropped,
+                stats.delivered_consume_manual,
+                stats.delivered_consume_auto,
+                stats.delivered_get_manual,
+                stats.delivered_get_auto,
+                stats.get_empty,
                 *total,
+                node.channels_closed,
+                node.channels_opened,
+                node.connections_closed,
+                node.connections_opened,
+                node.queues_created,
+                node.queues_declared,
+                node.queues_deleted,
             ),
         )
         return out
@@ -141,7 +152,15 @@ class RateSampler:
                 }
         self._rates = rates
         self._prev = {key: (now, values) for key, (_, values) in current.items()}
-        self.history.append((int(self.mgmt.wall_clock() * 1000), current["global"][1]))
+        now_ms = int(self.mgmt.wall_clock() * 1000)
+        self.history.append((now_ms, current["global"][1]))
+        still: dict[object, tuple[tuple[int, ...], int]] = {}
+        for key, (names, values) in current.items():
+            if names is QUEUE_FIELDS or names is CHANNEL_FIELDS:
+                before = self._still.get(key)
+                same = before is not None and before[0] == values
+                still[key] = before if same and before is not None else (values, now_ms)
+        self._still = still
         live = {key for key in current if isinstance(key, Queue)}
         for queue in self.known - live:
             self.retired.add(queue)
@@ -156,17 +175,107 @@ class RateSampler:
     def rates(self, key: Key) -> dict[str, float]:
         return self._rates.get(key, {})
 
+    def idle_since(self, key: Queue | Channel) -> int | None:
+        """Wall-clock ms since when a queue or channel has done nothing, None if it did
+        something since the last sample (or has not been sampled yet).
+
+        RabbitMQ reports idle_since once the queue or channel process hibernates, a second
+        after its last message (rabbit_amqqueue_process:handle_pre_hibernate/1,
+        rabbit_channel:handle_pre_hibernate/1), and drops it at the next one. Warren has no
+        process to hibernate: its counters are compared at each sample instead, so the
+        time is that of the first sample that found them as they are now."""
+        seen = self._still.get(key)
+        if seen is None:
+            return None
+        now = queue_values(key) if isinstance(key, Queue) else channel_values(key.stats)
+        return seen[1] if seen[0] == now else None
+
 
 QUEUE_FIELDS = (
     "publish",
     "deliver_get",
     "ack",
     "redeliver",
+    "deliver",
+    "deliver_no_ack",
+    "get",
+    "get_no_ack",
+    "get_empty",
     "messages",
     "messages_ready",
     "messages_unacknowledged",
+    "consumers",
 )
+
+
+def queue_values(queue: Queue) -> tuple[int, ...]:
+    """A queue's counters in QUEUE_FIELDS' order, read from what the engine keeps."""
+    s = queue.stats
+    ready, unacked = queue.ready_count, queue.unacked_count
+    gets = s.get_auto + s.get_manual
+    return (
+        s.published,
+        s.delivered,
+        s.acked - s.delivered_auto - s.get_auto,  # no-ack deliveries settle as acks there
+        s.redelivered,
+        s.delivered - s.delivered_auto - gets,
+        s.delivered_auto,
+        s.get_manual,
+        s.get_auto,
+        s.get_empty,
+        ready + unacked,
+        ready,
+        unacked,
+        len(queue.consumers),
+    )
+
+
+# a channel's message_stats (RabbitMQ's channel stats keys)
+CHANNEL_FIELDS = (
+    "publish",
+    "confirm",
+    "return_unroutable",
+    "drop_unroutable",
+    "deliver_get",
+    "deliver",
+    "deliver_no_ack",
+    "get",
+    "get_no_ack",
+    "get_empty",
+    "redeliver",
+    "ack",
+)
+
+
+def channel_values(s: ChannelStats) -> tuple[int, ...]:
+    return (
+        s.received,
+        s.confirmed,
+        s.unroutable_returned,
+        s.unroutable_dropped,
+        s.delivered,
+        s.delivered_consume_manual,
+        s.delivered_consume_auto,
+        s.delivered_get_manual,
+        s.delivered_get_auto,
+        s.get_empty,
+        s.redelivered,
+        s.acked,
+    )
+
+
+CONNECTION_FIELDS = ("recv_oct", "send_oct")
 LENGTH_FIELDS = ("messages", "messages_ready", "messages_unacknowledged")
+# RabbitMQ's churn_rates (overview) and the node's object churn
+CHURN_FIELDS = (
+    "channel_closed",
+    "channel_created",
+    "connection_closed",
+    "connection_created",
+    "queue_created",
+    "queue_declared",
+    "queue_deleted",
+)
 GLOBAL_FIELDS = (
     "publish",
     "deliver_get",
@@ -175,7 +284,13 @@ GLOBAL_FIELDS = (
     "redeliver",
     "return_unroutable",
     "drop_unroutable",
+    "deliver",
+    "deliver_no_ack",
+    "get",
+    "get_no_ack",
+    "get_empty",
     *LENGTH_FIELDS,
+    *CHURN_FIELDS,
 )
 
 

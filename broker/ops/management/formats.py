@@ -12,13 +12,27 @@ import datetime
 import decimal
 import hashlib
 import json
+import sys
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote_plus
 
 from warren.broker.engine.exchange import Exchange
+from warren.broker.engine.message import READY, Message
+from warren.broker.ops.management.core import (
+    CHANNEL_FIELDS,
+    QUEUE_FIELDS,
+    channel_values,
+    queue_values,
+)
 from warren.broker.ops.management.errors import bad_request
 from warren.broker.server.listen import transport_address
-from warren.protocol.properties import PROPERTIES, PropertiesError, encode_shortstr, read_properties
+from warren.protocol.properties import (
+    PROPERTIES,
+    PropertiesError,
+    encode_shortstr,
+    read_properties,
+    timestamp_of,
+)
 from warren.protocol.tables import encode_table
 
 if TYPE_CHECKING:
@@ -104,6 +118,13 @@ def connected_at_ms(mgmt: Management, conn: Connection) -> int:
     return int((mgmt.wall_clock() - age) * 1000)
 
 
+def send_pending(conn: Connection) -> int:
+    """Bytes written but not yet taken by the socket (RabbitMQ's send_pend, inet's
+    send_pend: the port's queue); a transport without a buffer has none."""
+    size = getattr(conn.transport, "get_write_buffer_size", None)
+    return int(size()) if size is not None else 0
+
+
 def connection_json(mgmt: Management, conn: Connection) -> dict[str, Any]:
     props = conn.client_properties
     host, port = conn.peer if conn.peer else ("?", 0)
@@ -129,7 +150,14 @@ def connection_json(mgmt: Management, conn: Connection) -> dict[str, Any]:
         "timeout": conn.heartbeat,
         "connected_at": connected_at_ms(mgmt, conn),
         "client_properties": json_value(props),
+        # socket traffic, counted per read and per write (Connection.data_received, flush)
+        "recv_cnt": conn.recv_cnt,
+        "send_cnt": conn.send_cnt,
+        "send_pend": send_pending(conn),
     }
+    rates = mgmt.rates.rates(conn)
+    with_details(out, "recv_oct", conn.recv_oct, rates)
+    with_details(out, "send_oct", conn.send_oct, rates)
     provided = props.get("connection_name")
     if provided is not None:
         out["user_provided_name"] = json_value(provided)
@@ -161,7 +189,14 @@ def channel_json(mgmt: Management, channel: Channel, full: bool = False) -> dict
         "acks_uncommitted": sum(len(msgs) for _, msgs, _ in channel.tx_settles),
         "prefetch_count": channel.prefetch_count,
         "global_prefetch_count": channel.prefetch_global,
+        "message_stats": message_stats(
+            dict(zip(CHANNEL_FIELDS, channel_values(channel.stats), strict=True)),
+            mgmt.rates.rates(channel),
+        ),
     }
+    idle = mgmt.rates.idle_since(channel)
+    if idle is not None:
+        out["idle_since"] = time_text(idle)
     if full:
         out["consumer_details"] = [consumer_json(mgmt, c) for c in channel.consumers.values()]
     return out
@@ -214,20 +249,71 @@ def consumer_json(mgmt: Management, consumer: Consumer) -> dict[str, Any]:
 
 
 def queue_counts(queue: Queue) -> dict[str, int]:
-    stats = queue.stats
-    return {
-        "publish": stats.published,
-        "deliver_get": stats.delivered,
-        "ack": stats.acked,
-        "redeliver": stats.redelivered,
-    }
+    # the message counters (the sampler's fields before the lengths)
+    return dict(zip(QUEUE_FIELDS[:QUEUE_COUNTERS], queue_values(queue), strict=False))
 
 
-def queue_json(mgmt: Management, queue: Queue, full: bool = False) -> dict[str, Any]:
+QUEUE_COUNTERS = QUEUE_FIELDS.index("messages")
+# what a message object costs in memory beside its body: the object with its slots and
+# the queue's reference to it (sys.getsizeof of an empty Message, measured once)
+MESSAGE_OVERHEAD = sys.getsizeof(Message("", "", b"", b"")) + 8
+
+
+def time_text(ms: int) -> str:
+    """RabbitMQ's rabbit_mgmt_format:now_to_str/1: RFC 3339, milliseconds, local offset."""
+    moment = datetime.datetime.fromtimestamp(ms / 1000).astimezone()
+    return moment.isoformat(timespec="milliseconds")
+
+
+def oldest_unacked(mgmt: Management) -> dict[Queue, Message]:
+    """Each queue's oldest unacknowledged message, read off the channels (once a request)."""
+    found: dict[Queue, Message] = {}
+    for conn in mgmt.connections():
+        for channel in conn.channels.values():
+            for msg in channel.unacked.values():
+                queue = msg.queue
+                if queue is not None:
+                    oldest = found.get(queue)
+                    if oldest is None or msg.seq < oldest.seq:
+                        found[queue] = msg
+    return found
+
+
+def head_message_timestamp(queue: Queue, oldest: Message | None) -> int | None:
+    """rabbit_variable_queue:head_message_timestamp/2 (4.3): the smaller timestamp property
+    of the ready head and of the oldest unacknowledged message, of those in memory; none
+    without one. A paged-out head is not in memory there either."""
+    stamps = []
+    for msg in queue.ready:
+        if msg.state == READY:
+            if msg.paged_size < 0 and (stamp := timestamp_of(msg.properties)) is not None:
+                stamps.append(stamp)
+            break
+    if oldest is not None and (stamp := timestamp_of(oldest.properties)) is not None:
+        stamps.append(stamp)
+    return min(stamps) if stamps else None
+
+
+def queue_json(
+    mgmt: Management,
+    queue: Queue,
+    full: bool = False,
+    unacked: dict[Queue, Message] | None = None,
+) -> dict[str, Any]:
+    """``full``: the single queue's form (RabbitMQ 4.3's detail stats, with idle_since);
+    a listing is the basic form (rabbit_mgmt_format:format_queue_basic_stats/1), which
+    leaves out idle_since and a head_message_timestamp the queue does not have.
+    ``unacked``: oldest_unacked() of the request, when it lists many queues."""
     rates = mgmt.rates.rates(queue)
     stats = queue.stats
     policy = queue.policy
     owner: Any = queue.exclusive_owner
+    if unacked is None:
+        unacked = oldest_unacked(mgmt)
+    quorum = queue.queue_type == "quorum"
+    ready_ram = queue.ready_count - queue.paged_count
+    bytes_ram = queue.ready_bytes - queue.paged_bytes + queue.unacked_bytes
+    messages_ram = ready_ram + queue.unacked_count
     out: dict[str, Any] = {
         "name": queue.name,
         "vhost": queue.vhost.name,
@@ -251,8 +337,25 @@ def queue_json(mgmt: Management, queue: Queue, full: bool = False) -> dict[str, 
         ),
         # rabbit_policy:effective_definition/1: the policy merged with the operator policy
         "effective_policy_definition": dict(queue.effective_definition()),
+        # consumer capacity: rabbit_queue_consumers:capacity/1, 0 without consumers
+        # (rabbit_amqqueue_process:i/2); consumer_utilisation is its older name
+        "consumer_capacity": queue.use.capacity(queue) if queue.consumers else 0,
+        "consumer_utilisation": queue.use.capacity(queue) if queue.consumers else 0,
+        "message_bytes": queue.ready_bytes + queue.unacked_bytes,
         "message_bytes_ready": queue.ready_bytes,
-        "message_bytes_ram": queue.ready_bytes - queue.paged_bytes,  # ready bodies in memory
+        "message_bytes_unacknowledged": queue.unacked_bytes,
+        # every message of a quorum queue is persistent (rabbit_quorum_queue:i/2)
+        "messages_persistent": (
+            queue.ready_count + queue.unacked_count if quorum else stats.persistent
+        ),
+        "message_bytes_persistent": (
+            queue.ready_bytes + queue.unacked_bytes if quorum else stats.persistent_bytes
+        ),
+        "messages_ram": messages_ram,
+        "message_bytes_ram": bytes_ram,
+        # an estimate: the bodies and message objects held in memory (Warren has no queue
+        # process whose memory could be measured)
+        "memory": sys.getsizeof(queue) + bytes_ram + messages_ram * MESSAGE_OVERHEAD,
         "messages_paged_out": queue.paged_count,
         "message_bytes_paged_out": queue.paged_bytes,
         "message_stats": message_stats(queue_counts(queue), rates),
@@ -266,10 +369,19 @@ def queue_json(mgmt: Management, queue: Queue, full: bool = False) -> dict[str, 
     with_details(out, "messages", queue.ready_count + queue.unacked_count, rates)
     with_details(out, "messages_ready", queue.ready_count, rates)
     with_details(out, "messages_unacknowledged", queue.unacked_count, rates)
+    if not quorum:  # rabbit_quorum_queue has no such keys (its ?STATISTICS_KEYS, handle_tick)
+        out["messages_ready_ram"] = ready_ram
+        out["messages_unacknowledged_ram"] = queue.unacked_count  # delivered: in memory
+        head = head_message_timestamp(queue, unacked.get(queue))
+        if head is not None or full:
+            out["head_message_timestamp"] = head
     if owner is not None and hasattr(owner, "peer"):
         out["owner_pid_details"] = _connection_details(owner)
     if full:
         out["consumer_details"] = [consumer_json(mgmt, c) for c in queue.consumers]
+        idle = mgmt.rates.idle_since(queue)
+        if idle is not None:
+            out["idle_since"] = time_text(idle)
     if queue.queue_type == "stream":  # segments, offsets, readers (broker/streams/stream.py)
         out.update(queue.stream_info(mgmt.node))  # type: ignore[attr-defined]
     return out

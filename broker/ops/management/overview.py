@@ -10,7 +10,7 @@ from aiohttp import web
 from warren import build
 from warren.broker.ops.management import auth
 from warren.broker.ops.management.app import Ctx, Router, json_response, reply, reply_list
-from warren.broker.ops.management.core import GLOBAL_FIELDS
+from warren.broker.ops.management.core import GLOBAL_FIELDS, QUEUE_FIELDS, queue_values
 from warren.broker.ops.management.errors import bad_request, not_found
 from warren.broker.ops.management.formats import message_stats, with_details
 from warren.broker.ops.management.global_parameters import cluster_name
@@ -35,6 +35,7 @@ EXCHANGE_TYPES = (
 
 BUILD = build()  # which build this process runs: it does not change while it runs
 
+
 def _global_counts(mgmt: Management) -> dict[str, int]:
     stats = mgmt.broker.message_totals()
     return {
@@ -45,6 +46,26 @@ def _global_counts(mgmt: Management) -> dict[str, int]:
         "redeliver": stats.redelivered,
         "return_unroutable": stats.unroutable_returned,
         "drop_unroutable": stats.unroutable_dropped,
+        # by delivery kind and acknowledgement mode (rabbit_channel's deliver/get stats)
+        "deliver": stats.delivered_consume_manual,
+        "deliver_no_ack": stats.delivered_consume_auto,
+        "get": stats.delivered_get_manual,
+        "get_no_ack": stats.delivered_get_auto,
+        "get_empty": stats.get_empty,
+    }
+
+
+def churn_counts(mgmt: Management) -> dict[str, int]:
+    """Objects created and closed since the start (RabbitMQ's churn_rates)."""
+    stats = mgmt.broker.stats
+    return {
+        "channel_closed": stats.channels_closed,
+        "channel_created": stats.channels_opened,
+        "connection_closed": stats.connections_closed,
+        "connection_created": stats.connections_opened,
+        "queue_created": stats.queues_created,
+        "queue_declared": stats.queues_declared,
+        "queue_deleted": stats.queues_deleted,
     }
 
 
@@ -80,12 +101,10 @@ def overview(ctx: Ctx) -> web.StreamResponse:
             _add_samples(mgmt, stats, age)
         length_rates = global_rates
     else:  # other users see the sum over their own vhosts' queues
-        counts = {"publish": 0, "deliver_get": 0, "ack": 0, "redeliver": 0}
+        counts = dict.fromkeys(QUEUE_FIELDS[: QUEUE_FIELDS.index("messages")], 0)
         for q in queues:
-            counts["publish"] += q.stats.published
-            counts["deliver_get"] += q.stats.delivered
-            counts["ack"] += q.stats.acked
-            counts["redeliver"] += q.stats.redelivered
+            for name, value in zip(counts, queue_values(q), strict=False):
+                counts[name] += value
         stats = message_stats(counts, {})
         length_rates = {}
     totals: dict[str, Any] = {}
@@ -132,6 +151,7 @@ def overview(ctx: Ctx) -> web.StreamResponse:
         "enable_queue_totals": False,
         "statistics_db_event_queue": 0,
         "message_stats": stats,
+        "churn_rates": message_stats(churn_counts(mgmt), global_rates),
         "queue_totals": totals,
         "object_totals": {
             "connections": len(connections),

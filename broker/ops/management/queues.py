@@ -21,7 +21,7 @@ from warren.broker.ops.management.app import (
     reply_list,
 )
 from warren.broker.ops.management.errors import bad_request, from_channel, not_found
-from warren.broker.ops.management.formats import properties_json, queue_json
+from warren.broker.ops.management.formats import oldest_unacked, properties_json, queue_json
 from warren.protocol.errors import AMQPError
 
 if TYPE_CHECKING:
@@ -62,7 +62,16 @@ def list_queues(ctx: Ctx) -> web.StreamResponse:
     for name in auth.listed_vhosts(ctx.mgmt, ctx.user):
         if only is None or name == only:
             found.extend(broker.vhosts[name].queues.values())
-    return reply_list(ctx, Lazy(found, lambda q: queue_json(ctx.mgmt, q), SORT_FIELDS))
+    unacked: dict[Queue, Message] = {}
+    scanned = False
+
+    def render(q: Queue) -> dict[str, Any]:
+        nonlocal unacked, scanned
+        if not scanned:  # once for the page, only if a row is rendered
+            unacked, scanned = oldest_unacked(ctx.mgmt), True
+        return queue_json(ctx.mgmt, q, unacked=unacked)
+
+    return reply_list(ctx, Lazy(found, render, SORT_FIELDS))
 
 
 def get_queue(ctx: Ctx) -> web.StreamResponse:
