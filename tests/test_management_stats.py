@@ -12,6 +12,8 @@ format_queue_basic_stats/1); shapes checked against the RabbitMQ 3.10.8 on this 
 from __future__ import annotations
 
 import datetime
+import os
+import resource
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -316,3 +318,59 @@ def test_overview_churn_rates_and_delivery_kinds(
     stats_before, stats_after = before["message_stats"], after["message_stats"]
     for key, delta in (("get_no_ack", 1), ("get_empty", 1), ("get", 0), ("deliver", 0)):
         assert stats_after[key] - stats_before.get(key, 0) == delta, key
+
+
+# the keys rabbitmqadmin v2 (rabbitmq/rabbitmqadmin-ng, its ClusterNode) will not parse
+# a node without
+ADMIN_V2_NODE_KEYS = {
+    "uptime": int,
+    "run_queue": int,
+    "processors": int,
+    "os_pid": str,
+    "fd_total": int,
+    "proc_total": int,
+    "mem_limit": int,
+    "mem_alarm": bool,
+    "disk_free_limit": int,
+    "disk_free_alarm": bool,
+    "rates_mode": str,
+    "enabled_plugins": list,
+    "being_drained": bool,
+}
+
+
+def test_node_keys_are_measured(api: HttpApi, warren: RunningBroker, name: str) -> None:
+    (node,) = api.ok("GET", "/api/nodes")
+    for key, kind in ADMIN_V2_NODE_KEYS.items():
+        assert isinstance(node[key], kind), key
+    assert node["os_pid"] == str(os.getpid())  # the broker runs in this process
+    assert node["processors"] == len(os.sched_getaffinity(0))
+    assert node["fd_total"] == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert 0 < node["fd_used"] < node["fd_total"]
+    assert node["sockets_total"] == int((node["fd_total"] - 103) * 0.9 - 2)
+    assert node["proc_used"] > 0 and node["proc_total"] > node["proc_used"]
+    assert node["disk_free"] > 0 and node["mem_used"] > 0
+    assert "rabbitmq_management" in node["enabled_plugins"]
+    assert "rabbitmq_prometheus" in node["enabled_plugins"]  # this broker has the port
+    assert node["rates_mode"] == "basic" and node["being_drained"] is False
+    assert {m["name"] for m in node["auth_mechanisms"]} == {"PLAIN", "AMQPLAIN"}
+    assert node["db_dir"] == warren.server.broker.settings.data_dir
+    # counters that move with what clients do
+    sockets = node["sockets_used"]
+    connection = pika.BlockingConnection(pika.URLParameters(warren.url))
+    try:
+        ch = connection.channel()
+        ch.queue_declare(name, durable=True)
+        ch.confirm_delivery()
+        ch.basic_publish("", name, b"d" * 100, PERSISTENT)
+        after = api.ok("GET", f"/api/nodes/{q(node['name'])}")
+        assert after["sockets_used"] == sockets + 1
+        assert after["connection_created"] == node["connection_created"] + 1
+        assert after["queue_created"] == node["queue_created"] + 1
+        assert isinstance(after["channel_created_details"]["rate"], float)
+        assert after["msg_store_write_count"] == node["msg_store_write_count"] + 1
+        assert after["io_write_bytes"] > node["io_write_bytes"]
+        assert after["io_sync_count"] > node["io_sync_count"]
+        assert after["uptime"] >= node["uptime"]
+    finally:
+        connection.close()

@@ -40,7 +40,7 @@ from warren.broker.ops.management.formats import (
     oldest_unacked,
     send_pending,
 )
-from warren.broker.ops.management.overview import API_VERSION
+from warren.broker.ops.management.overview import API_VERSION, sockets_limit
 
 if TYPE_CHECKING:
     from warren.broker.engine.channel import Channel
@@ -616,12 +616,6 @@ def _open_fds() -> int:
         return len(os.listdir("/proc/self/fd"))
     except OSError:
         return 0
-
-
-def sockets_limit(fd_limit: int) -> int:
-    """RabbitMQ 3.x's socket limit (file_handle_cache:init/1 and ?OBTAIN_LIMIT): 90% of the
-    descriptors left after 103 reserved, less 2."""
-    return max(0, math.trunc(max(2, fd_limit - 103) * 0.9 - 2))
 
 
 def _node_groups(out: Exposition, scope: Scope) -> None:
