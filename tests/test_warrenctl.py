@@ -98,7 +98,7 @@ def test_bad_credentials_are_77(warren: RunningBroker) -> None:
     ("args", "message"),
     [
         (["list_foo"], "argument command: invalid choice: 'list_foo'"),
-        (["add_user", "onlyname"], "the following arguments are required: password"),
+        (["add_user"], "the following arguments are required: username"),
         (["set_policy", "--apply-to", "nothing", "p", "^x", "{}"], "argument --apply-to"),
         (["list_queues", "nosuchcolumn"], "Info key(s) nosuchcolumn are not supported"),
     ],
@@ -113,10 +113,40 @@ def test_bad_arguments_are_64(
     assert message in result.stderr
 
 
-def test_rejected_value_is_65(warren: RunningBroker) -> None:
+def test_refused_policy_is_69(warren: RunningBroker, api: HttpApi) -> None:
+    """rabbitmqctl set_policy exits 69 when the node refuses the definition, for an unknown
+    key and for an ill-typed one alike (checked with RabbitMQ 3.10's rabbitmqctl)."""
     result = ctl(warren, "set_policy", "bad", "^x", '{"no-such-key": 1}')
-    assert result.returncode == 65
+    assert result.returncode == 69
     assert result.stderr == "Error:\nValidation failed\n\nunknown policy key 'no-such-key'\n\n"
+    result = ctl(warren, "set_policy", "bad", "^x", '{"max-length": "x"}')
+    assert result.returncode == 69
+    assert result.stderr.startswith("Error:\nValidation failed\n")
+    assert api.get("/api/policies/%2F/bad").status == 404  # nothing was set
+
+
+def test_add_user_reads_the_password_from_stdin(warren: RunningBroker, api: HttpApi) -> None:
+    """rabbitmqctl add_user without a password reads one line of standard input; with
+    none there it exits 65 (EX_DATAERR)."""
+    result = ctl(warren, "add_user", "ctl-nopass", stdin="")
+    assert result.returncode == 65
+    assert result.stderr == "Error:\nPassword is not provided via argument or stdin\n"
+    assert api.get("/api/users/ctl-nopass").status == 404
+    ok(warren, "add_user", "ctl-stdin", stdin="s3cret\n")
+    ok(warren, "set_user_tags", "ctl-stdin", "management")  # to ask the API who it is
+    check = api.as_user("ctl-stdin", "s3cret").request("GET", "/api/whoami")
+    assert check.status == 200 and check.body["name"] == "ctl-stdin"
+    ok(warren, "delete_user", "ctl-stdin")
+
+
+def test_import_of_a_missing_file_is_65(warren: RunningBroker, tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere.json"
+    result = ctl(warren, "import_definitions", str(missing))
+    assert result.returncode == 65
+    assert result.stderr == (
+        f"Error (argument validation): Bad argument: File {missing} does not exist\n"
+    )
+    assert result.stdout == ""
 
 
 # ---- status ----
@@ -557,3 +587,158 @@ def test_delete_move_and_send_one_message_to_the_tail(warren: RunningBroker, api
     assert (missing.returncode, missing.stderr) == (69, "Error:\nnot_found\n")
     usage = ctl(warren, "delete_message", "ctl-one")
     assert usage.returncode == 64  # argparse: one of --position, --seq, --message-id
+
+
+# ---- issue 38: rabbitmqctl's info keys, JSON rows, status keys, await_startup ----
+
+# RabbitMQ 4.3's rabbitmq_cli list_*_command.ex @info_keys
+QUEUE_INFO_KEYS = [
+    "name", "durable", "auto_delete", "arguments", "policy", "operator_policy",
+    "effective_policy_definition", "pid", "owner_pid", "exclusive", "exclusive_consumer_pid",
+    "exclusive_consumer_tag", "messages_ready", "messages_unacknowledged", "messages",
+    "messages_ready_ram", "messages_unacknowledged_ram", "messages_ram", "messages_persistent",
+    "message_bytes", "message_bytes_ready", "message_bytes_unacknowledged", "message_bytes_ram",
+    "message_bytes_persistent", "head_message_timestamp", "disk_reads", "disk_writes", "consumers",
+    "consumer_utilisation", "consumer_capacity", "memory", "state", "type", "leader", "members",
+    "online"
+]
+EXCHANGE_INFO_KEYS = ["name", "type", "durable", "auto_delete", "internal", "arguments", "policy"]
+CONNECTION_INFO_KEYS = [
+    "pid", "name", "port", "host", "peer_port", "peer_host", "ssl", "ssl_protocol",
+    "ssl_key_exchange", "ssl_cipher", "ssl_hash", "peer_cert_subject", "peer_cert_issuer",
+    "peer_cert_serial_number", "peer_cert_validity", "state", "channels", "protocol",
+    "auth_mechanism", "user", "vhost", "container_id", "timeout", "frame_max", "channel_max",
+    "client_properties", "recv_oct", "recv_cnt", "send_oct", "send_cnt", "send_pend",
+    "connected_at"
+]
+CHANNEL_INFO_KEYS = [
+    "pid", "connection", "name", "number", "user", "vhost", "transactional", "confirm",
+    "consumer_count", "messages_unacknowledged", "messages_uncommitted", "acks_uncommitted",
+    "messages_unconfirmed", "prefetch_count"
+]
+
+
+def json_rows(output: str) -> list[dict[str, object]]:
+    """rabbitmqctl's JSON listing: '[', one object a line (',' before all but the first),
+    ']'; the whole is one JSON array."""
+    lines = output.splitlines()
+    assert lines[0] == "[" and lines[-1] == "]", output
+    found = []
+    for i, line in enumerate(lines[1:-1]):
+        assert line.startswith(",") == (i > 0), line
+        found.append(json.loads(line.lstrip(",")))
+    assert json.loads(output) == found
+    return found
+
+
+def test_every_info_key_of_the_four_listings(warren: RunningBroker) -> None:
+    params = pika.URLParameters(warren.url)
+    params.client_properties = {"connection_name": "ctl-keys"}
+    conn = pika.BlockingConnection(params)
+    try:
+        ch = conn.channel()
+        ch.queue_declare("ctl-keys", durable=True)
+        ch.queue_declare("ctl-keys-qq", durable=True, arguments={"x-queue-type": "quorum"})
+        ch.basic_publish("", "ctl-keys", b"12345", pika.BasicProperties(timestamp=1_700_000_000))
+        ch.basic_consume("ctl-keys-qq", lambda *a: None, exclusive=True, consumer_tag="ctl-tag")
+        conn.process_data_events(0)
+        queues = {
+            r["name"]: r
+            for r in json_rows(ok(warren, "--formatter", "json", "list_queues", *QUEUE_INFO_KEYS))
+        }
+        classic, quorum = queues["ctl-keys"], queues["ctl-keys-qq"]
+        assert set(classic) == set(QUEUE_INFO_KEYS)
+        assert classic["message_bytes"] == classic["message_bytes_ready"] == 5
+        assert classic["head_message_timestamp"] == 1_700_000_000
+        assert classic["type"] == "classic" and classic["leader"] == ""
+        assert quorum["leader"] == quorum["pid"].split(".")[0][1:]  # the node
+        assert quorum["members"] == quorum["online"] == [quorum["leader"]]
+        assert quorum["exclusive_consumer_tag"] == "ctl-tag"
+        assert quorum["exclusive_consumer_pid"] != ""
+        assert quorum["consumer_capacity"] == 1.0
+        exchanges = json_rows(
+            ok(warren, "--formatter", "json", "list_exchanges", *EXCHANGE_INFO_KEYS)
+        )
+        assert {"name": "amq.direct", "type": "direct", "durable": True, "auto_delete": False,
+                "internal": False, "arguments": {}, "policy": ""} in exchanges  # fmt: skip
+        connections = json_rows(
+            ok(warren, "--formatter", "json", "list_connections", *CONNECTION_INFO_KEYS)
+        )
+        [mine] = [c for c in connections if c["client_properties"].get("connection_name")
+                  == "ctl-keys"]  # type: ignore[union-attr]  # fmt: skip
+        assert set(mine) == set(CONNECTION_INFO_KEYS)
+        assert mine["recv_oct"] > 0 and mine["send_cnt"] > 0  # type: ignore[operator]
+        assert (mine["ssl"], mine["ssl_protocol"], mine["container_id"]) == (False, "", "")
+        channels = json_rows(
+            ok(warren, "--formatter", "json", "list_channels", *CHANNEL_INFO_KEYS)
+        )
+        [channel] = [c for c in channels if c["connection"] == mine["name"]]
+        assert set(channel) == set(CHANNEL_INFO_KEYS)
+        assert channel["consumer_count"] == 1 and channel["number"] == ch.channel_number
+        # the table formatter takes them all as well
+        assert rows(ok(warren, "list_queues", *QUEUE_INFO_KEYS))[0] == QUEUE_INFO_KEYS
+    finally:
+        conn.close()
+
+
+def test_unknown_info_keys_are_64_before_asking(warren: RunningBroker) -> None:
+    result = ctl(warren, "list_channels", "foo", "bar", "name")
+    assert result.returncode == 64
+    assert result.stderr == "Error (argument validation): Info key(s) bar,foo are not supported\n"
+    assert result.stdout == ""
+
+
+def test_status_json_has_rabbitmqctls_keys(warren: RunningBroker) -> None:
+    """rabbitmqctl status --formatter json's 29 keys (RabbitMQ 3.10 on this machine, the same
+    in 4.3), on one line; Warren adds where it found the broker."""
+    out = ok(warren, "--formatter", "json", "status")
+    assert out.count("\n") == 1
+    document = json.loads(out)
+    assert set(document) - {"broker", "found"} == {
+        "active_plugins", "alarms", "config_files", "crypto_lib_version", "data_directory",
+        "disk_free", "disk_free_limit", "enabled_plugin_file", "erlang_version",
+        "file_descriptors", "is_under_maintenance", "listeners", "log_files", "memory",
+        "net_ticktime", "os", "pid", "processes", "product_name", "product_version",
+        "rabbitmq_version", "raft_data_directory", "release_series_support_status",
+        "run_queue", "totals", "uptime", "vm_memory_calculation_strategy",
+        "vm_memory_high_watermark_limit", "vm_memory_high_watermark_setting",
+    }  # fmt: skip
+    assert document["pid"] == os.getpid()  # the test's broker runs in this process
+    assert document["file_descriptors"]["total_used"] > 0
+    assert document["totals"]["virtual_host_count"] >= 1
+    assert {"port": warren.port, "protocol": "amqp"}.items() <= document["listeners"][0].items()
+
+
+def test_await_startup(tmp_path: Path) -> None:
+    """Waits for a broker that is not there yet, then exits 0 once it answers; exits 69
+    when nothing answers within --timeout."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    result = ctl(None, "await_startup", "-t", "0.5", url=url)
+    assert result.returncode == 69, result.stderr
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "warren.broker.tools.warrenctl", "--url", url, "await_startup"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        # something takes warrenctl's first try and hangs up on it, then the broker starts
+        with socket.socket() as listener:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(("127.0.0.1", port))
+            listener.listen(1)
+            listener.settimeout(30)
+            tried, _ = listener.accept()
+            tried.close()
+        assert waiting.poll() is None  # still waiting: a hang-up is no answer
+        with run_broker(management_port=port):
+            out, err = waiting.communicate(timeout=60)
+            assert waiting.returncode == 0, err
+            assert out == ""
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.wait()

@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -145,10 +147,15 @@ class Output:
             print(text)
 
     def rows(
-        self, items: list[dict[str, Any]], columns: list[str], aliases: dict[str, str]
+        self,
+        items: list[dict[str, Any]],
+        columns: list[str],
+        aliases: dict[str, str],
+        validated: bool = False,
     ) -> None:
+        """``validated``: the columns were checked against the verb's info keys already."""
         paths = [aliases.get(c, c) for c in columns]
-        if items:
+        if items and not validated:
             for column, path in zip(columns, paths, strict=True):
                 if all(_lookup(i, path) is None for i in items) and not _known(items[0], path):
                     known = ", ".join(sorted(_columns(items[0], aliases)))
@@ -159,7 +166,7 @@ class Output:
                     )
         table = [[_lookup(i, p) for p in paths] for i in items]
         if self.json:
-            print(json.dumps([dict(zip(columns, row, strict=True)) for row in table], indent=1))
+            print_json_rows([dict(zip(columns, row, strict=True)) for row in table])
             return
         if self.headers and table:  # rabbitmqctl prints no header over an empty listing
             print("\t".join(columns))
@@ -168,6 +175,16 @@ class Output:
 
     def document(self, value: Any) -> None:
         print(json.dumps(value, indent=2, sort_keys=True))
+
+
+def print_json_rows(rows: list[dict[str, Any]]) -> None:
+    """rabbitmqctl's JSON formatter for a listing: one object a line, so a stream can be
+    read a row at a time, and the whole a JSON array (``[``, rows with ``,`` before all
+    but the first, ``]``)."""
+    print("[")
+    for i, row in enumerate(rows):
+        print(("," if i else "") + json.dumps(row, separators=(",", ":")))
+    print("]")
 
 
 def _known(item: dict[str, Any], path: str) -> bool:
@@ -215,6 +232,7 @@ def _list(
     prepare: Callable[[dict[str, Any]], None] | None = None,
     heading: str = "Listing {what} for vhost {vhost} ...",
     missing_vhost_fails: bool = False,
+    info_keys: tuple[str, ...] | None = None,
 ) -> None:
     """A listing verb. rabbitmqctl's headings differ per verb (quotes, "in", a missing
     space); a vhost that does not exist is an empty listing, except where rabbitmqctl
@@ -223,8 +241,15 @@ def _list(
     def run(api: Api, args: argparse.Namespace, out: Output) -> None:
         if name == "list_queues":  # the one listing rabbitmqctl heads with its timeout
             out.info(f"Timeout: {args.timeout} seconds ...")
-        out.info(heading.format(what=what, vhost=args.vhost))
         columns = args.columns or args.default_columns
+        if info_keys is not None:  # rabbitmqctl checks them before it asks the node
+            unknown = sorted(set(columns) - set(info_keys))
+            if unknown:
+                raise CtlError(
+                    f"(argument validation): Info key(s) {','.join(unknown)} are not supported",
+                    EX_USAGE,
+                )
+        out.info(heading.format(what=what, vhost=args.vhost))
         try:
             items = api.get(path(args))
         except HttpError as exc:
@@ -237,11 +262,75 @@ def _list(
         if prepare is not None:
             for item in items:
                 prepare(item)
+        if info_keys is not None:
+            derive = DERIVED.get(name)
+            if derive is not None:
+                derive(api, args, items, columns)
+            for item in items:  # a key the object does not have: rabbitmqctl's ''
+                for column in columns:
+                    if _lookup(item, (aliases or {}).get(column, column)) is None:
+                        item.setdefault(column, "")
         if name == "list_policies" and not items and not out.quiet:
             print()  # rabbitmqctl's empty policy listing is one empty line
-        out.rows(items, columns, aliases or {})
+        out.rows(items, columns, aliases or {}, validated=info_keys is not None)
 
     command(name, f"list {what}", _columns_arg(default))(run)
+
+
+# rabbitmqctl's info keys of each listing (RabbitMQ 4.3, deps/rabbitmq_cli/lib/rabbitmq/cli/
+# ctl/commands/list_*_command.ex, @info_keys); the API's field of the same name unless
+# DERIVED computes it
+QUEUE_KEYS = (
+    "name", "durable", "auto_delete", "arguments", "policy", "operator_policy",
+    "effective_policy_definition", "pid", "owner_pid", "exclusive", "exclusive_consumer_pid",
+    "exclusive_consumer_tag", "messages_ready", "messages_unacknowledged", "messages",
+    "messages_ready_ram", "messages_unacknowledged_ram", "messages_ram", "messages_persistent",
+    "message_bytes", "message_bytes_ready", "message_bytes_unacknowledged", "message_bytes_ram",
+    "message_bytes_persistent", "head_message_timestamp", "disk_reads", "disk_writes",
+    "consumers", "consumer_utilisation", "consumer_capacity", "memory", "state", "type",
+    "leader", "members", "online",
+)  # fmt: skip
+EXCHANGE_KEYS = ("name", "type", "durable", "auto_delete", "internal", "arguments", "policy")
+CONNECTION_KEYS = (
+    "pid", "name", "port", "host", "peer_port", "peer_host", "ssl", "ssl_protocol",
+    "ssl_key_exchange", "ssl_cipher", "ssl_hash", "peer_cert_subject", "peer_cert_issuer",
+    "peer_cert_serial_number", "peer_cert_validity", "state", "channels", "protocol",
+    "auth_mechanism", "user", "vhost", "container_id", "timeout", "frame_max", "channel_max",
+    "client_properties", "recv_oct", "recv_cnt", "send_oct", "send_cnt", "send_pend",
+    "connected_at",
+)  # fmt: skip
+CHANNEL_KEYS = (
+    "pid", "connection", "name", "number", "user", "vhost", "transactional", "confirm",
+    "consumer_count", "messages_unacknowledged", "messages_uncommitted", "acks_uncommitted",
+    "messages_unconfirmed", "prefetch_count",
+)  # fmt: skip
+
+
+def _queue_keys(api: Api, args: argparse.Namespace, items: list[dict[str, Any]],
+                columns: list[str]) -> None:  # fmt: skip
+    """The queue keys the API has under another shape: the process ids (Warren's: the
+    node, vhost and name that identify the queue, the owner's connection, the exclusive
+    consumer's channel) and the replicas (one node: it leads every quorum queue and
+    stream; a classic queue has none, rabbitmqctl prints '')."""
+    channels: dict[str, str] = {}
+    if "exclusive_consumer_pid" in columns and any(i.get("exclusive_consumer_tag") for i in items):
+        for consumer in api.get(f"consumers/{q(args.vhost)}"):
+            key = consumer["queue"]["name"] + "\0" + consumer["consumer_tag"]
+            channels[key] = consumer["channel_details"]["name"]
+    for item in items:
+        node = item.get("node", "")
+        item["pid"] = f"<{node}.{item.get('vhost')}.{item.get('name')}>"
+        item["owner_pid"] = (item.get("owner_pid_details") or {}).get("name", "")
+        tag = item.get("exclusive_consumer_tag")
+        item["exclusive_consumer_pid"] = channels.get(f"{item.get('name')}\0{tag}", "")
+        replicated = item.get("type") in ("quorum", "stream")
+        item["leader"] = node if replicated else ""
+        item["members"] = item["online"] = [node] if replicated else ""
+
+
+DERIVED: dict[
+    str, Callable[[Api, argparse.Namespace, list[dict[str, Any]], list[str]], None]
+] = {"list_queues": _queue_keys}
 
 
 _list(
@@ -249,8 +338,15 @@ _list(
     "queues",
     lambda a: f"queues/{q(a.vhost)}",
     ["name", "messages"],
+    info_keys=QUEUE_KEYS,
 )
-_list("list_exchanges", "exchanges", lambda a: f"exchanges/{q(a.vhost)}", ["name", "type"])
+_list(
+    "list_exchanges",
+    "exchanges",
+    lambda a: f"exchanges/{q(a.vhost)}",
+    ["name", "type"],
+    info_keys=EXCHANGE_KEYS,
+)
 _list(
     "list_bindings",
     "bindings",
@@ -279,6 +375,7 @@ _list(
     {"pid": "name", "connection_name": "user_provided_name"},
     per_vhost=False,
     heading="Listing {what} ...",
+    info_keys=(*CONNECTION_KEYS, "connection_name"),
 )
 _list(
     "list_channels",
@@ -288,6 +385,7 @@ _list(
     {"pid": "name", "connection": "connection_details.name"},
     per_vhost=False,
     heading="Listing {what} ...",
+    info_keys=CHANNEL_KEYS,
 )
 _list(
     "list_consumers",
@@ -418,11 +516,13 @@ def status(api: Api, args: argparse.Namespace, out: Output) -> None:
             raise
         health = {"status": "failed", "alarms": []}
     alarms = health.get("alarms", []) if isinstance(health, dict) else []
-    if out.json:
-        out.document({**overview, "alarms": alarms, "broker": api.base, "found": api.source})
-        return
     node = _optional(api, f"nodes/{q(str(overview.get('node')))}") or {}
     vhosts = _optional(api, "vhosts")
+    if out.json:
+        document = _status_document(overview, node, vhosts, alarms)
+        document["broker"], document["found"] = api.base, api.source  # Warren's own
+        print(json.dumps(document, separators=(",", ":")))
+        return
     totals = overview.get("object_totals", {})
     lines = [
         f"Status of node {overview.get('node')} ...",
@@ -470,6 +570,65 @@ def status(api: Api, args: argparse.Namespace, out: Output) -> None:
     print("\n".join(lines))
 
 
+def _status_document(
+    overview: dict[str, Any], node: dict[str, Any], vhosts: Any, alarms: list[Any]
+) -> dict[str, Any]:
+    """rabbitmqctl status --formatter json's 29 keys (RabbitMQ 4.3, rabbitmq_cli's
+    status_command.ex and rabbit:status/0), from the API's overview and node; what has no
+    Erlang here says what stands in for it."""
+    totals = overview.get("object_totals", {})
+    memory_used = node.get("mem_used")
+    return {
+        "active_plugins": node.get("enabled_plugins", []),
+        "alarms": alarms,
+        "config_files": node.get("config_files", []),
+        "crypto_lib_version": "",
+        "data_directory": node.get("db_dir", ""),
+        "disk_free": node.get("disk_free"),
+        "disk_free_limit": node.get("disk_free_limit"),
+        "enabled_plugin_file": "",  # Warren's plugins are built in: no such file
+        "erlang_version": f"Python {overview.get('python_version', '')}",
+        "file_descriptors": {
+            "sockets_limit": node.get("sockets_total"),
+            "sockets_used": node.get("sockets_used"),
+            "total_limit": node.get("fd_total"),
+            "total_used": node.get("fd_used"),
+        },
+        "is_under_maintenance": bool(node.get("being_drained", False)),
+        "listeners": [
+            {
+                "interface": listener.get("ip_address"),
+                "node": listener.get("node"),
+                "port": listener.get("port"),
+                "protocol": listener.get("protocol"),
+                "purpose": LISTENER_PURPOSES.get(listener.get("protocol"), ""),
+            }
+            for listener in overview.get("listeners", [])
+        ],
+        "log_files": node.get("log_files", []),
+        "memory": {"total": {"rss": memory_used}, "strategy": "rss"},
+        "net_ticktime": node.get("net_ticktime", 60),
+        "os": sys.platform.capitalize() if sys.platform != "linux" else "Linux",
+        "pid": int(node["os_pid"]) if str(node.get("os_pid", "")).isdigit() else None,
+        "processes": {"limit": node.get("proc_total"), "used": node.get("proc_used")},
+        "product_name": overview.get("product_name"),
+        "product_version": overview.get("product_version"),
+        "rabbitmq_version": overview.get("rabbitmq_version"),
+        "raft_data_directory": node.get("db_dir", ""),
+        "release_series_support_status": "supported",
+        "run_queue": node.get("run_queue"),
+        "totals": {
+            "virtual_host_count": None if vhosts is None else len(vhosts),
+            "connection_count": totals.get("connections", 0),
+            "queue_count": totals.get("queues", 0),
+        },
+        "uptime": int(overview.get("uptime", 0)) // 1000,
+        "vm_memory_calculation_strategy": node.get("mem_calculation_strategy", "rss"),
+        "vm_memory_high_watermark_limit": node.get("mem_limit"),
+        "vm_memory_high_watermark_setting": {"absolute": node.get("mem_limit")},
+    }
+
+
 def _optional(api: Api, path: str) -> Any:
     """What a user without the monitoring tag may not read is left out, not an error."""
     try:
@@ -478,6 +637,29 @@ def _optional(api: Api, path: str) -> Any:
         if exc.status in (401, 403, 404):
             return None
         raise
+
+
+@command("await_startup", "wait until the broker has started (up to --timeout, default 300 s)")
+def await_startup(api: Api, args: argparse.Namespace, out: Output) -> None:
+    """rabbitmqctl await_startup: quiet, 0 once the node runs; 69 if it does not within the
+    timeout. Refused credentials are an answer: no point waiting for them."""
+    timeout = args.timeout if args.timeout_given else 300.0
+    deadline = time.monotonic() + timeout
+    api.timeout = min(api.timeout, 5.0)
+    while True:
+        try:
+            api.get("overview")
+            return
+        except HttpError as exc:
+            if exc.status in (401, 403):
+                raise
+            error: CtlError = exc
+        except CtlError as exc:  # nothing listening yet
+            error = exc
+        if time.monotonic() >= deadline:
+            raise CtlError(f"Warren did not start within {timeout:g} seconds: {error}",
+                           EX_UNAVAILABLE)  # fmt: skip
+        time.sleep(0.2)
 
 
 @command("ping", "check that the broker answers (and that the credentials work)")
@@ -518,9 +700,15 @@ def set_policy(api: Api, args: argparse.Namespace, out: Output) -> None:
         "priority": args.priority,
         "apply-to": args.apply_to,
     }
-    _vhost_call(
-        args.vhost, lambda: api.request("PUT", f"policies/{q(args.vhost)}/{q(args.name)}", body)
-    )
+    try:
+        _vhost_call(
+            args.vhost,
+            lambda: api.request("PUT", f"policies/{q(args.vhost)}/{q(args.name)}", body),
+        )
+    except HttpError as exc:
+        if exc.status == 400:  # rabbitmqctl: a definition the node refuses exits 69
+            raise CtlError(str(exc), EX_UNAVAILABLE) from None
+        raise
 
 
 def _vhost_call(vhost: str, fn: Callable[[], Any]) -> Any:
@@ -572,9 +760,21 @@ def _two(first: str, second: str) -> Callable[[argparse.ArgumentParser], object]
     return add
 
 
-@command("add_user", "add a user (no tags, no permissions)", _two("username", "password"))
+def _add_user_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("username")
+    p.add_argument("password", nargs="?", help="default: read from standard input")
+
+
+@command("add_user", "add a user (no tags, no permissions)", _add_user_args)
 def add_user(api: Api, args: argparse.Namespace, out: Output) -> None:
     out.info(f'Adding user "{args.username}" ...')
+    if args.password is None:  # rabbitmqctl reads it from standard input, one line
+        if not out.quiet:
+            print("Password: ")
+        line = sys.stdin.readline().rstrip("\n")
+        if not line:
+            raise CtlError("Password is not provided via argument or stdin", EX_DATAERR)
+        args.password = line
     try:
         api.get(f"users/{q(args.username)}")
     except HttpError as exc:
@@ -964,6 +1164,10 @@ def export_definitions(api: Api, args: argparse.Namespace, out: Output) -> None:
     ),
 )
 def import_definitions(api: Api, args: argparse.Namespace, out: Output) -> None:
+    if args.path != "-" and not os.path.isfile(args.path):  # checked first, as rabbitmqctl
+        raise CtlError(
+            f"(argument validation): Bad argument: File {args.path} does not exist", EX_DATAERR
+        )
     where = "standard input" if args.path == "-" else f'a file at "{args.path}"'
     out.info(f"Importing definitions in JSON from {where} ...")
     try:
@@ -973,7 +1177,7 @@ def import_definitions(api: Api, args: argparse.Namespace, out: Output) -> None:
             with open(args.path, encoding="utf-8") as fh:
                 text = fh.read()
     except OSError as exc:
-        raise CtlError(f"cannot read {args.path}: {exc.strerror}", EX_USAGE) from None
+        raise CtlError(f"cannot read {args.path}: {exc.strerror}", EX_DATAERR) from None
     try:
         definitions = json.loads(text)
     except ValueError as exc:
@@ -1026,7 +1230,7 @@ def _common(parser: argparse.ArgumentParser, defaults: bool) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", default=d(False))
     parser.add_argument("-s", "--silent", action="store_true", default=d(False))
     parser.add_argument("--no-table-headers", action="store_true", default=d(False))
-    parser.add_argument("-t", "--timeout", type=float, default=d(60.0), help="seconds")
+    parser.add_argument("-t", "--timeout", type=float, default=d(None), help="seconds (60)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1115,6 +1319,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 raise CtlError(f"(argument validation): no command '{verb}'", EX_USAGE)
             return 0
+        args.timeout_given = args.timeout is not None
+        if args.timeout is None:
+            args.timeout = 60.0
         fn = COMMANDS[args.command][0]
         api = _connection(args)
         fn(api, args, Output(args))

@@ -365,6 +365,10 @@ def queue_json(
         "messages_expired": stats.expired,
         "messages_dead_lettered": dict(stats.dead_lettered),
         "consumer_timeouts": stats.consumer_timeouts,
+        # rabbit_variable_queue's disk_reads/disk_writes, which rabbitmqctl list_queues shows
+        # (RabbitMQ's API leaves them out; warrenctl reads them here)
+        "disk_reads": stats.disk_reads,
+        "disk_writes": stats.disk_writes,
     }
     with_details(out, "messages", queue.ready_count + queue.unacked_count, rates)
     with_details(out, "messages_ready", queue.ready_count, rates)
