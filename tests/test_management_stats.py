@@ -31,7 +31,13 @@ PERSISTENT = pika.BasicProperties(delivery_mode=2)
 @pytest.fixture(scope="module")
 def warren(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBroker]:
     data_dir: Path = tmp_path_factory.mktemp("management-stats")
-    with run_broker(management_port=0, prometheus_port=0, data_dir=str(data_dir)) as running:
+    with run_broker(
+        management_port=0,
+        prometheus_port=0,
+        data_dir=str(data_dir),
+        # the tests take the statistics samples themselves (sample()): none in between
+        collect_statistics_interval=3_600_000,
+    ) as running:
         yield running
 
 
