@@ -378,5 +378,14 @@ def test_node_keys_are_measured(api: HttpApi, warren: RunningBroker, name: str) 
         assert after["io_write_bytes"] > node["io_write_bytes"]
         assert after["io_sync_count"] > node["io_sync_count"]
         assert after["uptime"] >= node["uptime"]
+        # rates of change between two samples (RabbitMQ's *_details of node measures)
+        sample(warren)
+        ch.basic_publish("", name, b"d" * 100, PERSISTENT)
+        sample(warren)
+        rated = api.ok("GET", f"/api/nodes/{q(node['name'])}")
+        assert rated["msg_store_write_count_details"]["rate"] > 0
+        assert rated["io_write_bytes_details"]["rate"] > 0
+        for key in ("mem_used", "fd_used", "sockets_used", "proc_used", "disk_free", "gc_num"):
+            assert isinstance(rated[key + "_details"]["rate"], float), key
     finally:
         connection.close()

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import platform
+import resource
 import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from warren.broker.engine.channel import Channel
 from warren.broker.engine.queue import Queue
-from warren.broker.engine.stats import ChannelStats
+from warren.broker.engine.stats import ChannelStats, IOStats
 from warren.broker.ops.management.stuck import UnackedAges
 from warren.broker.server.amqp_connection import VERSION
 
@@ -109,6 +111,7 @@ class RateSampler:
             for channel in conn.channels.values():
                 if not channel.closed:
                     out[channel] = (CHANNEL_FIELDS, channel_values(channel.stats))
+        out["node"] = (NODE_FIELDS, tuple(node_values(broker).values()))
         node = broker.stats
         out["global"] = (
             GLOBAL_FIELDS,
@@ -265,6 +268,57 @@ def channel_values(s: ChannelStats) -> tuple[int, ...]:
 
 
 CONNECTION_FIELDS = ("recv_oct", "send_oct")
+# the node's measures that /api/nodes gives with a rate (``*_details``)
+NODE_FIELDS = (
+    "mem_used",
+    "disk_free",
+    "fd_used",
+    "sockets_used",
+    "proc_used",
+    "context_switches",
+    "gc_num",
+    "io_read_count",
+    "io_read_bytes",
+    "io_write_count",
+    "io_write_bytes",
+    "io_sync_count",
+    "io_seek_count",
+    "io_reopen_count",
+    "msg_store_read_count",
+    "msg_store_write_count",
+)
+
+
+def node_values(broker: Broker) -> dict[str, int]:
+    """The node's measures in NODE_FIELDS' order: the resource monitor's (once a second),
+    the process's and the message store's I/O counters."""
+    monitor = broker.monitor
+    persistence = broker.persistence
+    store: Any = persistence.messages if persistence is not None else None
+    io = store.io if store is not None else IOStats()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    try:
+        tasks = len(asyncio.all_tasks())
+    except RuntimeError:  # no running loop (a sample taken off the loop)
+        tasks = 0
+    return {
+        "mem_used": monitor.memory_used,
+        "disk_free": monitor.disk_free or 0,
+        "fd_used": monitor.descriptors_used,
+        "sockets_used": len(broker.connections),
+        "proc_used": tasks,
+        "context_switches": usage.ru_nvcsw + usage.ru_nivcsw,
+        "gc_num": sum(generation["collections"] for generation in gc.get_stats()),
+        "io_read_count": io.read_ops,
+        "io_read_bytes": io.read_bytes,
+        "io_write_count": io.write_ops,
+        "io_write_bytes": io.write_bytes,
+        "io_sync_count": io.sync_ops,
+        "io_seek_count": 0,  # the store appends and reads with pread: it never seeks
+        "io_reopen_count": io.reopen_ops,
+        "msg_store_read_count": io.msg_store_reads,
+        "msg_store_write_count": store.messages_written if store is not None else 0,
+    }
 LENGTH_FIELDS = ("messages", "messages_ready", "messages_unacknowledged")
 # RabbitMQ's churn_rates (overview) and the node's object churn
 CHURN_FIELDS = (

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import platform
 import resource
@@ -17,7 +16,12 @@ from warren.broker.engine.alarms import descriptor_limit, open_descriptors
 from warren.broker.engine.stats import IOStats
 from warren.broker.ops.management import auth
 from warren.broker.ops.management.app import Ctx, Router, json_response, reply, reply_list
-from warren.broker.ops.management.core import GLOBAL_FIELDS, QUEUE_FIELDS, queue_values
+from warren.broker.ops.management.core import (
+    GLOBAL_FIELDS,
+    QUEUE_FIELDS,
+    node_values,
+    queue_values,
+)
 from warren.broker.ops.management.errors import bad_request, not_found
 from warren.broker.ops.management.formats import message_stats, with_details
 from warren.broker.ops.management.global_parameters import cluster_name
@@ -217,7 +221,7 @@ def node_json(mgmt: Management) -> dict[str, Any]:
     store: Any = persistence.messages if persistence is not None else None
     io = store.io if store is not None else IOStats()
     loop = asyncio.get_running_loop()
-    usage = resource.getrusage(resource.RUSAGE_SELF)
+    measured = node_values(broker)
     out: dict[str, Any] = {
         "name": mgmt.node,
         "type": "disc",
@@ -230,41 +234,20 @@ def node_json(mgmt: Management) -> dict[str, Any]:
         "run_queue": len(getattr(loop, "_ready", ())),
         "rates_mode": "basic",
         "enabled_plugins": started_plugins(mgmt.management_port, mgmt.prometheus_port),
-        "mem_used": monitor.memory_used,
         "mem_limit": monitor.memory_limit,
         "mem_alarm": "memory" in alarms,
         "mem_calculation_strategy": "rss",
-        # without a data dir nothing is written; the working dir's file system then
-        "disk_free": (
-            monitor.disk_free
-            if monitor.disk_free is not None
-            else shutil.disk_usage(broker.settings.data_dir or ".").free
-        ),
         "disk_free_limit": monitor.disk_limit,
         "disk_free_alarm": "disk" in alarms,
         "fd_total": fd_total,
-        "fd_used": open_descriptors(),
         # RabbitMQ 3.x's file_handle_cache socket accounting: client sockets and their limit
         "sockets_total": sockets_limit(fd_total),
-        "sockets_used": len(broker.connections),
         # Erlang processes' counterparts: the event loop's tasks, under the OS process limit
-        "proc_used": len(asyncio.all_tasks(loop)),
         "proc_total": process_limit(),
-        "context_switches": usage.ru_nvcsw + usage.ru_nivcsw,
-        "gc_num": sum(generation["collections"] for generation in gc.get_stats()),
-        "io_read_count": io.read_ops,
-        "io_read_bytes": io.read_bytes,
         "io_read_avg_time": _avg_ms(io.read_time, io.read_ops),
-        "io_write_count": io.write_ops,
-        "io_write_bytes": io.write_bytes,
         "io_write_avg_time": _avg_ms(io.write_time, io.write_ops),
-        "io_sync_count": io.sync_ops,
         "io_sync_avg_time": _avg_ms(io.sync_time, io.sync_ops),
-        "io_seek_count": 0,  # the store appends and reads with pread: it never seeks
         "io_seek_avg_time": 0.0,
-        "io_reopen_count": io.reopen_ops,
-        "msg_store_read_count": io.msg_store_reads,
-        "msg_store_write_count": store.messages_written if store is not None else 0,
         "db_dir": broker.settings.data_dir or "",
         "config_files": list(broker.settings.config_files),
         "log_files": ["<stdout>"],
@@ -280,6 +263,13 @@ def node_json(mgmt: Management) -> dict[str, Any]:
         "cluster_links": [],
         "applications": [{"name": "warren", "description": "Warren", "version": mgmt.version}],
     }
+    # measured now, with their rates of change over the last samples (node_values)
+    measured["fd_used"] = open_descriptors()
+    if monitor.disk_free is None:  # no data dir: nothing is written; the working dir's
+        measured["disk_free"] = shutil.disk_usage(".").free
+    node_rates = mgmt.rates.rates("node")
+    for name, value in measured.items():
+        with_details(out, name, value, node_rates)
     rates = mgmt.rates.rates("global")
     for name, value in churn_counts(mgmt).items():
         with_details(out, name, value, rates)
