@@ -326,8 +326,8 @@ def test_overview_churn_rates_and_delivery_kinds(
         assert stats_after[key] - stats_before.get(key, 0) == delta, key
 
 
-# the keys rabbitmqadmin v2 (rabbitmq/rabbitmqadmin-ng, its ClusterNode) will not parse
-# a node without
+# the keys rabbitmqadmin v2 (RabbitMQ's current CLI) will not parse a node without, as
+# issue 38 found them
 ADMIN_V2_NODE_KEYS = {
     "uptime": int,
     "run_queue": int,
