@@ -326,6 +326,26 @@ def test_overview_churn_rates_and_delivery_kinds(
         assert stats_after[key] - stats_before.get(key, 0) == delta, key
 
 
+def test_overview_disk_writes_outlive_their_queue(
+    api: HttpApi, warren: RunningBroker, conn: pika.BlockingConnection, name: str
+) -> None:
+    """disk_writes: publish records written, summed over queues, deleted ones included."""
+    before = api.ok("GET", "/api/overview")["message_stats"]["disk_writes"]
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare(name, durable=True)
+    ch.basic_publish("", name, b"w", PERSISTENT)
+    ch.basic_publish("", name, b"t")  # transient: no record
+    assert api.ok("GET", "/api/overview")["message_stats"]["disk_writes"] == before + 1
+    ch.queue_delete(name)
+    assert api.ok("GET", "/api/overview")["message_stats"]["disk_writes"] == before + 1
+    sample(warren)
+    stats = api.ok("GET", "/api/overview")["message_stats"]
+    assert stats["disk_writes"] == before + 1
+    assert isinstance(stats["disk_writes_details"]["rate"], float)
+    assert stats["disk_reads"] >= 0
+
+
 # the keys rabbitmqadmin v2 (RabbitMQ's current CLI) will not parse a node without, as
 # issue 38 found them
 ADMIN_V2_NODE_KEYS = {

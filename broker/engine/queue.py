@@ -657,6 +657,10 @@ class Queue:
     def close(self) -> None:
         """Deleted: stop the timers and drop the messages."""
         self.deleted = True
+        node = self.vhost.stats
+        if node is not None:  # its disk counts stay in the node's (management overview)
+            node.deleted_disk_reads += self.stats.disk_reads
+            node.deleted_disk_writes += self.stats.disk_writes
         self.deadlines.close()
         self.purge()
         self.dispatcher.clear()

@@ -100,6 +100,8 @@ BROKER_FIELDS: Final = (
     "connections_closed",
     "connections_opened",
     "dead_lettered",
+    "deleted_disk_reads",
+    "deleted_disk_writes",
     "expired",
     "queues_created",
     "queues_declared",
@@ -123,6 +125,8 @@ class BrokerStats(ChannelStats):
         self.connections_opened = self.connections_closed = 0
         self.channels_opened = self.channels_closed = 0
         self.queues_declared = self.queues_created = self.queues_deleted = 0
+        # deleted queues' disk reads and writes (Queue.close), for the node's totals
+        self.deleted_disk_reads = self.deleted_disk_writes = 0
         self.auth_attempts_succeeded = self.auth_attempts_failed = 0  # AMQP logins
         # RabbitMQ's track_auth_attempt_source (off by default: the table only grows):
         # (remote address, username, protocol) -> [succeeded, failed]

@@ -91,6 +91,16 @@ class RateSampler:
             await asyncio.sleep(self.interval)
             self.sample()
 
+    def disk_counts(self) -> tuple[int, int]:
+        """Bodies read back and publish records written by all queues, deleted ones too
+        (RabbitMQ's overview disk_reads and disk_writes, summed from its queues)."""
+        node = self.mgmt.broker.stats
+        reads, writes = node.deleted_disk_reads, node.deleted_disk_writes
+        for queue in self.mgmt.queues():
+            reads += queue.stats.disk_reads
+            writes += queue.stats.disk_writes
+        return reads, writes
+
     def _current(self) -> dict[Key, tuple[tuple[str, ...], tuple[int, ...]]]:
         broker = self.mgmt.broker
         stats = broker.message_totals()
@@ -128,6 +138,7 @@ class RateSampler:
                 stats.delivered_get_manual,
                 stats.delivered_get_auto,
                 stats.get_empty,
+                *self.disk_counts(),
                 *total,
                 node.channels_closed,
                 node.channels_opened,
@@ -343,6 +354,8 @@ GLOBAL_FIELDS = (
     "get",
     "get_no_ack",
     "get_empty",
+    "disk_reads",
+    "disk_writes",
     *LENGTH_FIELDS,
     *CHURN_FIELDS,
 )

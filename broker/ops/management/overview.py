@@ -50,7 +50,7 @@ BUILD = build()  # which build this process runs: it does not change while it ru
 
 def _global_counts(mgmt: Management) -> dict[str, int]:
     stats = mgmt.broker.message_totals()
-    return {
+    counts = {
         "publish": stats.received,
         "deliver_get": stats.delivered,
         "ack": stats.acked,
@@ -65,6 +65,8 @@ def _global_counts(mgmt: Management) -> dict[str, int]:
         "get_no_ack": stats.delivered_get_auto,
         "get_empty": stats.get_empty,
     }
+    counts["disk_reads"], counts["disk_writes"] = mgmt.rates.disk_counts()
+    return counts
 
 
 def churn_counts(mgmt: Management) -> dict[str, int]:
