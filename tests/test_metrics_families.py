@@ -447,3 +447,26 @@ def test_sockets_and_pending_packets(warren: RunningBroker) -> None:
         '{queue_type="rabbit_quorum_queue",dead_letter_strategy="at_least_once"}'
     )
     assert scrape(warren, "/metrics")[confirmed] == 0
+
+
+def test_queue_info_per_object(warren: RunningBroker) -> None:
+    """rabbitmq_queue_info{vhost,queue,queue_type,membership} 1 on /metrics/per-object
+    (prometheus_rabbitmq_core_metrics_collector:emit_queue_info/4; one node leads every
+    queue); not on the aggregated /metrics."""
+    conn = pika.BlockingConnection(pika.URLParameters(warren.url))
+    try:
+        ch = conn.channel()
+        ch.queue_declare("fam.info.cq", durable=True)
+        ch.queue_declare("fam.info.qq", durable=True, arguments={"x-queue-type": "quorum"})
+        samples = scrape(warren)
+        for queue, kind in (("fam.info.cq", "classic"), ("fam.info.qq", "quorum")):
+            key = (
+                f'rabbitmq_queue_info{{vhost="/",queue="{queue}",'
+                f'queue_type="rabbit_{kind}_queue",membership="leader"}}'
+            )
+            assert samples[key] == 1
+        assert not any(k.startswith("rabbitmq_queue_info") for k in scrape(warren, "/metrics"))
+        ch.queue_delete("fam.info.cq")
+        ch.queue_delete("fam.info.qq")
+    finally:
+        conn.close()
