@@ -1,9 +1,6 @@
 """RabbitMQ 3.10's own rabbitmqadmin (v1, build/rabbitmqadmin as the image ships it), run as
-a subprocess against Warren: every subcommand of its ``help subcommands``, each in the
-output formats operators script against.
-
-The one family left out is ``operator_policy`` (list, declare, delete): its routes,
-/api/operator-policies, are issue 38's other half (objects).
+a subprocess against Warren: every subcommand of its ``help subcommands``, each listing in
+the output formats operators script against.
 """
 
 from __future__ import annotations
@@ -74,6 +71,7 @@ LISTINGS = (
     "nodes",
     "parameters",
     "policies",
+    "operator_policies",
     "vhost_limits",
 )
 
@@ -122,14 +120,22 @@ def test_declare_use_and_delete_every_object(
          'value={"uri": "amqp://localhost"}'),
         ("declare", "policy", "name=adm.pol", "pattern=^adm\\.", 'definition={"max-length": 50}',
          "priority=1", "apply-to=queues"),
+        ("declare", "operator_policy", "name=adm.op", "pattern=^adm\\.",
+         'definition={"max-length": 20}', "apply-to=queues"),
         ("declare", "vhost_limit", "vhost=adm.v", "name=max-queues", "value=10"),
     ]
     for step in steps:
         assert "declared" in admin(warren, *step), step
     assert [p["name"] for p in rows(warren, "list", "policies")] == ["adm.pol"]
+    assert [p["name"] for p in rows(warren, "list", "operator_policies")] == ["adm.op"]
     parameters = {(p["component"], p["name"]) for p in rows(warren, "list", "parameters")}
-    # a vhost limit is a parameter too, as in RabbitMQ (component vhost-limits)
-    assert parameters == {("federation-upstream", "adm.up"), ("vhost-limits", "limits")}
+    # vhost limits and operator policies are parameters too; only policies are left out
+    # (RabbitMQ 4.3, rabbit_runtime_parameters:list/0)
+    assert parameters == {
+        ("federation-upstream", "adm.up"),
+        ("vhost-limits", "limits"),
+        ("operator_policy", "adm.op"),
+    }
     [limit] = [v for v in rows(warren, "list", "vhost_limits") if v["vhost"] == "adm.v"]
     assert limit["value"] == {"max-queues": 10}
     # publish (an argument, then stdin), get, purge
@@ -161,6 +167,7 @@ def test_declare_use_and_delete_every_object(
         ("delete", "permission", "vhost=adm.v", "user=adm.u"),
         ("delete", "parameter", "component=federation-upstream", "name=adm.up"),
         ("delete", "policy", "name=adm.pol"),
+        ("delete", "operator_policy", "name=adm.op"),
         ("delete", "vhost_limit", "vhost=adm.v", "name=max-queues"),
         ("delete", "user", "name=adm.u"),
         ("delete", "vhost", "name=adm.v"),
@@ -169,6 +176,7 @@ def test_declare_use_and_delete_every_object(
         assert "deleted" in admin(warren, *step), step
     assert "adm.q" not in {q["name"] for q in rows(warren, "list", "queues")}
     assert rows(warren, "list", "policies") == []
+    assert rows(warren, "list", "operator_policies") == []
 
 
 def test_close_connection(warren: RunningBroker) -> None:
