@@ -934,6 +934,7 @@ def test_ten_thousand_queues_are_paged_sorted_and_filtered_on_the_server() -> No
             )
             for n in range(10_000)
         )
+        c.timeout = 60.0  # a hang guard: 10,000 durable declares take seconds on a loaded machine
         c.send(burst)
         c.send_method(1, build(commands.Queue.Declare, queue="load.deep", durable=True))
         c.expect_method(commands.Queue.DeclareOk, 1)
