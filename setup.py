@@ -35,6 +35,7 @@ COMPILED = [
     "warren/protocol/connection.py",
     "warren/broker/server/flow.py",
     "warren/broker/engine/confirms.py",
+    "warren/broker/engine/limiter.py",
     "warren/broker/engine/exchange.py",
     "warren/broker/engine/exchange_plugins.py",
     "warren/broker/engine/vhost.py",

@@ -17,6 +17,7 @@ from warren.broker.engine.arguments import MAX_TTL, validate_consumer_arguments
 from warren.broker.engine.confirms import Confirms
 from warren.broker.engine.consumer import Consumer
 from warren.broker.engine.exchange import Exchange
+from warren.broker.engine.limiter import Limiter
 from warren.broker.engine.message import Message, routing_headers
 from warren.broker.engine.queue import fan_out
 from warren.broker.engine.stats import (
@@ -122,8 +123,7 @@ class Channel:
         # tags of deliveries returned on a consumer timeout: settling them is a no-op
         self.timed_out: dict[int, Consumer] = {}
         self.next_tag = 0
-        self.prefetch_count = 0  # basic.qos global=false: for consumers created later
-        self.prefetch_global = 0  # basic.qos global=true: shared by the channel
+        self.limiter = Limiter()  # prefetch: basic.qos's, asked by consumers and queues
         self.flow_active = True  # never false: RabbitMQ refuses channel.flow(active=false)
         self.closed = False
         self.last_queue = ""  # the queue name an empty name stands for
@@ -202,12 +202,7 @@ class Channel:
         return (
             self.conn.writable
             and not consumer.timed_out
-            and (not consumer.prefetch or consumer.unacked < consumer.prefetch)
-            and (
-                not self.prefetch_global
-                or consumer.no_ack
-                or len(self.unacked) < self.prefetch_global
-            )
+            and self.limiter.may_take(consumer, len(self.unacked))
         )
 
     def deliver(self, consumer: Consumer, msg: Message, content: bytes | None = None) -> None:
@@ -684,7 +679,7 @@ class Channel:
 
     def _redispatch(self, queues: list[Queue]) -> None:
         """Deliveries on ``queues`` were settled: their consumers may take more."""
-        if self.prefetch_global:  # room on the channel: any consumer of it may take more
+        if self.limiter.prefetch_global:  # room on the channel: any consumer of it may take more
             for queue in dict.fromkeys([*queues, *(c.queue for c in self.consumers.values())]):
                 if queue.consumers and not queue.deleted:
                     queue.dispatch()
@@ -702,11 +697,10 @@ class Channel:
             )
         # RabbitMQ 4.3 (rabbit_channel, basic.qos): a denied global qos is applied as
         # global=false, with no error to the client
-        if method.global_ and self.vhost.deprecated.is_permitted("global_qos"):
-            self.prefetch_global = method.prefetch_count
-        else:
-            self.prefetch_count = method.prefetch_count
-            self.prefetch_global = 0  # rabbit_limiter:unlimit_prefetch/1, as 3.10 does too
+        self.limiter.qos(
+            method.prefetch_count,
+            method.global_ and self.vhost.deprecated.is_permitted("global_qos"),
+        )
         self.reply(commands.Basic.QosOk())
         self.dispatch_all()
 
@@ -726,9 +720,7 @@ class Channel:
         arguments = method.arguments or {}
         # RabbitMQ's stream consume checks (broker/streams/stream.py)
         if queue.queue_type == "stream":
-            check_consume(
-                queue, arguments, method.no_ack, self.prefetch_count, bool(self.prefetch_global)
-            )
+            check_consume(queue, arguments, method.no_ack, self.limiter)
         else:
             validate_consumer_arguments(arguments, queue.name, self.vhost.name)
         tag = method.consumer_tag or _ctag()
@@ -752,7 +744,7 @@ class Channel:
             queue,
             method.no_ack,
             method.exclusive,
-            0 if method.no_ack else self.prefetch_count,
+            self.limiter.consumer_prefetch(method.no_ack),
             arguments,
         )
         self.consumers[tag] = consumer

@@ -120,7 +120,7 @@ class QueueConsumers:
         limit, the room is any of the channel's consumers': dispatch() offers it in turn.)"""
         if (
             consumer is not None and consumer in self.blocked
-            and not consumer.channel.prefetch_global
+            and not consumer.channel.limiter.prefetch_global
         ):  # fmt: skip
             del self.blocked[consumer]
             self.turns.append(consumer)

@@ -400,13 +400,13 @@ CHANNEL_GROUPS: dict[str, tuple[Family, ...]] = {
             "consumer_prefetch",
             "gauge",
             "Limit of unacknowledged messages for each consumer",
-            lambda c, _: c.prefetch_count,
+            lambda c, _: c.limiter.prefetch_count,
         ),
         Family(
             "channel_prefetch",
             "gauge",
             "Deprecated and will be removed in a future version",
-            lambda c, _: c.prefetch_global,
+            lambda c, _: c.limiter.prefetch_global,
         ),
     ),
     "channel_exchange_metrics": (

@@ -37,6 +37,7 @@ from warren.protocol.frames import content_frames
 
 if TYPE_CHECKING:
     from warren.broker.engine.consumer import Consumer
+    from warren.broker.engine.limiter import Limiter
     from warren.broker.engine.vhost import VirtualHost
     from warren.broker.store import MessageStore
 
@@ -170,7 +171,7 @@ def parse_offset(args: dict[str, Any], queue: str, vhost: str) -> tuple[str, int
 
 
 def check_consume(
-    queue: Queue, args: dict[str, Any], no_ack: bool, prefetch: int, global_qos: bool
+    queue: Queue, args: dict[str, Any], no_ack: bool, limiter: Limiter
 ) -> None:
     """basic.consume on a stream: RabbitMQ 4.3's argument checks, then its consume/3 clauses."""
     where = _where(queue.name, queue.vhost.name)
@@ -181,7 +182,7 @@ def check_consume(
                 f"invalid arg '{arg}' for {where} of queue type rabbit_stream_queue",
             )
     parse_offset(args, queue.name, queue.vhost.name)
-    if not prefetch:
+    if not limiter.prefetch_count:
         raise ChannelError(
             PRECONDITION_FAILED, f"consumer prefetch count is not set for stream {where}"
         )
@@ -189,7 +190,7 @@ def check_consume(
         raise ConnectionError_(
             NOT_IMPLEMENTED, f"automatic acknowledgement not supported by stream {where}", 60, 20
         )
-    if global_qos:
+    if limiter.prefetch_global:
         raise ConnectionError_(NOT_IMPLEMENTED, f"{where} does not support global qos", 60, 20)
 
 

@@ -187,8 +187,8 @@ def channel_json(mgmt: Management, channel: Channel, full: bool = False) -> dict
         "messages_unconfirmed": channel.confirms.unconfirmed if channel.confirm else 0,
         "messages_uncommitted": len(channel.tx_publishes),
         "acks_uncommitted": sum(len(msgs) for _, msgs, _ in channel.tx_settles),
-        "prefetch_count": channel.prefetch_count,
-        "global_prefetch_count": channel.prefetch_global,
+        "prefetch_count": channel.limiter.prefetch_count,
+        "global_prefetch_count": channel.limiter.prefetch_global,
         "message_stats": message_stats(
             dict(zip(CHANNEL_FIELDS, channel_values(channel.stats), strict=True)),
             mgmt.rates.rates(channel),
