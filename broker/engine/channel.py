@@ -6,16 +6,16 @@ turned into channel.close or connection.close by the connection.
 
 from __future__ import annotations
 
-import base64
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from pamqp import commands
 
+from warren.broker.engine import channel_topology as topology
+from warren.broker.engine import reply_to
 from warren.broker.engine.arguments import MAX_TTL, validate_consumer_arguments
 from warren.broker.engine.confirms import Confirms
-from warren.broker.engine.consumer import Consumer
+from warren.broker.engine.consumer import Consumer, new_consumer_tag
 from warren.broker.engine.exchange import Exchange
 from warren.broker.engine.limiter import Limiter
 from warren.broker.engine.message import Message, routing_headers
@@ -55,7 +55,6 @@ from warren.protocol.methods import (
     make,
     nack_frame,
     return_frame,
-    shortstr,
 )
 from warren.protocol.properties import (
     FLAG_EXPIRATION,
@@ -102,13 +101,6 @@ def parse_expiration(value: str) -> int:
 
 FLUSH_AT: Final = 1024 * 1024  # bodies buffered for one connection before writing mid-turn
 
-REPLY_TO: Final = "amq.rabbitmq.reply-to"
-REPLY_TO_PREFIX: Final = REPLY_TO + "."
-
-
-def _ctag() -> str:
-    return "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
-
 
 class Channel:
     def __init__(self, connection: Connection, channel_id: int) -> None:
@@ -129,7 +121,7 @@ class Channel:
         self.last_queue = ""  # the queue name an empty name stands for
         # consumer tags whose basic.cancel waits for this channel's queue.delete-ok (RabbitMQ's
         # order: the queue's deletion reaches the channel after the method it is busy with)
-        self._cancels_after: list[str] | None = None
+        self.cancels_after: list[str] | None = None
         self.trace_ref = 0  # its id in the trace stream (broker/tracing/tracer.py), 0: none yet
         self._allowed: set[tuple[str, str, str]] = set()  # permission checks that passed
         self._allowed_version = -1
@@ -165,17 +157,7 @@ class Channel:
         if len(self._allowed) < 1024:
             self._allowed.add(key)
 
-    def _topic_read(self, exchange: str, routing_key: str) -> None:
-        """Read on a topic exchange's binding key, after read on the exchange (RabbitMQ 4.3,
-        rabbit_channel:binding_action_with_checks/10); a missing exchange is not checked."""
-        access = self.conn.broker.access
-        if access.topic_permissions:
-            rule = access.topic_rule(self.conn.user, self.vhost.name, exchange)
-            found = self.vhost.exchanges.get(exchange) if rule is not None else None
-            if rule is not None and found is not None and found.kind == "topic":
-                rule.check("read", routing_key)
-
-    def _allow_any(self, resource: str, name: str) -> None:
+    def allow_any(self, resource: str, name: str) -> None:
         """A passive declare: any of read, write or configure will do, and a refusal reads as
         a declare's (RabbitMQ 4.3, rabbit_channel.erl check_any_resource_access_permitted/3
         tries configure last)."""
@@ -317,8 +299,8 @@ class Channel:
         if self.consumers.pop(consumer.tag, None) is None:
             return
         if self.conn.capabilities.get("consumer_cancel_notify") is True and not self.closed:
-            if self._cancels_after is not None:
-                self._cancels_after.append(consumer.tag)
+            if self.cancels_after is not None:
+                self.cancels_after.append(consumer.tag)
             else:
                 self.conn.write(cancel_frame(self.id, consumer.tag))
 
@@ -373,9 +355,9 @@ class Channel:
         msg = Message(method.exchange, method.routing_key, props, content.body, ex_rk)
         if sender_keys is not None:
             msg.sender_keys = sender_keys
-        if not method.exchange and method.routing_key.startswith(REPLY_TO_PREFIX):
+        if not method.exchange and method.routing_key.startswith(reply_to.REPLY_TO_PREFIX):
             exchange.published += 1
-            self._publish_reply(exchange, msg)
+            reply_to.publish(self, exchange, msg)
             return
         if self.tx:
             self.tx_publishes.append((exchange, msg, method.mandatory, ttl))
@@ -390,11 +372,11 @@ class Channel:
         except ValueError as exc:
             text = f"content header properties: {exc}"
             raise ConnectionError_(SYNTAX_ERROR, text, 60, 40) from None
-        reply_to = fields.get("reply_to")
-        if reply_to is not None and decode_field("reply_to", reply_to) == REPLY_TO:
+        asked = fields.get("reply_to")
+        if asked is not None and decode_field("reply_to", asked) == reply_to.REPLY_TO:
             if self.reply_tag is None:
                 raise ChannelError(PRECONDITION_FAILED, "fast reply consumer does not exist")
-            fields["reply_to"] = encode_shortstr(REPLY_TO_PREFIX + self.reply_token)
+            fields["reply_to"] = encode_shortstr(reply_to.REPLY_TO_PREFIX + self.reply_token)
             props = join_properties(fields)
         user_id = fields.get("user_id")
         if user_id is not None:
@@ -409,25 +391,6 @@ class Channel:
         if expiration is None:
             return None, props
         return parse_expiration(decode_field("expiration", expiration)), props
-
-    def _publish_reply(self, exchange: Exchange, msg: Message) -> None:
-        """A reply to a direct reply-to address goes straight to the waiting consumer."""
-        target = self.conn.broker.reply_channels.get(msg.routing_key[len(REPLY_TO_PREFIX) :])
-        seq = self.confirms.published() if self.confirm else 0
-        if seq and exchange is not self.confirmed_by_exchange.last:
-            self.confirmed_by_exchange.switch(seq, exchange)
-        if target is not None and target.reply_tag is not None and not target.closed:
-            target.next_tag = tag = target.next_tag + 1
-            out = target.conn
-            out.write(deliver_frame(target.id, shortstr(target.reply_tag), tag, False, msg.ex_rk))
-            out.write_many(
-                content_frames(target.id, msg.properties, msg.body, out.protocol.frame_max)
-            )
-        # else dropped, never returned: 4.3 routes it to the volatile queue named by the
-        # address (rabbit_volatile_queue), so even a mandatory publish counts as routed
-        if seq:
-            self.confirms.accepted(seq)
-            self.conn.pending_confirms.add(self)
 
     def _route(
         self, exchange: Exchange, msg: Message, mandatory: bool, ttl: int | None, seq: int
@@ -704,7 +667,7 @@ class Channel:
         self.reply(commands.Basic.QosOk())
         self.dispatch_all()
 
-    def _queue_name(self, name: str) -> str:
+    def queue_name(self, name: str) -> str:
         """An empty name means the queue this channel declared last."""
         name = name or self.last_queue
         if not name:
@@ -712,18 +675,18 @@ class Channel:
         return name
 
     def on_basic_consume(self, method: commands.Basic.Consume) -> None:
-        if method.queue == REPLY_TO:
-            self._consume_reply_to(method)
+        if method.queue == reply_to.REPLY_TO:
+            reply_to.basic_consume(self, method)
             return
-        self.allow("read", "queue", self._queue_name(method.queue))
-        queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
+        self.allow("read", "queue", self.queue_name(method.queue))
+        queue = self.vhost.queue(self.queue_name(method.queue), self.conn)
         arguments = method.arguments or {}
         # RabbitMQ's stream consume checks (broker/streams/stream.py)
         if queue.queue_type == "stream":
             check_consume(queue, arguments, method.no_ack, self.limiter)
         else:
             validate_consumer_arguments(arguments, queue.name, self.vhost.name)
-        tag = method.consumer_tag or _ctag()
+        tag = method.consumer_tag or new_consumer_tag()
         if tag in self.consumers:
             raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", 60, 20)
         if queue.exclusive_consumer is not None or (
@@ -754,21 +717,6 @@ class Channel:
             tracer.consumer_added(consumer)
         queue.add_consumer(consumer)
 
-    def _consume_reply_to(self, method: commands.Basic.Consume) -> None:
-        if not method.no_ack:
-            raise ChannelError(PRECONDITION_FAILED, "reply consumer cannot acknowledge")
-        if self.reply_tag is not None:
-            raise ChannelError(PRECONDITION_FAILED, "reply consumer already set")
-        tag = method.consumer_tag or _ctag()
-        if tag in self.consumers:
-            raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", 60, 20)
-        self.reply_tag = tag
-        if not self.reply_token:
-            self.reply_token = base64.urlsafe_b64encode(os.urandom(18)).decode()
-            self.conn.broker.reply_channels[self.reply_token] = self
-        if not method.nowait:
-            self.reply(make(commands.Basic.ConsumeOk, consumer_tag=tag))
-
     def on_basic_cancel(self, method: commands.Basic.Cancel) -> None:
         if self.reply_tag is not None and method.consumer_tag == self.reply_tag:
             self.reply_tag = None
@@ -790,8 +738,8 @@ class Channel:
             consumer.queue.remove_consumer(consumer)
 
     def on_basic_get(self, method: commands.Basic.Get) -> None:
-        self.allow("read", "queue", self._queue_name(method.queue))
-        queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
+        self.allow("read", "queue", self.queue_name(method.queue))
+        queue = self.vhost.queue(self.queue_name(method.queue), self.conn)
         msg = queue.get()
         if msg is None:
             self.stats.get_empty += 1
@@ -847,194 +795,6 @@ class Channel:
         if not method.active:
             raise ConnectionError_(NOT_IMPLEMENTED, "active=false", 20, 20)
         self.reply(commands.Channel.FlowOk(active=True))
-
-    # ---- exchanges ----
-
-    def on_exchange_declare(self, method: commands.Exchange.Declare) -> None:
-        if not method.passive and method.exchange:
-            self.allow("configure", "exchange", method.exchange)
-            alternate = (method.arguments or {}).get("alternate-exchange")
-            if isinstance(alternate, str):  # RabbitMQ: the exchange passes messages on to it
-                self.allow("read", "exchange", method.exchange)
-                self.allow("write", "exchange", alternate)
-        self.vhost.declare_exchange(
-            method.exchange,
-            method.exchange_type,
-            passive=method.passive,
-            durable=method.durable,
-            auto_delete=method.auto_delete,
-            internal=method.internal,
-            arguments=method.arguments or {},
-        )
-        if not method.nowait:
-            self.reply(commands.Exchange.DeclareOk())
-
-    def on_exchange_delete(self, method: commands.Exchange.Delete) -> None:
-        self.vhost.not_default(method.exchange)
-        if method.exchange.startswith("amq."):  # checked before permissions, as RabbitMQ does
-            raise ChannelError(
-                ACCESS_REFUSED,
-                f"deletion of system exchange '{method.exchange}' in vhost "
-                f"'{self.vhost.name}' not allowed",
-            )
-        self.allow("configure", "exchange", method.exchange)
-        self.vhost.delete_exchange(method.exchange, method.if_unused)
-        if not method.nowait:
-            self.reply(commands.Exchange.DeleteOk())
-
-    def on_exchange_bind(self, method: commands.Exchange.Bind) -> None:
-        # RabbitMQ's order: write on the destination, neither end the default, read on the source
-        self.allow("write", "exchange", method.destination)
-        self.vhost.not_default(method.destination)
-        self.vhost.not_default(method.source)
-        self.allow("read", "exchange", method.source)
-        self._topic_read(method.source, method.routing_key)
-        destination = self.vhost.exchange(method.destination)
-        self.vhost.bind(method.source, destination, method.routing_key, method.arguments or {})
-        if not method.nowait:
-            self.reply(commands.Exchange.BindOk())
-
-    def on_exchange_unbind(self, method: commands.Exchange.Unbind) -> None:
-        self.allow("write", "exchange", method.destination)
-        self.vhost.not_default(method.destination)
-        self.vhost.not_default(method.source)
-        self.allow("read", "exchange", method.source)
-        self._topic_read(method.source, method.routing_key)
-        destination = self.vhost.exchanges.get(method.destination)
-        if destination is not None:  # RabbitMQ: unbinding what is not there succeeds
-            self.vhost.unbind(
-                method.source, destination, method.routing_key, method.arguments or {}
-            )
-        if not method.nowait:
-            self.reply(commands.Exchange.UnbindOk())
-
-    # ---- queues ----
-
-    def on_queue_declare(self, method: commands.Queue.Declare) -> None:
-        name = method.queue
-        if name == REPLY_TO or name.startswith(REPLY_TO_PREFIX):
-            # direct reply-to's pseudo-queue: always there, with its one (virtual) consumer;
-            # a reply address exists while the channel that owns it is open
-            token = name[len(REPLY_TO_PREFIX) :]
-            if name != REPLY_TO and token not in self.conn.broker.reply_channels:
-                raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.vhost.name}'")
-            if not method.nowait:
-                self.reply(
-                    make(commands.Queue.DeclareOk, queue=name, message_count=0, consumer_count=1)
-                )
-            return
-        server_named = not name and not method.passive
-        if server_named:
-            name = self.vhost.new_queue_name()
-        if method.passive:
-            self._allow_any("queue", name)
-        else:
-            if name.startswith("amq.") and not server_named:
-                # RabbitMQ 4.3 (rabbit_channel.erl, handle_method queue.declare): check_name/2
-                # comes before check_configure_permitted/3
-                raise ChannelError(
-                    ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'"
-                )
-            self.allow("configure", "queue", name)
-            self.conn.broker.stats.queues_declared += 1  # as RabbitMQ: once permitted
-            dlx = (method.arguments or {}).get("x-dead-letter-exchange")
-            if isinstance(dlx, str):  # RabbitMQ: the queue passes messages on to it
-                self.allow("read", "queue", name)
-                self.allow("write", "exchange", dlx or "amq.default")
-        queue = self.vhost.declare_queue(
-            self._queue_name(name),
-            server_named=server_named,
-            connection=self.conn,
-            passive=method.passive,
-            # RabbitMQ makes an exclusive queue transient (rabbit_channel, queue.declare)
-            durable=method.durable and not method.exclusive,
-            exclusive=method.exclusive,
-            auto_delete=method.auto_delete,
-            arguments=method.arguments or {},
-        )
-        if queue.exclusive_owner is self.conn:
-            self.conn.exclusive_queues[queue.name] = queue
-        self.last_queue = queue.name
-        if not method.nowait:
-            self.reply(
-                make(
-                    commands.Queue.DeclareOk,
-                    queue=queue.name,
-                    message_count=queue.ready_count,
-                    consumer_count=len(queue.consumers),
-                )
-            )
-
-    def _not_volatile(self, queue: str) -> None:
-        """RabbitMQ 4.3 (rabbit_channel.erl, reject_volatile_queue_as_binding_target/2): a
-        direct reply-to address is never a binding's destination; checked before permissions."""
-        if queue.startswith(REPLY_TO_PREFIX):
-            raise ChannelError(
-                ACCESS_REFUSED, "cannot bind or unbind to a volatile (direct reply-to) queue"
-            )
-
-    def on_queue_bind(self, method: commands.Queue.Bind) -> None:
-        self._not_volatile(method.queue)
-        self.allow("write", "queue", self._queue_name(method.queue))
-        self.vhost.not_default(method.exchange)
-        self.allow("read", "exchange", method.exchange)
-        self._topic_read(method.exchange, method.routing_key)
-        self.vhost.exchange(method.exchange)  # RabbitMQ names a missing exchange first
-        queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
-        self.vhost.bind(method.exchange, queue, method.routing_key, method.arguments or {})
-        if not method.nowait:
-            self.reply(commands.Queue.BindOk())
-
-    def on_queue_unbind(self, method: commands.Queue.Unbind) -> None:
-        self._not_volatile(method.queue)
-        self.allow("write", "queue", self._queue_name(method.queue))
-        self.vhost.not_default(method.exchange)
-        self.allow("read", "exchange", method.exchange)
-        self._topic_read(method.exchange, method.routing_key)
-        queue = self.vhost.queues.get(self._queue_name(method.queue))
-        exchange = self.vhost.exchanges.get(method.exchange)
-        arguments = method.arguments or {}
-        # RabbitMQ: unbinding what is not there succeeds, before exclusivity is checked
-        if (
-            queue is not None
-            and exchange is not None
-            and exchange.has_binding(queue, method.routing_key, arguments)
-        ):
-            self.vhost.check_exclusive(queue, self.conn)
-            self.vhost.unbind(method.exchange, queue, method.routing_key, arguments)
-        self.reply(commands.Queue.UnbindOk())
-
-    def on_queue_purge(self, method: commands.Queue.Purge) -> None:
-        self.allow("read", "queue", self._queue_name(method.queue))
-        queue = self.vhost.queue(self._queue_name(method.queue), self.conn)
-        count = queue.purge()
-        if not method.nowait:
-            self.reply(commands.Queue.PurgeOk(message_count=count))
-
-    def on_queue_delete(self, method: commands.Queue.Delete) -> None:
-        name = self._queue_name(method.queue)
-        self.allow("configure", "queue", name)
-        queue = self.vhost.queues.get(name)
-        count = 0
-        if queue is not None:
-            self.vhost.check_exclusive(queue, self.conn)
-            where = f"queue '{name}' in vhost '{self.vhost.name}'"
-            if method.if_unused and queue.consumers:
-                raise ChannelError(PRECONDITION_FAILED, f"{where} in use")
-            if method.if_empty and queue.ready_count:
-                raise ChannelError(PRECONDITION_FAILED, f"{where} not empty")
-            self._cancels_after = []
-            try:
-                count = self.vhost.delete_queue(queue)
-            finally:
-                cancels, self._cancels_after = self._cancels_after, None
-            self.conn.exclusive_queues.pop(name, None)
-        else:
-            cancels = []
-        if not method.nowait:
-            self.reply(commands.Queue.DeleteOk(message_count=count))
-        for tag in cancels:
-            self.conn.write(cancel_frame(self.id, tag))
 
     # ---- confirms and transactions ----
 
@@ -1150,15 +910,15 @@ HANDLERS: dict[type, Callable[[Channel, Any], None]] = {
     commands.Basic.RecoverAsync: Channel.on_basic_recover_async,
     commands.Channel.Flow: Channel.on_channel_flow,
     commands.Channel.FlowOk: Channel.on_ignored,
-    commands.Exchange.Declare: Channel.on_exchange_declare,
-    commands.Exchange.Delete: Channel.on_exchange_delete,
-    commands.Exchange.Bind: Channel.on_exchange_bind,
-    commands.Exchange.Unbind: Channel.on_exchange_unbind,
-    commands.Queue.Declare: Channel.on_queue_declare,
-    commands.Queue.Bind: Channel.on_queue_bind,
-    commands.Queue.Unbind: Channel.on_queue_unbind,
-    commands.Queue.Purge: Channel.on_queue_purge,
-    commands.Queue.Delete: Channel.on_queue_delete,
+    commands.Exchange.Declare: topology.exchange_declare,
+    commands.Exchange.Delete: topology.exchange_delete,
+    commands.Exchange.Bind: topology.exchange_bind,
+    commands.Exchange.Unbind: topology.exchange_unbind,
+    commands.Queue.Declare: topology.queue_declare,
+    commands.Queue.Bind: topology.queue_bind,
+    commands.Queue.Unbind: topology.queue_unbind,
+    commands.Queue.Purge: topology.queue_purge,
+    commands.Queue.Delete: topology.queue_delete,
     commands.Confirm.Select: Channel.on_confirm_select,
     commands.Tx.Select: Channel.on_tx_select,
     commands.Tx.Commit: Channel.on_tx_commit,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import os
 from typing import TYPE_CHECKING, Any
 
 from warren.protocol.methods import shortstr
@@ -9,6 +11,11 @@ from warren.protocol.methods import shortstr
 if TYPE_CHECKING:
     from warren.broker.engine.channel import Channel
     from warren.broker.engine.queue import Queue
+
+
+def new_consumer_tag() -> str:
+    """A server-named consumer tag, as RabbitMQ makes them."""
+    return "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
 
 
 class Consumer:

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from warren.broker.engine.channel import REPLY_TO_PREFIX, parse_expiration
+from warren.broker.engine.channel import parse_expiration
 from warren.broker.engine.message import Message, routing_headers
 from warren.broker.engine.queue import fan_out
+from warren.broker.engine.reply_to import REPLY_TO_PREFIX
 from warren.broker.ops.management import auth, operations
 from warren.broker.ops.management.app import Ctx, Router, created, no_content, reply, reply_list
 from warren.broker.ops.management.errors import ApiError, bad_request, not_found
