@@ -40,6 +40,7 @@ COMPILED = [
     "warren/broker/engine/exchange_plugins.py",
     "warren/broker/engine/vhost.py",
     "warren/broker/engine/channel.py",
+    "warren/broker/engine/channel_consumers.py",
     "warren/broker/engine/channel_topology.py",
     "warren/broker/engine/reply_to.py",
     "warren/broker/engine/consumer.py",

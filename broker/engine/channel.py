@@ -7,15 +7,15 @@ turned into channel.close or connection.close by the connection.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from warren.broker.engine import channel_topology as topology
-from warren.broker.engine import reply_to
-from warren.broker.engine.arguments import MAX_TTL, validate_consumer_arguments
+from warren.broker.engine import channel_consumers, channel_topology, reply_to
+from warren.broker.engine.arguments import MAX_TTL
+from warren.broker.engine.channel_consumers import FLUSH_AT
 from warren.broker.engine.confirms import Confirms
-from warren.broker.engine.consumer import Consumer, new_consumer_tag
+from warren.broker.engine.consumer import Consumer
 from warren.broker.engine.exchange import Exchange
 from warren.broker.engine.limiter import Limiter
 from warren.broker.engine.message import Message, routing_headers
@@ -26,14 +26,12 @@ from warren.broker.engine.stats import (
     ChannelStats,
     ConfirmedByExchange,
 )
-from warren.broker.streams.stream import check_consume
 from warren.broker.tracing import firehose
 from warren.protocol.connection import Content
 from warren.protocol.constants import (
     ACCESS_REFUSED,
     INTERNAL_ERROR,
     NO_ROUTE,
-    NOT_ALLOWED,
     NOT_FOUND,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
@@ -51,8 +49,6 @@ from warren.protocol.methods import (
     cancel_frame,
     deliver_frame,
     delivery_head,
-    get_ok_frame,
-    make,
     nack_frame,
     return_frame,
 )
@@ -68,7 +64,6 @@ from warren.protocol.properties import (
 )
 
 if TYPE_CHECKING:
-    from warren.broker.engine.queue import Queue
     from warren.broker.engine.topic_permissions import TopicRule
     from warren.broker.server.amqp_connection import Connection
     from warren.broker.store import MessageStore
@@ -99,9 +94,6 @@ def parse_expiration(value: str) -> int:
     return number
 
 
-FLUSH_AT: Final = 1024 * 1024  # bodies buffered for one connection before writing mid-turn
-
-
 class Channel:
     def __init__(self, connection: Connection, channel_id: int) -> None:
         self.id = channel_id
@@ -111,7 +103,7 @@ class Channel:
         connection.broker.stats.channels_opened += 1
         self.consumers: dict[str, Consumer] = {}
         self.unacked: dict[int, Message] = {}
-        self._low_tag = 1  # every tag below is settled: where a multiple ack starts looking
+        self.low_tag = 1  # every tag below is settled: where a multiple ack starts looking
         # tags of deliveries returned on a consumer timeout: settling them is a no-op
         self.timed_out: dict[int, Consumer] = {}
         self.next_tag = 0
@@ -142,7 +134,7 @@ class Channel:
         persistence = connection.broker.persistence
         self._store: MessageStore | None = persistence.messages if persistence else None
         self._max_unconfirmed = connection.broker.settings.max_unconfirmed_per_channel
-        self._nacks_count = connection.broker.settings.delivery_limit_counts_nacks  # 3.x
+        self.nacks_count = connection.broker.settings.delivery_limit_counts_nacks  # 3.x
 
     def allow(self, kind: str, resource: str, name: str) -> None:
         """RabbitMQ's permission check: configure, write or read on a queue or exchange."""
@@ -286,13 +278,6 @@ class Channel:
                     "doc guide to learn more",
                 ),
             )
-
-    def _settle_timed_out(self, tags: list[int]) -> None:
-        for tag in tags:
-            consumer = self.timed_out.pop(tag)
-            consumer.timed_out -= 1
-            if not consumer.timed_out and consumer.tag in self.consumers:
-                consumer.queue.dispatch()  # out of the timeout state
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         """The queue went away: tell clients that understand basic.cancel."""
@@ -527,112 +512,6 @@ class Channel:
         if self.confirmed_by_exchange.runs:
             self.confirmed_by_exchange.settled(self.confirms.confirmed)
 
-    # ---- acks ----
-
-    def _take(self, tag: int, multiple: bool) -> list[Message]:
-        """Remove and return the unacked deliveries a settle names (RabbitMQ's rules)."""
-        unacked = self.unacked
-        if self.timed_out:
-            return self._take_with_timed_out(tag, multiple)
-        if multiple:
-            if tag == 0:
-                taken = list(unacked.values())
-                unacked.clear()
-                return taken
-            if tag not in unacked:
-                raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-            # tags from the lowest that may be unacked up: iterating the dict instead would
-            # step over every entry popped from its front since it was last rebuilt
-            taken = []
-            for t in range(self._low_tag, tag + 1):
-                msg = unacked.pop(t, None)
-                if msg is not None:
-                    taken.append(msg)
-            self._low_tag = tag + 1
-            return taken
-        msg = unacked.pop(tag, None)
-        if msg is None:
-            raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-        return [msg]
-
-    def _take_with_timed_out(self, tag: int, multiple: bool) -> list[Message]:
-        """As ``_take``, where some tags belong to deliveries returned on a timeout."""
-        known = tag in self.unacked or tag in self.timed_out or (multiple and tag == 0)
-        if not known:
-            raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-        if multiple:
-            stale = [t for t in self.timed_out if tag == 0 or t <= tag]
-            live = [t for t in self.unacked if tag == 0 or t <= tag]
-        else:
-            stale = [tag] if tag in self.timed_out else []
-            live = [tag] if tag in self.unacked else []
-        self._settle_timed_out(stale)
-        return [self.unacked.pop(t) for t in live]
-
-    def on_basic_ack(self, method: BasicAck) -> None:
-        msgs = self._take(method.delivery_tag, method.multiple)
-        if self.tx:
-            self.tx_settles.append(("ack", msgs, False))
-            return
-        self._ack(msgs)
-
-    def _ack(self, msgs: list[Message]) -> None:
-        if (tracer := self.vhost.tracer) is not None:
-            tracer.acked(self, msgs)
-        self.stats.acked += len(msgs)
-        touched: list[Queue] = []
-        for msg in msgs:
-            queue = msg.queue
-            assert queue is not None
-            consumer = msg.consumer
-            if consumer is not None:
-                consumer.unacked -= 1
-                if not touched or touched[-1] is not queue:
-                    touched.append(queue)
-            queue.settled(msg)
-        # one multiple ack may settle deliveries from thousands of queues: deduplicated in a
-        # dict (a list's `in` made it O(queues^2)), and only then (the usual ack has one)
-        self._redispatch(touched if len(touched) < 2 else list(dict.fromkeys(touched)))
-
-    def on_basic_nack(self, method: BasicNack) -> None:
-        msgs = self._take(method.delivery_tag, method.multiple)
-        if self.tx:
-            self.tx_settles.append(("nack", msgs, method.requeue))
-            return
-        self._reject(msgs, method.requeue)
-
-    def on_basic_reject(self, method: BasicReject) -> None:
-        msgs = self._take(method.delivery_tag, False)
-        if self.tx:
-            self.tx_settles.append(("reject", msgs, method.requeue))
-            return
-        self._reject(msgs, method.requeue, rejected=True)
-
-    def _reject(self, msgs: list[Message], requeue: bool, rejected: bool = False) -> None:
-        by_queue = self._group(msgs)
-        for queue, group in by_queue.items():
-            if (tracer := self.vhost.tracer) is not None:
-                tracer.nacked(queue, group, requeue, rejected)
-            if requeue:
-                # 4.3 counts only a reject toward delivery-limit (rabbit_channel.erl:
-                # basic.reject requeue gives settle(true, false), basic.nack gives requeue)
-                queue.return_unacked(group, "nack", counted=rejected or self._nacks_count)
-            else:
-                for msg in group:
-                    queue.rejected(msg)
-        self._redispatch(list(by_queue))
-
-    def _group(self, msgs: list[Message]) -> dict[Queue, list[Message]]:
-        """Group deliveries by queue, taking them off their consumers' counts."""
-        by_queue: dict[Queue, list[Message]] = {}
-        for msg in msgs:
-            if msg.consumer is not None:
-                msg.consumer.unacked -= 1
-            queue = msg.queue
-            assert queue is not None
-            by_queue.setdefault(queue, []).append(msg)
-        return by_queue
-
     def dispatch_all(self) -> None:
         """Capacity came back for every consumer (qos, flow, a drained socket): offer messages."""
         # each queue once, in consumer order (a dict: a list's `in` made this O(consumers^2))
@@ -640,154 +519,12 @@ class Channel:
             if queue.consumers and not queue.deleted:
                 queue.dispatch()
 
-    def _redispatch(self, queues: list[Queue]) -> None:
-        """Deliveries on ``queues`` were settled: their consumers may take more."""
-        if self.limiter.prefetch_global:  # room on the channel: any consumer of it may take more
-            for queue in dict.fromkeys([*queues, *(c.queue for c in self.consumers.values())]):
-                if queue.consumers and not queue.deleted:
-                    queue.dispatch()
-            return
-        for queue in queues:
-            if queue.consumers and not queue.deleted:
-                queue.dispatch_settled()
-
-    # ---- consumers ----
-
-    def on_basic_qos(self, method: commands.Basic.Qos) -> None:
-        if method.prefetch_size:
-            raise ConnectionError_(
-                NOT_IMPLEMENTED, f"prefetch_size!=0 ({method.prefetch_size})", 60, 10
-            )
-        # RabbitMQ 4.3 (rabbit_channel, basic.qos): a denied global qos is applied as
-        # global=false, with no error to the client
-        self.limiter.qos(
-            method.prefetch_count,
-            method.global_ and self.vhost.deprecated.is_permitted("global_qos"),
-        )
-        self.reply(commands.Basic.QosOk())
-        self.dispatch_all()
-
     def queue_name(self, name: str) -> str:
         """An empty name means the queue this channel declared last."""
         name = name or self.last_queue
         if not name:
             raise ChannelError(NOT_FOUND, "no previously declared queue")
         return name
-
-    def on_basic_consume(self, method: commands.Basic.Consume) -> None:
-        if method.queue == reply_to.REPLY_TO:
-            reply_to.basic_consume(self, method)
-            return
-        self.allow("read", "queue", self.queue_name(method.queue))
-        queue = self.vhost.queue(self.queue_name(method.queue), self.conn)
-        arguments = method.arguments or {}
-        # RabbitMQ's stream consume checks (broker/streams/stream.py)
-        if queue.queue_type == "stream":
-            check_consume(queue, arguments, method.no_ack, self.limiter)
-        else:
-            validate_consumer_arguments(arguments, queue.name, self.vhost.name)
-        tag = method.consumer_tag or new_consumer_tag()
-        if tag in self.consumers:
-            raise ConnectionError_(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", 60, 20)
-        if queue.exclusive_consumer is not None or (
-            method.exclusive and (queue.consumers or queue.single_active_consumer)
-        ):
-            raise ChannelError(
-                ACCESS_REFUSED,
-                f"queue '{queue.name}' in vhost '{self.vhost.name}' in exclusive use",
-            )
-        limit = self.conn.broker.settings.consumer_max_per_channel
-        if limit is not None and len(self.consumers) >= limit:
-            raise ConnectionError_(
-                NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel", 60, 20
-            )
-        consumer = Consumer(
-            tag,
-            self,
-            queue,
-            method.no_ack,
-            method.exclusive,
-            self.limiter.consumer_prefetch(method.no_ack),
-            arguments,
-        )
-        self.consumers[tag] = consumer
-        if not method.nowait:
-            self.reply(make(commands.Basic.ConsumeOk, consumer_tag=tag))
-        if (tracer := self.vhost.tracer) is not None:
-            tracer.consumer_added(consumer)
-        queue.add_consumer(consumer)
-
-    def on_basic_cancel(self, method: commands.Basic.Cancel) -> None:
-        if self.reply_tag is not None and method.consumer_tag == self.reply_tag:
-            self.reply_tag = None
-            if not method.nowait:
-                self.reply(make(commands.Basic.CancelOk, consumer_tag=method.consumer_tag))
-            return
-        consumer = self.consumers.pop(method.consumer_tag or "", None)
-        if not method.nowait:
-            self.reply(make(commands.Basic.CancelOk, consumer_tag=method.consumer_tag))
-        if consumer is not None and (tracer := self.vhost.tracer) is not None:
-            tracer.consumer_cancelled(consumer, "client")
-        if consumer is not None:
-            consumer.queue.remove_consumer(consumer)
-
-    def on_basic_cancel_ok(self, method: commands.Basic.CancelOk) -> None:
-        """A client's answer to a broker-sent basic.cancel: the consumer goes (RabbitMQ 4.3)."""
-        consumer = self.consumers.pop(method.consumer_tag or "", None)
-        if consumer is not None:
-            consumer.queue.remove_consumer(consumer)
-
-    def on_basic_get(self, method: commands.Basic.Get) -> None:
-        self.allow("read", "queue", self.queue_name(method.queue))
-        queue = self.vhost.queue(self.queue_name(method.queue), self.conn)
-        msg = queue.get()
-        if msg is None:
-            self.stats.get_empty += 1
-            queue.stats.get_empty += 1
-            self.reply(commands.Basic.GetEmpty())
-            return
-        self.next_tag = tag = self.next_tag + 1
-        if (tracer := self.vhost.tracer) is not None:
-            tracer.got(self, queue, msg, tag)
-            if tracer.firehose.bindings:
-                firehose.delivered(tracer.firehose, self, queue.name, msg)
-        if msg.redelivered:  # rabbit_channel:record_sent/6 counts a get's as a delivery's
-            self.stats.redelivered += 1
-            queue.stats.redeliveries += 1
-        if method.no_ack:
-            self.stats.delivered_get_auto += 1
-            queue.stats.get_auto += 1
-            queue.settled(msg)
-        else:
-            self.stats.delivered_get_manual += 1
-            queue.stats.get_manual += 1
-            msg.tag = tag
-            msg.channel = self
-            msg.consumer = None
-            self.unacked[tag] = msg
-            timeout = queue.consumer_timeout_for({})
-            if timeout is not None:
-                queue.lock(msg, self, tag, timeout)
-        self.conn.write(get_ok_frame(self.id, tag, msg.redelivered, msg.ex_rk, queue.ready_count))
-        conn = self.conn
-        conn.write_many(content_frames(self.id, msg.properties, msg.body, conn.protocol.frame_max))
-        conn.out_bytes += len(msg.body)
-        if conn.out_bytes > FLUSH_AT:
-            conn.flush()
-
-    def on_basic_recover(self, method: commands.Basic.Recover) -> None:
-        self._recover(method.requeue)
-        self.reply(commands.Basic.RecoverOk())
-
-    def on_basic_recover_async(self, method: commands.Basic.RecoverAsync) -> None:
-        self._recover(method.requeue)
-
-    def _recover(self, requeue: bool) -> None:
-        if not requeue:
-            raise ConnectionError_(NOT_IMPLEMENTED, "requeue=false", 60, 110)
-        msgs = list(self.unacked.values())
-        self.unacked.clear()
-        self._reject(msgs, True)
 
     def on_channel_flow(self, method: commands.Channel.Flow) -> None:
         # RabbitMQ 4.3 (rabbit_channel.erl, handle_method channel.flow): a client may not
@@ -826,9 +563,9 @@ class Channel:
                 self._route(exchange, msg, mandatory, ttl, 0)
         for kind, msgs, requeue in settles:
             if kind == "ack":
-                self._ack(msgs)
+                channel_consumers.ack(self, msgs)
             else:
-                self._reject(msgs, requeue, kind == "reject")
+                channel_consumers.reject(self, msgs, requeue, kind == "reject")
         if store is not None and (store.published != stored_before or store.commits_waiting):
             store.after_sync(self._commit_synced)  # like a confirm: once the messages are on disk
             return
@@ -855,7 +592,7 @@ class Channel:
                 for msg in msgs:
                     self.unacked[msg.tag] = msg
             self.unacked = dict(sorted(self.unacked.items()))
-            self._low_tag = min(self.unacked)
+            self.low_tag = min(self.unacked)
         self.reply(commands.Tx.RollbackOk())
 
     # ---- closing ----
@@ -890,7 +627,7 @@ class Channel:
         self.tx_publishes = []
         self.tx_settles = []
         if msgs:
-            for queue, group in self._group(msgs).items():
+            for queue, group in channel_consumers.group_by_queue(msgs).items():
                 queue.return_unacked(group, why)
 
 
@@ -898,27 +635,27 @@ class Channel:
 HANDLERS: dict[type, Callable[[Channel, Any], None]] = {
     Content: Channel.on_content,
     AccessRequest: Channel.on_access_request,
-    BasicAck: Channel.on_basic_ack,
-    BasicNack: Channel.on_basic_nack,
-    BasicReject: Channel.on_basic_reject,
-    commands.Basic.Qos: Channel.on_basic_qos,
-    commands.Basic.Consume: Channel.on_basic_consume,
-    commands.Basic.Cancel: Channel.on_basic_cancel,
-    commands.Basic.CancelOk: Channel.on_basic_cancel_ok,
-    commands.Basic.Get: Channel.on_basic_get,
-    commands.Basic.Recover: Channel.on_basic_recover,
-    commands.Basic.RecoverAsync: Channel.on_basic_recover_async,
+    BasicAck: channel_consumers.basic_ack,
+    BasicNack: channel_consumers.basic_nack,
+    BasicReject: channel_consumers.basic_reject,
+    commands.Basic.Qos: channel_consumers.basic_qos,
+    commands.Basic.Consume: channel_consumers.basic_consume,
+    commands.Basic.Cancel: channel_consumers.basic_cancel,
+    commands.Basic.CancelOk: channel_consumers.basic_cancel_ok,
+    commands.Basic.Get: channel_consumers.basic_get,
+    commands.Basic.Recover: channel_consumers.basic_recover,
+    commands.Basic.RecoverAsync: channel_consumers.basic_recover_async,
     commands.Channel.Flow: Channel.on_channel_flow,
     commands.Channel.FlowOk: Channel.on_ignored,
-    commands.Exchange.Declare: topology.exchange_declare,
-    commands.Exchange.Delete: topology.exchange_delete,
-    commands.Exchange.Bind: topology.exchange_bind,
-    commands.Exchange.Unbind: topology.exchange_unbind,
-    commands.Queue.Declare: topology.queue_declare,
-    commands.Queue.Bind: topology.queue_bind,
-    commands.Queue.Unbind: topology.queue_unbind,
-    commands.Queue.Purge: topology.queue_purge,
-    commands.Queue.Delete: topology.queue_delete,
+    commands.Exchange.Declare: channel_topology.exchange_declare,
+    commands.Exchange.Delete: channel_topology.exchange_delete,
+    commands.Exchange.Bind: channel_topology.exchange_bind,
+    commands.Exchange.Unbind: channel_topology.exchange_unbind,
+    commands.Queue.Declare: channel_topology.queue_declare,
+    commands.Queue.Bind: channel_topology.queue_bind,
+    commands.Queue.Unbind: channel_topology.queue_unbind,
+    commands.Queue.Purge: channel_topology.queue_purge,
+    commands.Queue.Delete: channel_topology.queue_delete,
     commands.Confirm.Select: Channel.on_confirm_select,
     commands.Tx.Select: Channel.on_tx_select,
     commands.Tx.Commit: Channel.on_tx_commit,

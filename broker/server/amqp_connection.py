@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from pamqp import commands
 
 from warren.broker.engine.channel import HANDLERS, Channel
+from warren.broker.engine.channel_consumers import basic_ack
 from warren.broker.engine.users import INTERNAL_USER
 from warren.broker.server.flow import ALARM, COALESCE, TURN, UNCONFIRMED, WRITER, FlowControl
 from warren.broker.server.listen import transport_address
@@ -391,7 +392,7 @@ class Connection:
                     if kind is Content:
                         channel.on_content(method)
                     elif kind is BasicAck:
-                        channel.on_basic_ack(method)
+                        basic_ack(channel, method)
                     else:
                         handler(channel, method)
                 except ChannelError as exc:
