@@ -41,6 +41,7 @@ COMPILED = [
     "warren/broker/engine/vhost.py",
     "warren/broker/engine/channel.py",
     "warren/broker/engine/channel_consumers.py",
+    "warren/broker/engine/channel_publish.py",
     "warren/broker/engine/channel_topology.py",
     "warren/broker/engine/reply_to.py",
     "warren/broker/engine/consumer.py",

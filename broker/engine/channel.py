@@ -11,34 +11,27 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from warren.broker.engine import channel_consumers, channel_topology, reply_to
-from warren.broker.engine.arguments import MAX_TTL
+from warren.broker.engine import channel_consumers, channel_publish, channel_topology
 from warren.broker.engine.channel_consumers import FLUSH_AT
 from warren.broker.engine.confirms import Confirms
 from warren.broker.engine.consumer import Consumer
 from warren.broker.engine.exchange import Exchange
 from warren.broker.engine.limiter import Limiter
-from warren.broker.engine.message import Message, routing_headers
-from warren.broker.engine.queue import fan_out
+from warren.broker.engine.message import Message
 from warren.broker.engine.stats import (
-    SIZE_BOUNDS,
-    SIZE_BUCKET_BY_BITS,
     ChannelStats,
     ConfirmedByExchange,
 )
 from warren.broker.tracing import firehose
 from warren.protocol.connection import Content
 from warren.protocol.constants import (
-    ACCESS_REFUSED,
     INTERNAL_ERROR,
-    NO_ROUTE,
     NOT_FOUND,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
-    SYNTAX_ERROR,
 )
 from warren.protocol.errors import ChannelError, ConnectionError_
-from warren.protocol.frames import body_frames, content_frames
+from warren.protocol.frames import body_frames
 from warren.protocol.methods import (
     AccessRequest,
     BasicAck,
@@ -50,48 +43,12 @@ from warren.protocol.methods import (
     deliver_frame,
     delivery_head,
     nack_frame,
-    return_frame,
-)
-from warren.protocol.properties import (
-    FLAG_EXPIRATION,
-    FLAG_HEADERS,
-    FLAG_REPLY_TO,
-    FLAG_USER_ID,
-    decode_field,
-    encode_shortstr,
-    join_properties,
-    split_properties,
 )
 
 if TYPE_CHECKING:
     from warren.broker.engine.topic_permissions import TopicRule
     from warren.broker.server.amqp_connection import Connection
     from warren.broker.store import MessageStore
-
-
-def parse_expiration(value: str) -> int:
-    """RabbitMQ's reading of the expiration property (Erlang's string:to_integer)."""
-    digits = value[1:] if value[:1] in "+-" else value
-    n = 0
-    while n < len(digits) and digits[n].isdigit():
-        n += 1
-    if n == 0:
-        raise ChannelError(PRECONDITION_FAILED, f"invalid expiration '{value}': no_integer")
-    number = int(value[: len(value) - len(digits) + n])
-    leftover = digits[n:]
-    if leftover:
-        raise ChannelError(
-            PRECONDITION_FAILED, f"invalid expiration '{value}': {{leftover_string,\"{leftover}\"}}"
-        )
-    if number < 0:
-        raise ChannelError(
-            PRECONDITION_FAILED, f"invalid expiration '{value}': {{value_negative,{number}}}"
-        )
-    if number > MAX_TTL:
-        raise ChannelError(
-            PRECONDITION_FAILED, f"invalid expiration '{value}': {{value_too_large,{number}}}"
-        )
-    return number
 
 
 class Channel:
@@ -116,10 +73,10 @@ class Channel:
         self.cancels_after: list[str] | None = None
         self.trace_ref = 0  # its id in the trace stream (broker/tracing/tracer.py), 0: none yet
         self._allowed: set[tuple[str, str, str]] = set()  # permission checks that passed
-        self._allowed_version = -1
-        self._published_to: str | None = None  # the exchange of the last publish allowed
+        self.allowed_version = -1
+        self.published_to: str | None = None  # the exchange of the last publish allowed
         # its topic permission, when the user has one (broker/engine/topic_permissions.py)
-        self._topic_rule: TopicRule | None = None
+        self.topic_rule: TopicRule | None = None
         # direct reply-to: the no-ack consumer of the pseudo-queue amq.rabbitmq.reply-to
         self.reply_tag: str | None = None
         self.reply_token = ""
@@ -132,20 +89,20 @@ class Channel:
         self.tx_publishes: list[tuple[Exchange, Message, bool, int | None]] = []
         self.tx_settles: list[tuple[str, list[Message], bool]] = []
         persistence = connection.broker.persistence
-        self._store: MessageStore | None = persistence.messages if persistence else None
-        self._max_unconfirmed = connection.broker.settings.max_unconfirmed_per_channel
+        self.store: MessageStore | None = persistence.messages if persistence else None
+        self.max_unconfirmed = connection.broker.settings.max_unconfirmed_per_channel
         self.nacks_count = connection.broker.settings.delivery_limit_counts_nacks  # 3.x
 
     def allow(self, kind: str, resource: str, name: str) -> None:
         """RabbitMQ's permission check: configure, write or read on a queue or exchange."""
         access = self.conn.broker.access
         key = (kind, resource, name)
-        if self._allowed_version == access.version and key in self._allowed:
+        if self.allowed_version == access.version and key in self._allowed:
             return
         access.check(self.conn.user, self.vhost.name, kind, resource, name)
-        if self._allowed_version != access.version:
+        if self.allowed_version != access.version:
             self._allowed.clear()
-            self._allowed_version = access.version
+            self.allowed_version = access.version
         if len(self._allowed) < 1024:
             self._allowed.add(key)
 
@@ -289,171 +246,6 @@ class Channel:
             else:
                 self.conn.write(cancel_frame(self.id, consumer.tag))
 
-    # ---- basic.publish ----
-
-    def on_content(self, content: Content) -> None:
-        method = content.method
-        if method.immediate:
-            raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true", 60, 40)
-        stats = self.stats
-        stats.received += 1
-        size = len(content.body)
-        # rabbitmq_message_size_bytes' bucket: by bit length, then one step down if it fits
-        bucket = SIZE_BUCKET_BY_BITS[size.bit_length()]
-        if bucket and size <= SIZE_BOUNDS[bucket - 1]:
-            bucket -= 1
-        stats.size_buckets[bucket] += 1
-        stats.size_sum += size
-        if (
-            method.exchange != self._published_to
-            or self._allowed_version != self.conn.broker.access.version
-        ):  # fmt: skip
-            self.allow("write", "exchange", method.exchange or "amq.default")
-            self._published_to = method.exchange  # allow() brought _allowed_version up to date
-            access = self.conn.broker.access
-            self._topic_rule = access.topic_rule(self.conn.user, self.vhost.name, method.exchange)
-        exchange = self.vhost.exchanges.get(method.exchange)
-        if exchange is None:
-            raise ChannelError(
-                NOT_FOUND, f"no exchange '{method.exchange}' in vhost '{self.vhost.name}'"
-            )
-        if exchange.internal:
-            raise ChannelError(
-                ACCESS_REFUSED,
-                f"cannot publish to internal exchange '{exchange.name}' "
-                f"in vhost '{self.vhost.name}'",
-            )
-        props = content.properties
-        flags = (props[0] << 8) | props[1]
-        sender_keys = None
-        # "CC" or "BCC" somewhere in the headers? (find: about half the cost of ``in`` here)
-        if flags & FLAG_HEADERS and props.find(b"CC") >= 0:
-            props, sender_keys = routing_headers(props)
-        if self._topic_rule is not None and exchange.kind == "topic":
-            self._topic_rule.check_publish(method.routing_key, sender_keys)
-        ttl = None
-        if flags & (FLAG_EXPIRATION | FLAG_USER_ID | FLAG_REPLY_TO):
-            ttl, props = self._check_properties(props)
-        if (intercept := self.conn.broker.intercept) is not None:
-            props = intercept(props)  # rabbit_msg_interceptor:intercept_incoming/2
-        ex_rk = method.ex_rk or None  # the short strings as received: never encoded again
-        msg = Message(method.exchange, method.routing_key, props, content.body, ex_rk)
-        if sender_keys is not None:
-            msg.sender_keys = sender_keys
-        if not method.exchange and method.routing_key.startswith(reply_to.REPLY_TO_PREFIX):
-            exchange.published += 1
-            reply_to.publish(self, exchange, msg)
-            return
-        if self.tx:
-            self.tx_publishes.append((exchange, msg, method.mandatory, ttl))
-            return
-        seq = self.confirms.published() if self.confirm else 0
-        self._route(exchange, msg, method.mandatory, ttl, seq)
-
-    def _check_properties(self, props: bytes) -> tuple[int | None, bytes]:
-        """Validate user-id and expiration; point a direct reply-to at this channel."""
-        try:
-            fields = split_properties(props)
-        except ValueError as exc:
-            text = f"content header properties: {exc}"
-            raise ConnectionError_(SYNTAX_ERROR, text, 60, 40) from None
-        asked = fields.get("reply_to")
-        if asked is not None and decode_field("reply_to", asked) == reply_to.REPLY_TO:
-            if self.reply_tag is None:
-                raise ChannelError(PRECONDITION_FAILED, "fast reply consumer does not exist")
-            fields["reply_to"] = encode_shortstr(reply_to.REPLY_TO_PREFIX + self.reply_token)
-            props = join_properties(fields)
-        user_id = fields.get("user_id")
-        if user_id is not None:
-            claimed = decode_field("user_id", user_id)
-            if claimed != self.conn.user:
-                raise ChannelError(
-                    PRECONDITION_FAILED,
-                    f"user_id property set to '{claimed}' but authenticated user was "
-                    f"'{self.conn.user}'",
-                )
-        expiration = fields.get("expiration")
-        if expiration is None:
-            return None, props
-        return parse_expiration(decode_field("expiration", expiration)), props
-
-    def _route(
-        self, exchange: Exchange, msg: Message, mandatory: bool, ttl: int | None, seq: int
-    ) -> None:
-        exchange.published += 1  # exchange_messages_published_total
-        store = self._store
-        stored_before = store.published if store is not None else 0
-        # x-delayed-message keeps a delayed message back: no queue now, as the plugin
-        delay = exchange.delay(msg) if exchange.delays else 0
-        queues = [] if delay else self.vhost.route(exchange, msg)
-        if (tracer := self.vhost.tracer) is not None:
-            tracer.published(self, msg, queues, mandatory, seq)
-            if delay:
-                tracer.delayed(msg, exchange.name, delay)
-            if tracer.firehose.bindings:
-                firehose.published(tracer.firehose, self, msg, queues)
-        if delay:
-            exchange.hold(msg, ttl, delay)
-        accepted = True
-        owned = elided = 0
-        if queues:
-            self.stats.routed += 1
-            if seq and store is not None:
-                # the copies stored now settle this confirm one by one (MessageStore._fresh)
-                store.confirm_owner, store.confirm_seq = self, seq
-                owned, elided = store.fresh_owned, store.fresh_elided
-                try:
-                    if len(queues) == 1:
-                        accepted = queues[0].publish(msg, ttl)
-                    else:
-                        accepted = fan_out(queues, msg, ttl) == len(queues)
-                finally:
-                    store.confirm_owner = None
-                owned = store.fresh_owned - owned
-                elided = store.fresh_elided - elided
-            elif len(queues) == 1:  # the usual case, without fan_out's call (hot path)
-                accepted = queues[0].publish(msg, ttl)
-            else:
-                accepted = fan_out(queues, msg, ttl) == len(queues)
-        elif mandatory:
-            self.stats.unroutable_returned += 1
-            exchange.unroutable_returned += 1
-            self.conn.write(return_frame(self.id, NO_ROUTE, "NO_ROUTE", msg.ex_rk))
-            self.conn.write_many(
-                content_frames(self.id, msg.properties, msg.body, self.conn.protocol.frame_max)
-            )
-        else:
-            self.stats.unroutable_dropped += 1
-            exchange.unroutable_dropped += 1
-        if seq:
-            if exchange is not self.confirmed_by_exchange.last:
-                self.confirmed_by_exchange.switch(seq, exchange)
-            if accepted and store is not None and store.error is not None:
-                accepted = store.published == stored_before  # never on disk now: a nack
-            if not accepted:
-                self.confirms.nacked(seq)  # RabbitMQ too nacks at once, acks the rest later
-                self.flush_confirms()
-            elif store is not None and (
-                store.published - stored_before != owned or owned != elided
-            ):
-                self._wait_for_disk(store, seq, store.published - stored_before != owned,
-                                    owned - elided)  # fmt: skip
-            else:
-                self.confirms.accepted(seq)  # waits behind earlier publishes' disk writes
-                self.conn.pending_confirms.add(self)
-
-    def _wait_for_disk(self, store: MessageStore, seq: int, batch: bool, copies: int) -> None:
-        """The confirm of ``seq`` (and of everything after it) waits for the open batch's
-        fsync (``batch``: records not settled one by one, a stream's chunk), and for each
-        of ``copies`` to be written or gone (store_settled)."""
-        confirms = self.confirms
-        confirms.wait_disk(seq, store.open_batch if batch else -1, copies)
-        store.waiters.add(self)
-        limit = self._max_unconfirmed
-        # waiting() is at most the unconfirmed count: mostly that bound settles it
-        if limit is not None and seq - confirms.confirmed > limit and confirms.waiting() > limit:
-            self.conn.hold(self)  # this publish is taken, the next waits for the disk
-
     def store_synced(self, batch: int) -> None:
         """The store made batches up to ``batch`` durable: confirm what waited for them."""
         self._settled(self.confirms.synced(batch))
@@ -478,11 +270,11 @@ class Channel:
         if due:
             self.conn.pending_confirms.add(self)
             self.conn.schedule_flush()
-            limit = self._max_unconfirmed
+            limit = self.max_unconfirmed
             if limit is not None and confirms.waiting() < limit and self in self.conn.held:
                 self.conn.release(self)
-        if not confirms.waiting_for_disk and self._store is not None:
-            self._store.waiters.discard(self)
+        if not confirms.waiting_for_disk and self.store is not None:
+            self.store.waiters.discard(self)
 
     def store_failed(self) -> None:
         """The message store stopped writing: nack every publish still waiting for the disk."""
@@ -535,13 +327,6 @@ class Channel:
 
     # ---- confirms and transactions ----
 
-    def on_confirm_select(self, method: commands.Confirm.Select) -> None:
-        if self.tx:
-            raise ChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
-        self.confirm = True
-        if not method.nowait:
-            self.reply(commands.Confirm.SelectOk())
-
     def on_tx_select(self, method: commands.Tx.Select) -> None:
         if self.confirm:
             raise ChannelError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
@@ -556,11 +341,11 @@ class Channel:
         self._require_tx()
         publishes, self.tx_publishes = self.tx_publishes, []
         settles, self.tx_settles = self.tx_settles, []
-        store = self._store
+        store = self.store
         stored_before = store.published if store is not None else 0
         for exchange, msg, mandatory, ttl in publishes:
             if not exchange.deleted:
-                self._route(exchange, msg, mandatory, ttl, 0)
+                channel_publish.route(self, exchange, msg, mandatory, ttl, 0)
         for kind, msgs, requeue in settles:
             if kind == "ack":
                 channel_consumers.ack(self, msgs)
@@ -577,7 +362,7 @@ class Channel:
         if on_disk:
             self.reply(commands.Tx.CommitOk())
         else:
-            store = self._store
+            store = self.store
             error = store.error if store is not None else None
             self.conn.connection_error(
                 ConnectionError_(INTERNAL_ERROR, f"message store failed: {error}", 90, 20)
@@ -610,8 +395,8 @@ class Channel:
         why = "channel_closed"  # only the trace tells the kinds of closing apart
         if (tracer := self.vhost.tracer) is not None:
             why = tracer.channel_closed(self)
-        if self._store is not None:
-            self._store.waiters.discard(self)
+        if self.store is not None:
+            self.store.waiters.discard(self)
         self.conn.release(self)
         if self.reply_token:
             self.conn.broker.reply_channels.pop(self.reply_token, None)
@@ -633,7 +418,7 @@ class Channel:
 
 # What handles each method a client may send on a channel (connection.py looks it up by type).
 HANDLERS: dict[type, Callable[[Channel, Any], None]] = {
-    Content: Channel.on_content,
+    Content: channel_publish.basic_publish,
     AccessRequest: Channel.on_access_request,
     BasicAck: channel_consumers.basic_ack,
     BasicNack: channel_consumers.basic_nack,
@@ -656,7 +441,7 @@ HANDLERS: dict[type, Callable[[Channel, Any], None]] = {
     commands.Queue.Unbind: channel_topology.queue_unbind,
     commands.Queue.Purge: channel_topology.queue_purge,
     commands.Queue.Delete: channel_topology.queue_delete,
-    commands.Confirm.Select: Channel.on_confirm_select,
+    commands.Confirm.Select: channel_publish.confirm_select,
     commands.Tx.Select: Channel.on_tx_select,
     commands.Tx.Commit: Channel.on_tx_commit,
     commands.Tx.Rollback: Channel.on_tx_rollback,

@@ -14,6 +14,7 @@ from pamqp import commands
 
 from warren.broker.engine.channel import HANDLERS, Channel
 from warren.broker.engine.channel_consumers import basic_ack
+from warren.broker.engine.channel_publish import basic_publish
 from warren.broker.engine.users import INTERNAL_USER
 from warren.broker.server.flow import ALARM, COALESCE, TURN, UNCONFIRMED, WRITER, FlowControl
 from warren.broker.server.listen import transport_address
@@ -390,7 +391,7 @@ class Connection:
                 try:
                     # the two of every message called directly: natively when compiled
                     if kind is Content:
-                        channel.on_content(method)
+                        basic_publish(channel, method)
                     elif kind is BasicAck:
                         basic_ack(channel, method)
                     else:

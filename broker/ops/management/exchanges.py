@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from warren.broker.engine.channel import parse_expiration
+from warren.broker.engine.channel_publish import parse_expiration
 from warren.broker.engine.message import Message, routing_headers
 from warren.broker.engine.queue import fan_out
 from warren.broker.engine.reply_to import REPLY_TO_PREFIX
