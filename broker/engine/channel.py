@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from warren.broker.engine import channel_consumers, channel_publish, channel_topology
+from warren.broker.engine import channel_consumers, channel_publish, channel_topology, channel_tx
 from warren.broker.engine.channel_consumers import FLUSH_AT
 from warren.broker.engine.confirms import Confirms
 from warren.broker.engine.consumer import Consumer
@@ -25,7 +25,6 @@ from warren.broker.engine.stats import (
 from warren.broker.tracing import firehose
 from warren.protocol.connection import Content
 from warren.protocol.constants import (
-    INTERNAL_ERROR,
     NOT_FOUND,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
@@ -325,61 +324,6 @@ class Channel:
             raise ConnectionError_(NOT_IMPLEMENTED, "active=false", 20, 20)
         self.reply(commands.Channel.FlowOk(active=True))
 
-    # ---- confirms and transactions ----
-
-    def on_tx_select(self, method: commands.Tx.Select) -> None:
-        if self.confirm:
-            raise ChannelError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
-        self.tx = True
-        self.reply(commands.Tx.SelectOk())
-
-    def _require_tx(self) -> None:
-        if not self.tx:
-            raise ChannelError(PRECONDITION_FAILED, "channel is not transactional")
-
-    def on_tx_commit(self, method: commands.Tx.Commit) -> None:
-        self._require_tx()
-        publishes, self.tx_publishes = self.tx_publishes, []
-        settles, self.tx_settles = self.tx_settles, []
-        store = self.store
-        stored_before = store.published if store is not None else 0
-        for exchange, msg, mandatory, ttl in publishes:
-            if not exchange.deleted:
-                channel_publish.route(self, exchange, msg, mandatory, ttl, 0)
-        for kind, msgs, requeue in settles:
-            if kind == "ack":
-                channel_consumers.ack(self, msgs)
-            else:
-                channel_consumers.reject(self, msgs, requeue, kind == "reject")
-        if store is not None and (store.published != stored_before or store.commits_waiting):
-            store.after_sync(self._commit_synced)  # like a confirm: once the messages are on disk
-            return
-        self.reply(commands.Tx.CommitOk())
-
-    def _commit_synced(self, on_disk: bool) -> None:
-        if self.closed:
-            return
-        if on_disk:
-            self.reply(commands.Tx.CommitOk())
-        else:
-            store = self.store
-            error = store.error if store is not None else None
-            self.conn.connection_error(
-                ConnectionError_(INTERNAL_ERROR, f"message store failed: {error}", 90, 20)
-            )
-
-    def on_tx_rollback(self, method: commands.Tx.Rollback) -> None:
-        self._require_tx()
-        self.tx_publishes = []
-        settles, self.tx_settles = self.tx_settles, []
-        if settles:
-            for _, msgs, _ in settles:
-                for msg in msgs:
-                    self.unacked[msg.tag] = msg
-            self.unacked = dict(sorted(self.unacked.items()))
-            self.low_tag = min(self.unacked)
-        self.reply(commands.Tx.RollbackOk())
-
     # ---- closing ----
 
     def close(self) -> None:
@@ -442,7 +386,7 @@ HANDLERS: dict[type, Callable[[Channel, Any], None]] = {
     commands.Queue.Purge: channel_topology.queue_purge,
     commands.Queue.Delete: channel_topology.queue_delete,
     commands.Confirm.Select: channel_publish.confirm_select,
-    commands.Tx.Select: Channel.on_tx_select,
-    commands.Tx.Commit: Channel.on_tx_commit,
-    commands.Tx.Rollback: Channel.on_tx_rollback,
+    commands.Tx.Select: channel_tx.tx_select,
+    commands.Tx.Commit: channel_tx.tx_commit,
+    commands.Tx.Rollback: channel_tx.tx_rollback,
 }
