@@ -1,4 +1,11 @@
-"""A channel: what each AMQP method does; ``HANDLERS`` maps a method to its ``on_...`` handler.
+"""A channel (``Channel``), and ``HANDLERS``: which function handles each method a client sends.
+
+The handlers live by concern, each named after its method: basic.publish and
+confirm.select in ``channel_publish`` (``basic_publish``), consumers and settling in
+``channel_consumers`` (``basic_consume``, ``basic_ack``), exchange.* and queue.* in
+``channel_topology`` (``queue_declare``), tx.* in ``channel_tx``, direct reply-to in
+``reply_to``. ``Channel`` keeps the channel's state and what others ask of it: the queues
+deliver through it, the store reports confirms to it, its connection closes it.
 
 Errors are raised as ``ChannelError``/``ConnectionError_`` anywhere below and
 turned into channel.close or connection.close by the connection.
@@ -51,6 +58,11 @@ if TYPE_CHECKING:
 
 
 class Channel:
+    """One AMQP channel's state, and what its connection, queues and store ask of it.
+
+    The methods a client sends are handled by the functions ``HANDLERS`` names (below).
+    """
+
     def __init__(self, connection: Connection, channel_id: int) -> None:
         self.id = channel_id
         self.conn = connection
@@ -92,6 +104,9 @@ class Channel:
         self.max_unconfirmed = connection.broker.settings.max_unconfirmed_per_channel
         self.nacks_count = connection.broker.settings.delivery_limit_counts_nacks  # 3.x
 
+    def reply(self, method: Any) -> None:
+        self.conn.send_method(self.id, method)
+
     def allow(self, kind: str, resource: str, name: str) -> None:
         """RabbitMQ's permission check: configure, write or read on a queue or exchange."""
         access = self.conn.broker.access
@@ -117,14 +132,12 @@ class Channel:
             return
         self.allow("configure", resource, name)
 
-    def reply(self, method: Any) -> None:
-        self.conn.send_method(self.id, method)
-
-    def on_ignored(self, method: Any) -> None:
-        pass
-
-    def on_access_request(self, method: AccessRequest) -> None:
-        self.conn.write(access_request_ok_frame(self.id))  # ticket 1, as RabbitMQ
+    def queue_name(self, name: str) -> str:
+        """An empty name means the queue this channel declared last."""
+        name = name or self.last_queue
+        if not name:
+            raise ChannelError(NOT_FOUND, "no previously declared queue")
+        return name
 
     # ---- delivery (called by queues) ----
 
@@ -181,6 +194,13 @@ class Channel:
         conn.out_bytes += len(msg.body)
         if conn.out_bytes > FLUSH_AT:
             conn.flush()  # lets the transport say "stop" (pause_writing) before more piles up
+
+    def dispatch_all(self) -> None:
+        """Capacity came back for every consumer (qos, flow, a drained socket): offer messages."""
+        # each queue once, in consumer order (a dict: a list's `in` made this O(consumers^2))
+        for queue in dict.fromkeys(consumer.queue for consumer in self.consumers.values()):
+            if queue.consumers and not queue.deleted:
+                queue.dispatch()
 
     def deliveries_timed_out(
         self, consumer: Consumer | None, msgs: list[Message], timeout: int
@@ -245,6 +265,8 @@ class Channel:
             else:
                 self.conn.write(cancel_frame(self.id, consumer.tag))
 
+    # ---- publisher confirms: the store's callbacks, and writing what is due ----
+
     def store_synced(self, batch: int) -> None:
         """The store made batches up to ``batch`` durable: confirm what waited for them."""
         self._settled(self.confirms.synced(batch))
@@ -303,27 +325,6 @@ class Channel:
         if self.confirmed_by_exchange.runs:
             self.confirmed_by_exchange.settled(self.confirms.confirmed)
 
-    def dispatch_all(self) -> None:
-        """Capacity came back for every consumer (qos, flow, a drained socket): offer messages."""
-        # each queue once, in consumer order (a dict: a list's `in` made this O(consumers^2))
-        for queue in dict.fromkeys(consumer.queue for consumer in self.consumers.values()):
-            if queue.consumers and not queue.deleted:
-                queue.dispatch()
-
-    def queue_name(self, name: str) -> str:
-        """An empty name means the queue this channel declared last."""
-        name = name or self.last_queue
-        if not name:
-            raise ChannelError(NOT_FOUND, "no previously declared queue")
-        return name
-
-    def on_channel_flow(self, method: commands.Channel.Flow) -> None:
-        # RabbitMQ 4.3 (rabbit_channel.erl, handle_method channel.flow): a client may not
-        # stop deliveries this way, only prefetch limits them
-        if not method.active:
-            raise ConnectionError_(NOT_IMPLEMENTED, "active=false", 20, 20)
-        self.reply(commands.Channel.FlowOk(active=True))
-
     # ---- closing ----
 
     def close(self) -> None:
@@ -360,10 +361,30 @@ class Channel:
                 queue.return_unacked(group, why)
 
 
-# What handles each method a client may send on a channel (connection.py looks it up by type).
+# ---- channel.flow, access.request ----
+
+
+def channel_flow(ch: Channel, method: commands.Channel.Flow) -> None:
+    # RabbitMQ 4.3 (rabbit_channel.erl, handle_method channel.flow): a client may not
+    # stop deliveries this way, only prefetch limits them
+    if not method.active:
+        raise ConnectionError_(NOT_IMPLEMENTED, "active=false", 20, 20)
+    ch.reply(commands.Channel.FlowOk(active=True))
+
+
+def access_request(ch: Channel, method: AccessRequest) -> None:
+    ch.conn.write(access_request_ok_frame(ch.id))  # ticket 1, as RabbitMQ
+
+
+def ignored(ch: Channel, method: Any) -> None:
+    pass
+
+
+# What handles each method a client may send on a channel (connection.py looks it up by type):
+# each handler is named after its method, in the module of its concern.
 HANDLERS: dict[type, Callable[[Channel, Any], None]] = {
     Content: channel_publish.basic_publish,
-    AccessRequest: Channel.on_access_request,
+    AccessRequest: access_request,
     BasicAck: channel_consumers.basic_ack,
     BasicNack: channel_consumers.basic_nack,
     BasicReject: channel_consumers.basic_reject,
@@ -374,8 +395,8 @@ HANDLERS: dict[type, Callable[[Channel, Any], None]] = {
     commands.Basic.Get: channel_consumers.basic_get,
     commands.Basic.Recover: channel_consumers.basic_recover,
     commands.Basic.RecoverAsync: channel_consumers.basic_recover_async,
-    commands.Channel.Flow: Channel.on_channel_flow,
-    commands.Channel.FlowOk: Channel.on_ignored,
+    commands.Channel.Flow: channel_flow,
+    commands.Channel.FlowOk: ignored,
     commands.Exchange.Declare: channel_topology.exchange_declare,
     commands.Exchange.Delete: channel_topology.exchange_delete,
     commands.Exchange.Bind: channel_topology.exchange_bind,
