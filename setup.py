@@ -39,6 +39,7 @@ COMPILED = [
     "warren/broker/engine/exchange.py",
     "warren/broker/engine/exchange_plugins.py",
     "warren/broker/engine/vhost.py",
+    "warren/broker/engine/equivalence.py",
     "warren/broker/engine/channel.py",
     "warren/broker/engine/channel_consumers.py",
     "warren/broker/engine/channel_publish.py",

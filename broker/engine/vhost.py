@@ -10,12 +10,14 @@ import structlog
 
 import warren.broker.engine.exchange_plugins  # noqa: F401  (registers the plugins' exchange types)
 from warren.broker.engine.arguments import (
-    EQUIVALENCE_CHECKED,
-    RELAXED_CHECKED,
-    check_equivalent_arguments,
     validate_queue_arguments,
 )
 from warren.broker.engine.dead_letter import dead_letter_copy
+from warren.broker.engine.equivalence import (
+    assert_exchange_equivalence,
+    assert_queue_equivalence,
+    augment_declare_args,
+)
 from warren.broker.engine.exchange import (
     EXCHANGE_TYPES,
     Binding,
@@ -38,7 +40,6 @@ from warren.protocol.constants import (
     RESOURCE_LOCKED,
 )
 from warren.protocol.errors import ChannelError, ConnectionError_, erlang_binary
-from warren.protocol.tables import TypedTable
 
 if TYPE_CHECKING:
     from warren.broker.engine.persistence import Persistence
@@ -64,10 +65,6 @@ class DefaultExchange(DirectExchange):
     def route(self, routing_key: str, headers: Any) -> list[Destination]:
         queue = self._queues.get(routing_key)
         return [queue] if queue is not None else []
-
-
-def _bool(value: bool) -> str:
-    return "true" if value else "false"
 
 
 class VirtualHost:
@@ -111,31 +108,31 @@ class VirtualHost:
 
     # ---- names and lookups ----
 
-    def _where(self) -> str:
+    def where(self) -> str:
         return f"in vhost '{self.name}'"
 
     def exchange(self, name: str) -> Exchange:
         exchange = self.exchanges.get(name)
         if exchange is None:
-            raise ChannelError(NOT_FOUND, f"no exchange '{name}' {self._where()}")
+            raise ChannelError(NOT_FOUND, f"no exchange '{name}' {self.where()}")
         return exchange
 
     def queue(self, name: str, connection: object | None = None) -> Queue:
         queue = self.queues.get(name)
         if queue is None:
-            raise ChannelError(NOT_FOUND, f"no queue '{name}' {self._where()}")
+            raise ChannelError(NOT_FOUND, f"no queue '{name}' {self.where()}")
         if connection is not None:
             self.check_exclusive(queue, connection)
         return queue
 
     def check_exclusive(self, queue: Queue, connection: object) -> None:
         if queue.exclusive_owner is not None and queue.exclusive_owner is not connection:
-            raise self._locked(queue)
+            raise self.locked(queue)
 
-    def _locked(self, queue: Queue) -> ChannelError:
+    def locked(self, queue: Queue) -> ChannelError:
         return ChannelError(
             RESOURCE_LOCKED,
-            f"cannot obtain exclusive access to locked queue '{queue.name}' {self._where()}. "
+            f"cannot obtain exclusive access to locked queue '{queue.name}' {self.where()}. "
             "It could be originally declared on another connection or the exclusive "
             "property value does not match that of the original declaration.",
         )
@@ -162,7 +159,7 @@ class VirtualHost:
         existing = self.exchanges.get(name)
         if passive:
             if existing is None:
-                raise ChannelError(NOT_FOUND, f"no exchange '{name}' {self._where()}")
+                raise ChannelError(NOT_FOUND, f"no exchange '{name}' {self.where()}")
             return existing
         if name.startswith("amq.") and existing is None:
             raise ChannelError(
@@ -172,8 +169,8 @@ class VirtualHost:
         if cls is None:
             raise ConnectionError_(COMMAND_INVALID, f"unknown exchange type '{kind}'")
         if existing is not None:
-            self._check_exchange_equivalent(
-                existing, kind, durable, auto_delete, internal, arguments
+            assert_exchange_equivalence(
+                self, existing, kind, durable, auto_delete, internal, arguments
             )
             return existing
         if kind in self.disabled_exchange_types:  # 4.x: exchange_types.local_random.enabled
@@ -214,37 +211,6 @@ class VirtualHost:
         self._apply_policy(queue)
         return queue
 
-    def _check_exchange_equivalent(
-        self,
-        existing: Exchange,
-        kind: str,
-        durable: bool,
-        auto_delete: bool,
-        internal: bool,
-        arguments: dict[str, Any],
-    ) -> None:
-        where = f"for exchange '{existing.name}' {self._where()}"
-        checks = (
-            ("type", kind, existing.kind),
-            ("durable", _bool(durable), _bool(existing.durable)),
-            ("auto_delete", _bool(auto_delete), _bool(existing.auto_delete)),
-            ("internal", _bool(internal), _bool(existing.internal)),
-        )
-        for arg, got, have in checks:
-            if got != have:
-                raise ChannelError(
-                    PRECONDITION_FAILED,
-                    f"inequivalent arg '{arg}' {where}: received '{got}' but current is '{have}'",
-                )
-        got_ae = arguments.get("alternate-exchange")
-        have_ae = existing.arguments.get("alternate-exchange")
-        if got_ae != have_ae:
-            raise ChannelError(
-                PRECONDITION_FAILED,
-                f"inequivalent arg 'alternate-exchange' {where}: "
-                f"received {_describe(got_ae)} but current is {_describe(have_ae)}",
-            )
-
     def delete_exchange(self, name: str, if_unused: bool) -> None:
         self.not_default(name)
         exchange = self.exchanges.get(name)
@@ -252,10 +218,10 @@ class VirtualHost:
             return  # RabbitMQ: deleting a missing exchange succeeds
         if name.startswith("amq."):
             raise ChannelError(
-                ACCESS_REFUSED, f"deletion of system exchange '{name}' {self._where()} not allowed"
+                ACCESS_REFUSED, f"deletion of system exchange '{name}' {self.where()} not allowed"
             )
         if if_unused and exchange.bindings:  # being a binding's destination is not "use"
-            raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' {self._where()} in use")
+            raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' {self.where()} in use")
         self._remove_exchange(exchange)
 
     def _remove_exchange(self, exchange: Exchange) -> None:
@@ -296,11 +262,11 @@ class VirtualHost:
         existing = self.queues.get(name)
         if passive:
             if existing is None:
-                raise ChannelError(NOT_FOUND, f"no queue '{name}' {self._where()}")
+                raise ChannelError(NOT_FOUND, f"no queue '{name}' {self.where()}")
             self.check_exclusive(existing, connection)
             existing.touch()
             return existing
-        arguments = self.augment_arguments(arguments, durable, exclusive, auto_delete)
+        arguments = augment_declare_args(self, arguments, durable, exclusive, auto_delete)
         if server_named and arguments.get("x-queue-type") in ("quorum", "stream"):
             # rabbit_channel queue.declare: is_server_named_allowed/1 (capabilities server_named)
             raise ChannelError(
@@ -313,7 +279,9 @@ class VirtualHost:
                 ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'"
             )
         if existing is not None:
-            self._check_equivalent(existing, durable, exclusive, auto_delete, arguments, connection)
+            assert_queue_equivalence(
+                self, existing, durable, exclusive, auto_delete, arguments, connection
+            )
             existing.touch()
             return existing
         # in the order of rabbit_amqqueue:declare/7: arguments, transient_nonexcl_queues,
@@ -357,71 +325,6 @@ class VirtualHost:
             store = queue.message_store
             queue.open_log(store, stream_directory(store, queue.store_id) if store else None)
         return queue
-
-    def augment_arguments(
-        self, arguments: dict[str, Any], durable: bool, exclusive: bool, auto_delete: bool
-    ) -> dict[str, Any]:
-        """RabbitMQ 4.3's rabbit_amqqueue:augment_declare_args/5, on every queue.declare that
-        is not passive (AMQP, management API, definitions): without ``x-queue-type`` a queue
-        gets the vhost's default type where that type fits it (quorum and stream: durable,
-        not exclusive, not auto-delete; a transient non-exclusive queue also needs
-        ``transient_nonexcl_queues`` permitted), else ``classic``. ``classic`` is written too,
-        so the stored arguments, the API and the definitions show it."""
-        if arguments.get("x-queue-type") in ("", "undefined"):
-            # 4.3 (rabbit_amqqueue:get_queue_type/2) takes these as the vhost's default type,
-            # without the fit check below; Warren stores the type taken, not the text sent
-            typed = TypedTable(arguments)
-            typed.types = {**getattr(arguments, "types", {}), "x-queue-type": "longstr"}
-            typed["x-queue-type"] = self.default_queue_type
-            return typed
-        if "x-queue-type" in arguments:
-            return arguments
-        queue_type = self.default_queue_type
-        permitted = durable or exclusive
-        if not permitted and self.deprecated is not None:
-            permitted = self.deprecated.is_permitted("transient_nonexcl_queues")
-        fits = queue_type == "classic" or (durable and not exclusive and not auto_delete)
-        typed = TypedTable(arguments)
-        typed.types = {**getattr(arguments, "types", {}), "x-queue-type": "longstr"}
-        typed["x-queue-type"] = queue_type if permitted and fits else "classic"
-        return typed
-
-    def _check_equivalent(
-        self,
-        existing: Queue,
-        durable: bool,
-        exclusive: bool,
-        auto_delete: bool,
-        arguments: dict[str, Any],
-        connection: object,
-    ) -> None:
-        """rabbit_amqqueue:assert_equivalence/5 with the augmented arguments."""
-        if (
-            self.relaxed_quorum_redeclare
-            and existing.arguments.get("x-queue-type") == "quorum"
-            and arguments.get("x-queue-type") == "classic"
-        ):
-            # equivalence_check_level/2: relaxed_checks, a few arguments and nothing else
-            check_equivalent_arguments(
-                existing.arguments, arguments, existing.name, self.name, RELAXED_CHECKED
-            )
-            return
-        self.check_exclusive(existing, connection)
-        if exclusive != (existing.exclusive_owner is not None):
-            raise self._locked(existing)  # RabbitMQ: an exclusive mismatch is 405 too
-        where = f"for queue '{existing.name}' {self._where()}"
-        for arg, got, have in (
-            ("durable", durable, existing.durable),
-            ("auto_delete", auto_delete, existing.auto_delete),
-        ):
-            if got != have:
-                raise ChannelError(
-                    PRECONDITION_FAILED,
-                    f"inequivalent arg '{arg}' {where}: received '{_bool(got)}' "
-                    f"but current is '{_bool(have)}'",
-                )
-        checked = EQUIVALENCE_CHECKED.get(existing.queue_type, EQUIVALENCE_CHECKED["classic"])
-        check_equivalent_arguments(existing.arguments, arguments, existing.name, self.name, checked)
 
     def set_default_queue_type(self, queue_type: str, persist: bool = True) -> None:
         self.default_queue_type = queue_type
@@ -655,12 +558,6 @@ def _route_keys(exchange: Exchange, keys: list[str], headers: Any) -> list[Desti
                 seen.add(id(dest))
                 dests.append(dest)
     return dests
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "none"
-    return f"the value '{value}' of type 'longstr'"
 
 
 def _is_cycle(queue: str, deaths: list[dict[str, Any]]) -> bool:
