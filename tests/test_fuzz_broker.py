@@ -325,7 +325,7 @@ def target() -> Iterator[FuzzTarget]:
     def connection_lost(self: warren.broker.server.amqp_connection.Connection) -> None:
         if self.peer is not None and not self.closed:
             tuned = self.protocol.channel_max != 0  # 0 until a tune-ok is accepted
-            closed[self.peer[1]] = Closed(tuned, self._close_reason)
+            closed[self.peer[1]] = Closed(tuned, self.close_reason)
         original(self)
 
     with (

@@ -1,13 +1,14 @@
-"""One client connection: handshake, channels, heartbeats and the output buffer.
+"""One client connection: its events, channels, flow, closing and the output buffer.
 
 The server feeds it bytes (``data_received``) and gives it a transport to
-write to; everything else is here. Output is collected and written once per
-event-loop turn, so a burst of deliveries costs one transport write.
+write to. The handshake (start, start-ok, tune, open) and the heartbeats are
+broker/server/handshake.py's; channel methods go to the handlers channel.py's
+HANDLERS names. Output is collected and written once per event-loop turn, so a
+burst of deliveries costs one transport write.
 """
 
 from __future__ import annotations
 
-import platform
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from pamqp import commands
@@ -15,7 +16,7 @@ from pamqp import commands
 from warren.broker.engine.channel import HANDLERS, Channel
 from warren.broker.engine.channel_consumers import basic_ack
 from warren.broker.engine.channel_publish import basic_publish
-from warren.broker.engine.users import INTERNAL_USER
+from warren.broker.server import handshake
 from warren.broker.server.flow import ALARM, COALESCE, TURN, UNCONFIRMED, WRITER, FlowControl
 from warren.broker.server.listen import transport_address
 from warren.protocol.connection import (
@@ -29,17 +30,13 @@ from warren.protocol.connection import (
     Sentinel,
 )
 from warren.protocol.constants import (
-    ACCESS_REFUSED,
     COMMAND_INVALID,
     CONNECTION_FORCED,
     INTERNAL_ERROR,
-    NOT_ALLOWED,
     PROTOCOL_HEADER,
 )
 from warren.protocol.errors import AMQPError, ChannelError, ConnectionError_, truncate_reply_text
-from warren.protocol.frames import HEARTBEAT_FRAME
 from warren.protocol.methods import BasicAck, make
-from warren.protocol.tables import TableError, decode_table
 
 if TYPE_CHECKING:
     from warren.broker.engine.broker import Broker
@@ -47,8 +44,6 @@ if TYPE_CHECKING:
     from warren.broker.engine.timers import TimerHandle
     from warren.broker.engine.vhost import VirtualHost
 
-VERSION: Final = "0.1.0"
-LOGIN_REFUSAL_DELAY: Final = 1.0  # seconds before a refused login is answered (RabbitMQ waits too)
 EVENTS_PER_TURN: Final = 256  # client events handled before other connections get a turn
 # a publisher's share is smaller: with 256 its messages outran the consumers' acks on
 # other connections and queues grew (S6 in the README); acks and consumers go first
@@ -69,29 +64,6 @@ class Transport(Protocol):
     def is_closing(self) -> bool: ...
     def pause_reading(self) -> None: ...
     def resume_reading(self) -> None: ...
-
-
-def server_properties(product: str = "Warren", version: str | None = None) -> dict[str, Any]:
-    """``product`` and ``version`` are product.name / product.version (Warren's by default)."""
-    return {
-        "product": product,
-        "version": version or VERSION,
-        "platform": f"Python {platform.python_version()}",
-        "copyright": "The Warren authors",
-        "information": "An AMQP 0-9-1 broker in Python",
-        "cluster_name": "warren@" + platform.node(),
-        "capabilities": {
-            "publisher_confirms": True,
-            "exchange_exchange_bindings": True,
-            "basic.nack": True,
-            "consumer_cancel_notify": True,
-            "connection.blocked": True,
-            "consumer_priorities": True,
-            "authentication_failure_close": True,
-            "per_consumer_qos": True,
-            "direct_reply_to": True,
-        },
-    }
 
 
 class Connection:
@@ -119,8 +91,9 @@ class Connection:
         # when connection.open-ok went out; None while (or if) the handshake never finished.
         # A record for accounting and logs, which need it after the state has moved on.
         self.opened_at: float | None = None
-        self._close_reason = ""
-        self._refusal: TimerHandle | None = None
+        # why it is ending: "" while open, or when the socket just dropped; read by tracing
+        self.close_reason = ""
+        self.refusal: TimerHandle | None = None
         self._out: list[bytes] = []
         self.out_bytes = 0  # message bodies in _out: past a limit they are written at once
         # socket reads and writes (Prometheus' connection_{incoming,outgoing}_*): one
@@ -138,16 +111,16 @@ class Connection:
         # channels past max_unconfirmed_per_channel: not read until their confirms drain
         self.held: set[Channel] = set()
         self.holds = 0  # times that happened (for operators and tests)
-        self._received = True
-        self._sent = False
-        self._silent_ticks = 0
-        self._heartbeat_handle: TimerHandle | None = None
+        self.received = True
+        self.sent = False
+        self.silent_ticks = 0
+        self.heartbeat_handle: TimerHandle | None = None
         self._close_timer: TimerHandle | None = None
-        self._handshake_timer: TimerHandle | None = broker.timers.call_later(
-            settings.handshake_timeout / 1000, self._handshake_timed_out
+        self.handshake_timer: TimerHandle | None = broker.timers.call_later(
+            settings.handshake_timeout / 1000, lambda: handshake.timed_out(self)
         )
         broker.handshaking += 1  # until it authenticates or goes (warren.handshake_max)
-        self._handshaking = True
+        self.handshaking = True
 
     # ---- views of the protocol's state (protocol/connection.py owns it) ----
 
@@ -227,7 +200,7 @@ class Connection:
         if self._out and self.protocol.state is not CLOSED:
             data = b"".join(self._out)
             self._out.clear()
-            self._sent = True
+            self.sent = True
             self.send_oct += len(data)
             self.send_cnt += 1
             self.transport.write(data)
@@ -241,7 +214,7 @@ class Connection:
     def data_received(self, data: bytes) -> None:
         self.recv_oct += len(data)
         self.recv_cnt += 1
-        self._received = True
+        self.received = True
         self.protocol.receive_data(data)
         self._process()
         if self.publisher and self._coalescing:
@@ -302,10 +275,10 @@ class Connection:
                     else:
                         self._connection_method(method)
                 elif event is Sentinel.PROTOCOL_HEADER:
-                    self._send_start()
+                    handshake.send_start(self)
                 elif event is Sentinel.BAD_PROTOCOL_HEADER:
                     self.transport.write(PROTOCOL_HEADER)
-                    self._close_transport()
+                    self.close_transport()
                     break
             except ConnectionError_ as exc:
                 self.connection_error(exc)
@@ -411,7 +384,7 @@ class Connection:
         if isinstance(method, commands.Channel.Open):
             limit = self.broker.access.user_limit(self.user, "max-channels")
             if limit is not None:
-                self._check_user_channels(limit)
+                handshake.check_user_channels(self, limit)
             record.owner = Channel(self, channel_id)
             # RabbitMQ leaves the reserved field empty; pamqp insists on "0"
             self.send_method(channel_id, make(commands.Channel.OpenOk, channel_id=""))
@@ -427,24 +400,6 @@ class Connection:
         # connection methods, or methods only a server sends
         raise ConnectionError_(COMMAND_INVALID, "unimplemented method").at(*_ids(method))
 
-    def _check_user_channels(self, limit: int) -> None:
-        """rabbit_reader:is_over_limits/1: the user's open channels on every connection; a
-        refusal closes the connection (530, no method named)."""
-        user = self.user
-        count = sum(
-            1
-            for c in self.broker.connections
-            if c.user == user
-            for ch in c.channels.values()
-            if not ch.closed
-        )
-        if count >= limit:
-            raise ConnectionError_(
-                NOT_ALLOWED,
-                f"number of channels opened for user '{user}' has reached "
-                f"the maximum allowed user limit of {limit}",
-            )
-
     @property
     def name(self) -> str:
         """RabbitMQ names a connection by its two ends: ``127.0.0.1:50000 -> 127.0.0.1:5672``."""
@@ -452,7 +407,7 @@ class Connection:
         local_host, local_port = transport_address(self.transport, "sockname")
         return f"{host}:{port} -> {local_host}:{local_port}"
 
-    def _describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, Any]:
         props = self.client_properties
         return {
             "peer": f"{self.peer[0]}:{self.peer[1]}" if self.peer else None,
@@ -464,7 +419,7 @@ class Connection:
 
     def channel_error(self, channel: Channel, exc: AMQPError) -> None:
         self.broker.log.info(
-            "channel error", channel=channel.id, code=exc.code, text=exc.text, **self._describe()
+            "channel error", channel=channel.id, code=exc.code, text=exc.text, **self.describe()
         )
         channel.flush_confirms()
         self.send_method(
@@ -485,13 +440,13 @@ class Connection:
             return
         for channel in self.channels.values():
             channel.flush_confirms()  # owed confirms go before connection.close
-        self._close_reason = f"{exc.code} {exc.text}"
-        self.broker.log.info("connection error", code=exc.code, text=exc.text, **self._describe())
+        self.close_reason = f"{exc.code} {exc.text}"
+        self.broker.log.info("connection error", code=exc.code, text=exc.text, **self.describe())
         if not report and state is not OPENING and state is not OPEN:
             # RabbitMQ says nothing before the connection is tuned: it just closes the socket
             self.protocol.abort()
             self._release()
-            self._close_transport()
+            self.close_transport()
             return
         self.send_method(
             0,
@@ -504,35 +459,21 @@ class Connection:
         )
         self._release()
         # a client that never answers close-ok loses its socket anyway
-        self._close_timer = self.broker.timers.call_later(1.0, self._close_transport)
+        self._close_timer = self.broker.timers.call_later(1.0, self.close_transport)
 
     # ---- connection class ----
-
-    def _send_start(self) -> None:
-        self.send_method(
-            0,
-            commands.Connection.Start(
-                version_major=0,
-                version_minor=9,
-                server_properties=server_properties(
-                    self.broker.settings.product_name, self.broker.settings.product_version
-                ),
-                mechanisms="AMQPLAIN PLAIN",
-                locales="en_US",
-            ),
-        )
 
     def _connection_method(self, method: Any) -> None:
         # the protocol lets each handshake step through once, in order, and refuses the rest
         if isinstance(method, commands.Connection.StartOk):
-            self._on_start_ok(method)
+            handshake.start_ok(self, method)
         elif isinstance(method, commands.Connection.TuneOk):
             if self.protocol.heartbeat:  # the protocol has checked and applied the tuning
-                self._schedule_heartbeat()
+                handshake.schedule_heartbeat(self)
         elif isinstance(method, commands.Connection.Open):
-            self._on_open(method)
+            handshake.connection_open(self, method)
         elif isinstance(method, commands.Connection.Close):
-            self._close_reason = f"client closed: {method.reply_code} {method.reply_text}"
+            self.close_reason = f"client closed: {method.reply_code} {method.reply_text}"
             for channel in self.channels.values():
                 channel.flush_confirms()  # owed confirms go before close-ok
             self.send_method(0, commands.Connection.CloseOk())
@@ -540,7 +481,7 @@ class Connection:
             self.flush()
             self._await_client_close()
         elif isinstance(method, commands.Connection.CloseOk):
-            self._close_transport()
+            self.close_transport()
         elif isinstance(method, commands.Connection.UpdateSecret):
             self.send_method(0, commands.Connection.UpdateSecretOk())
 
@@ -554,191 +495,7 @@ class Connection:
         if self._close_timer is None:
             beat = self.heartbeat
             bound = beat if 0 < beat < CLOSING_TIMEOUT else CLOSING_TIMEOUT
-            self._close_timer = self.broker.timers.call_later(bound, self._close_transport)
-
-    def _on_start_ok(self, method: commands.Connection.StartOk) -> None:
-        self.client_properties = method.client_properties or {}
-        caps = self.client_properties.get("capabilities")
-        self.capabilities = caps if isinstance(caps, dict) else {}
-        mechanism = method.mechanism
-        response = method.response if isinstance(method.response, bytes) else b""
-        if mechanism == "PLAIN":
-            parts = response.split(b"\x00")
-            user, password = (parts[1], parts[2]) if len(parts) == 3 else (b"", b"")
-        elif mechanism == "AMQPLAIN":
-            try:
-                table, _ = decode_table(len(response).to_bytes(4, "big") + response)
-            except TableError:
-                table = {}
-            user, password = _as_bytes(table.get("LOGIN")), _as_bytes(table.get("PASSWORD"))
-        else:
-            raise ConnectionError_(
-                ACCESS_REFUSED, f"unsupported authentication mechanism '{mechanism}'", 10, 11
-            )
-        name = user.decode(errors="replace")
-        stats = self.broker.stats
-        address = self.peer[0] if self.peer else ""
-        # rabbit_reader:auth_fail/5 (4.3) tells a client with authentication_failure_close
-        # only this text, whatever the reason (a wrong password, or a loopback user from
-        # another address, checked after the password: rabbit_reader:auth_phase/2); the
-        # reason goes to the log. The same answer both ways lets no remote client learn
-        # whether a loopback user's password was right.
-        refused = (
-            f"Login was refused using authentication mechanism {mechanism}. "
-            "For details see the broker logfile."
-        )
-        if self.direct:
-            # rabbit_direct:connect/2: no password; a user named must exist, and without one
-            # it is RabbitMQ's internal "none" user, allowed everything
-            if name and name not in self.broker.access.users:
-                self._refuse_login(refused, name, "no such user")
-                return
-            self._logged_in(name or INTERNAL_USER)
-            return
-        if not self.broker.authenticate(name, password.decode(errors="replace")):
-            stats.auth_attempt(False, address, name)
-            self._refuse_login(refused, name, "invalid credentials")
-            return
-        if name in self.broker.settings.loopback_users and not self._from_loopback():
-            stats.auth_attempt(False, address, name)
-            self._refuse_login(refused, name, f"user '{name}' can only connect via localhost")
-            return
-        stats.auth_attempt(True, address, name)
-        self._logged_in(name)
-
-    def _logged_in(self, name: str) -> None:
-        self.user = name
-        self._authenticated()
-        settings = self.broker.settings
-        self.send_method(
-            0,
-            commands.Connection.Tune(
-                channel_max=settings.channel_max,
-                frame_max=settings.frame_max,
-                heartbeat=settings.heartbeat,
-            ),
-        )
-
-    def _authenticated(self) -> None:
-        if self._handshaking:
-            self._handshaking = False
-            self.broker.handshaking -= 1
-
-    def _refuse_login(self, detail: str, user: str, reason: str) -> None:
-        """Log why, ignore the peer, and answer ``detail`` only after a delay that slows
-        guessing down."""
-        self.broker.log.warning(f"login refused for user '{user}'", peer=self.peer, reason=reason)
-        self.protocol.stop()
-        self._refusal = self.broker.timers.call_later(
-            LOGIN_REFUSAL_DELAY, lambda: self._refuse(detail)
-        )
-
-    def _refuse(self, detail: str) -> None:
-        if self.protocol.state is CLOSED:
-            return
-        if self.capabilities.get("authentication_failure_close") is True:
-            # the one error RabbitMQ reports before tuning
-            self.connection_error(ConnectionError_(ACCESS_REFUSED, detail), report=True)
-            self.flush()
-        self._close_transport()
-
-    def _from_loopback(self) -> bool:
-        host = self.peer[0] if self.peer else ""
-        return (
-            host.startswith("127.")
-            or host in ("::1", "localhost")
-            or host.startswith("::ffff:127.")
-        )
-
-    def _on_open(self, method: commands.Connection.Open) -> None:
-        vhost = self.broker.vhosts.get(method.virtual_host)
-        if vhost is None:
-            raise ConnectionError_(NOT_ALLOWED, f"vhost {method.virtual_host} not found", 10, 40)
-        node_limit = self.broker.settings.connection_max
-        if node_limit is not None and len(self.broker.connections) > node_limit:
-            # rabbit_reader:is_over_node_connection_limit/1: every connection counts,
-            # this one too, and the check comes before the vhost's
-            raise ConnectionError_(
-                NOT_ALLOWED,
-                f"connection refused: node connection limit ({node_limit}) is reached",
-                10,
-                40,
-            )
-        limit = vhost.limits.get("max-connections")
-        if limit is not None and limit >= 0:
-            open_here = sum(
-                1 for c in self.broker.connections if c.protocol.state is OPEN and c.vhost is vhost
-            )
-            if open_here >= limit:
-                raise ConnectionError_(
-                    NOT_ALLOWED,
-                    f"access to vhost '{vhost.name}' refused for user '{self.user}': "
-                    f"connection limit ({limit}) is reached",
-                    10,
-                    40,
-                )
-        user_limit = self.broker.access.user_limit(self.user, "max-connections")
-        if user_limit is not None:
-            # rabbit_reader:is_over_user_connection_limit/1, after the vhost's limit
-            own = sum(
-                1
-                for c in self.broker.connections
-                if c.protocol.state is OPEN and c.user == self.user
-            )
-            if own >= user_limit:
-                raise ConnectionError_(
-                    NOT_ALLOWED,
-                    f"connection refused for user '{self.user}': "
-                    f"user connection limit ({user_limit}) is reached",
-                    10,
-                    40,
-                )
-        if not self.broker.access.can_access_vhost(self.user, vhost.name):
-            raise ConnectionError_(
-                NOT_ALLOWED,
-                f"access to vhost '{vhost.name}' refused for user '{self.user}'",
-                10,
-                40,
-            )
-        self.vhost = vhost
-        self.opened_at = self.broker.timers.now()
-        if self._handshake_timer is not None:
-            self._handshake_timer.cancel()
-            self._handshake_timer = None
-        self.send_method(0, commands.Connection.OpenOk())
-        self.broker.connection_opened(self)
-        self.broker.log.info("connection opened", **self._describe())
-
-    def _handshake_timed_out(self) -> None:
-        self._handshake_timer = None
-        if self.opened_at is None and self.protocol.state is not CLOSED:
-            self.broker.log.info("handshake timeout", peer=self.peer)
-            self._close_transport()
-
-    # ---- heartbeats ----
-
-    def _schedule_heartbeat(self) -> None:
-        # tick twice per interval: send when we were quiet, count the client's quiet ticks
-        self._heartbeat_handle = self.broker.timers.call_later(
-            self.heartbeat / 2, self._heartbeat_tick
-        )
-
-    def _heartbeat_tick(self) -> None:
-        if self.protocol.state is CLOSED:
-            return
-        if self._received or self.flow.stopped:  # what we do not read, we cannot hear
-            self._silent_ticks = 0
-            self._received = False
-        else:
-            self._silent_ticks += 1
-            if self._silent_ticks >= 4:  # two whole intervals without a byte
-                self._close_reason = "missed heartbeats"
-                self._close_transport()
-                return
-        if not self._sent:
-            self.transport.write(HEARTBEAT_FRAME)
-        self._sent = False
-        self._schedule_heartbeat()
+            self._close_timer = self.broker.timers.call_later(bound, self.close_transport)
 
     # ---- flow control from the transport ----
 
@@ -771,27 +528,22 @@ class Connection:
         for queue in list(self.exclusive_queues.values()):
             queue.vhost.delete_queue(queue)
         self.exclusive_queues.clear()
-        if self._handshake_timer is not None:
-            self._handshake_timer.cancel()
-            self._handshake_timer = None
-        if self._heartbeat_handle is not None:
-            self._heartbeat_handle.cancel()
-            self._heartbeat_handle = None
-        if self._refusal is not None:
-            self._refusal.cancel()
-            self._refusal = None
+        if self.handshake_timer is not None:
+            self.handshake_timer.cancel()
+            self.handshake_timer = None
+        if self.heartbeat_handle is not None:
+            self.heartbeat_handle.cancel()
+            self.heartbeat_handle = None
+        if self.refusal is not None:
+            self.refusal.cancel()
+            self.refusal = None
 
-    @property
-    def close_reason(self) -> str:
-        """Why it is ending: "" while open, or when the socket just dropped; read by tracing."""
-        return self._close_reason
-
-    def _close_transport(self) -> None:
+    def close_transport(self) -> None:
         if not self.transport.is_closing():
             self.transport.close()
 
     def connection_lost(self) -> None:
-        self._authenticated()  # it no longer counts as one in its handshake
+        handshake.authenticated(self)  # it no longer counts as one in its handshake
         if self.protocol.state is CLOSED:
             return
         self._release()
@@ -799,9 +551,9 @@ class Connection:
         if self.opened_at is not None:
             self.broker.log.info(
                 "connection closed",
-                reason=self._close_reason or "socket closed",
+                reason=self.close_reason or "socket closed",
                 duration_s=round(self.broker.timers.now() - self.opened_at, 3),
-                **self._describe(),
+                **self.describe(),
             )
         self._out.clear()
         if self._close_timer is not None:
@@ -819,9 +571,3 @@ def _ids(method: Any) -> tuple[int, int]:
             name, (0, 0)
         )
     return index >> 16, index & 0xFFFF
-
-
-def _as_bytes(value: Any) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    return str(value or "").encode()

@@ -21,7 +21,7 @@ from warren.broker.engine.channel import Channel
 from warren.broker.engine.queue import Queue
 from warren.broker.engine.stats import ChannelStats, IOStats
 from warren.broker.ops.management.stuck import UnackedAges
-from warren.broker.server.amqp_connection import VERSION
+from warren.broker.server.handshake import VERSION
 
 if TYPE_CHECKING:
     from warren.broker.engine.broker import Broker
