@@ -2,7 +2,7 @@
 
 The value is an object with ``max-connections`` and ``max-queues`` (a negative number:
 no limit); on set it becomes ``VirtualHost.limits``, which the connection open and the
-queue declare read (broker/server/amqp_connection.py, broker/engine/vhost.py).
+queue declare read (broker/server/handshake.py, broker/engine/vhost.py).
 Validation texts follow rabbit_vhost_limit:validate/5 (proplist validation).
 """
 

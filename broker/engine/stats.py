@@ -32,7 +32,7 @@ CHANNEL_COUNTERS: Final = (
 # the last bucket is +Inf
 SIZE_BOUNDS: Final = (100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000, 50_000_000, 100_000_000)
 # a size's bucket by its bit length: the highest bucket that bit length can reach, one
-# comparison (size <= the bound below it) away from exact (Channel.on_content)
+# comparison (size <= the bound below it) away from exact (channel_publish.basic_publish)
 SIZE_BUCKET_BY_BITS: Final = tuple(
     next((i for i, bound in enumerate(SIZE_BOUNDS) if (1 << bits) - 1 <= bound), len(SIZE_BOUNDS))
     if bits
