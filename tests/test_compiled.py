@@ -40,7 +40,9 @@ def test_the_message_path_runs_as_the_build_says() -> None:
     compiled = warren.compiled_modules()
     if COMPILED:
         names = {"protocol.connection", "broker.engine.exchange", "broker.engine.vhost",
-                 "broker.engine.channel", "broker.server.amqp_connection", "broker.engine.consumer",
+                 "broker.engine.channel", "broker.engine.channel_publish",
+                 "broker.engine.channel_consumers", "broker.engine.limiter",
+                 "broker.server.amqp_connection", "broker.engine.consumer",
                  "broker.engine.message", "broker.engine.queue", "broker.engine.stats",
                  "broker.store.records", "broker.store.segments"}  # fmt: skip
         assert names <= set(compiled)
