@@ -50,6 +50,8 @@ COMPILED = [
     "warren/broker/server/amqp_connection.py",
     "warren/broker/engine/queue.py",
     "warren/broker/engine/queue_consumers.py",
+    "warren/broker/engine/queue_settings.py",
+    "warren/broker/engine/arrivals.py",
     "warren/broker/engine/deadlines.py",
     "warren/broker/engine/queue_backlog.py",
     "warren/broker/engine/stats.py",

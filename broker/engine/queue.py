@@ -9,12 +9,12 @@ head: counts are exact at once, the deque entry goes later.
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_right
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from mypy_extensions import mypyc_attr
 
+from warren.broker.engine.arrivals import stamp_arrival
 from warren.broker.engine.deadlines import QueueDeadlines
 from warren.broker.engine.message import (
     GONE,
@@ -32,12 +32,12 @@ from warren.broker.engine.queue_backlog import (
 )
 from warren.broker.engine.queue_consumers import QueueConsumers
 from warren.broker.engine.queue_restore import restore_messages
+from warren.broker.engine.queue_settings import resolve_settings
 from warren.broker.engine.ready import PriorityReady, merge_in_order
 from warren.broker.engine.reaper import EVERYTHING, let_go
 from warren.broker.engine.retry import (
     RetryPolicy,
     count_failed_delivery,
-    parse_schedule,
     wait_for_retry,
 )
 from warren.broker.engine.stats import ConsumerUse
@@ -96,32 +96,25 @@ class QueueStats:
         self.persistent = self.persistent_bytes = self.disk_writes = self.disk_reads = 0
 
 
-def retry_policy(args: dict[str, Any], definition: dict[str, Any]) -> RetryPolicy:
-    """The delayed-retry settings; a queue argument wins over the policy key."""
-
-    def pick(key: str) -> Any:
-        arg = "x-" + key
-        return args[arg] if arg in args else definition.get(key)
-
-    kind = pick("delayed-retry-type")
-    schedule = pick("delayed-retry-schedule")
-    max_ms = pick("delayed-retry-max")
-    multiplier = pick("delayed-retry-multiplier")
-    return RetryPolicy(
-        kind=kind if isinstance(kind, str) else "disabled",
-        min_ms=pick("delayed-retry-min") or 0,
-        max_ms=max_ms if isinstance(max_ms, int) else None,
-        multiplier=multiplier if isinstance(multiplier, int) else None,
-        schedule=parse_schedule(schedule) if isinstance(schedule, str) else (),
-    )
-
-
-STAMPS_KEPT = 4096
 
 
 # subclasses need not be compiled with it (a build that leaves broker/streams/stream.py out)
 @mypyc_attr(allow_interpreted_subclasses=True)
 class Queue:
+    # the effective settings, from the arguments and the policies (queue_settings.py)
+    message_ttl: int | None
+    expires: int | None
+    max_length: int | None
+    max_length_bytes: int | None
+    overflow: str
+    dead_letter_exchange: str | None
+    dead_letter_routing_key: str | None
+    _limited: bool
+    delivery_limit: int | None
+    retry: RetryPolicy
+    counts_deliveries: bool
+    consumer_timeout_setting: int | None
+
     def __init__(
         self,
         vhost: VirtualHost,
@@ -214,47 +207,7 @@ class Queue:
             self._drop_head_over_limit()  # a lower limit trims the queue at once, as in RabbitMQ
 
     def _apply_settings(self) -> None:
-        args = self.arguments
-        definition = self.effective_definition()
-
-        def smallest(arg: str, key: str) -> int | None:
-            values: list[int] = []
-            for value in (args.get(arg), definition.get(key)):
-                if isinstance(value, int) and not isinstance(value, bool):
-                    values.append(value)
-            return min(values) if values else None
-
-        def argument_first(arg: str, key: str) -> Any:
-            return args[arg] if arg in args else definition.get(key)
-
-        self.message_ttl: int | None = smallest("x-message-ttl", "message-ttl")
-        self.expires: int | None = smallest("x-expires", "expires")
-        self.max_length: int | None = smallest("x-max-length", "max-length")
-        self.max_length_bytes: int | None = smallest("x-max-length-bytes", "max-length-bytes")
-        overflow = argument_first("x-overflow", "overflow")
-        self.overflow: str = overflow if isinstance(overflow, str) else "drop-head"
-        dlx = argument_first("x-dead-letter-exchange", "dead-letter-exchange")
-        self.dead_letter_exchange: str | None = dlx if isinstance(dlx, str) else None
-        dlrk = argument_first("x-dead-letter-routing-key", "dead-letter-routing-key")
-        self.dead_letter_routing_key: str | None = dlrk if isinstance(dlrk, str) else None
-        self._limited = self.max_length is not None or self.max_length_bytes is not None
-        limits: list[int] = [
-            v
-            for v in (args.get("x-delivery-limit"), definition.get("delivery-limit"))
-            if isinstance(v, int) and not isinstance(v, bool)
-        ]
-        # RabbitMQ 4 (resolve_delivery_limit): the smaller, but -1 (none) loses to any limit
-        limit = (max(limits) if min(limits) < 0 else min(limits)) if limits else None
-        if limit is None and self.queue_type == "quorum":
-            limit = 20  # RabbitMQ 4.0+ default for quorum queues
-        self.delivery_limit: int | None = None if limit is None or limit < 0 else limit
-        self.retry = retry_policy(args, definition)
-        self.counts_deliveries = self.queue_type == "quorum" or self.retry.enabled
-        self.consumer_timeout_setting: int | None = smallest(
-            "x-consumer-timeout", "consumer-timeout"
-        )
-        for consumer in self.consumers:
-            consumer.timeout = self.consumer_timeout_for(consumer.arguments)
+        resolve_settings(self)
 
     def effective_definition(self) -> dict[str, Any]:
         """The policy's definition merged with the operator policy's (RabbitMQ's rules)."""
@@ -288,7 +241,7 @@ class Queue:
         msg.queue = self
         self.stats.published += 1
         if self._ticks.count != self._stamped:
-            self._stamp()
+            stamp_arrival(self)
         if self.max_priority:
             msg.priority = priority_of(msg.properties, self.default_priority)
         queue_ttl = self.message_ttl
@@ -329,26 +282,6 @@ class Queue:
                 else:
                     self.deadlines.track_expiry(msg, self.ready_count + self.delayed_count)
         return True
-
-    def _stamp(self) -> None:
-        ticks = self._ticks
-        self._stamped = ticks.count
-        ticks.arm()
-        seqs, times = self.stamp_seqs, self.stamp_times
-        if len(seqs) >= STAMPS_KEPT:
-            # the older half keeps every other stamp: old arrival times get coarser, and the
-            # index stays bounded on a queue that is never empty
-            half = len(seqs) // 2
-            self.stamp_seqs = seqs = seqs[:half:2] + seqs[half:]
-            self.stamp_times = times = times[:half:2] + times[half:]
-        seqs.append(self.next_seq)
-        times.append(self._now())
-
-    def enqueued_at(self, seq: int) -> float | None:
-        """Broker time at or just before the arrival of message ``seq`` (less than STAMP_EVERY
-        before, where no stamps were thinned out); None for one that came back from the store."""
-        i = bisect_right(self.stamp_seqs, seq) - 1
-        return self.stamp_times[i] if i >= 0 else None
 
     def append_ready(self, msg: Message) -> None:
         if self.tail:

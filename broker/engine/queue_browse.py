@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from warren.broker.engine.arrivals import arrival_of
 from warren.broker.engine.message import READY, Message
 from warren.broker.store.paged import REDELIVERED, PagedRun
 
@@ -94,7 +95,7 @@ def _read(queue: Queue, entry: Entry, position: int, wall_offset: float) -> Brow
             body = store.read_body(msg.store_segment, msg.store_offset, msg.body_size())
         else:
             body = msg.body
-        at = queue.enqueued_at(msg.seq)
+        at = arrival_of(queue, msg.seq)
         return Browsed(
             position, msg.seq, msg.exchange, msg.routing_key, msg.properties, body,
             msg.redelivered, msg.delivery_count, paged,
@@ -105,7 +106,7 @@ def _read(queue: Queue, entry: Entry, position: int, wall_offset: float) -> Brow
     assert store is not None
     record = store.read_packed(run, k)
     seq = run.first_seq + k
-    at = queue.enqueued_at(seq)
+    at = arrival_of(queue, seq)
     return Browsed(
         position, seq, record.exchange, record.routing_key, record.properties,
         record.body or b"", bool(run.flags[k] & REDELIVERED), record.delivery_count, True,

@@ -79,13 +79,13 @@ class _ManualHandle:
         self.cancelled = True
 
 
-STAMP_EVERY = 1.0  # seconds: the precision of a message's time of arrival (Queue.enqueued_at)
+STAMP_EVERY = 1.0  # seconds: the precision of a message's time of arrival (arrivals.py)
 
 
 class Ticks:
     """A count that goes up a second after it is asked to (``arm``), then waits to be asked
     again: a queue stamps when messages arrived by comparing it with the count it last saw,
-    so a publish reads an attribute rather than the clock (Queue.enqueued_at), and an idle
+    so a publish reads an attribute rather than the clock (broker/engine/arrivals.py), and an idle
     broker has no timer for it."""
 
     def __init__(self, timers: Timers, every: float) -> None:

@@ -73,7 +73,7 @@ class VirtualHost:
     ) -> None:
         self.name = name
         self.timers = timers
-        # when messages arrive, to the second, without a clock read per message (Queue._stamp);
+        # when messages arrive, to the second, without a clock read per message (arrivals.py);
         # the broker gives its vhosts one on real time
         self.ticks = Ticks(timers, STAMP_EVERY)
         self.default_consumer_timeout = default_consumer_timeout  # ms, None: off
