@@ -93,7 +93,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--partitions",
         type=int,
-        help="shuffle partitions of an embedded run (default: one per 32 MB of trace, 2 to 64)",
+        help="shuffle partitions of a session this starts (default: one per 32 MB of trace, "
+        "one per core to 64)",
     )
     p.add_argument(
         "--render",

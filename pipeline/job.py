@@ -106,12 +106,15 @@ def spark_session(
         builder = builder.master(master)
     elif not submitted:
         builder = builder.master("local[*]")
+    if not submitted:
+        # a session of our own on any master: Spark's 200 shuffle partitions are 200 tasks
+        # a stage, seconds each on a busy worker, for a trace that fills two
+        builder = builder.config("spark.sql.shuffle.partitions", str(partitions))
+        builder = builder.config("spark.ui.showConsoleProgress", "false")
     if not submitted and (master is None or master.startswith("local")):
         # an embedded run: the JVM starts here, so its memory can still be chosen
         builder = builder.config("spark.driver.memory", driver_memory)
-        builder = builder.config("spark.sql.shuffle.partitions", str(partitions))
         builder = builder.config("spark.ui.enabled", "false")
-        builder = builder.config("spark.ui.showConsoleProgress", "false")
         builder = builder.config("spark.default.parallelism", str(partitions))
         if short:
             for key, value in SHORT_RUN.items():
@@ -485,9 +488,13 @@ def queue_consumers(events: DataFrame) -> DataFrame:
     last = seen.groupBy("vhost", "queue", "consumer").agg(
         F.max_by("ev", F.struct("ts", "n")).alias("last")
     )
-    return last.groupBy("vhost", "queue").agg(
-        F.count("*").alias("consumers_seen"),
-        _count(F.col("last") != "consumer_cancelled").alias("live_consumers"),
+    return (
+        last.groupBy("vhost", "queue")
+        .agg(
+            F.count("*").alias("consumers_seen"),
+            _count(F.col("last") != "consumer_cancelled").alias("live_consumers"),
+        )
+        .orderBy("vhost", "queue")  # the same table from any number of partitions
     )
 
 
