@@ -6,6 +6,7 @@
     warren-report --trace hdfs:///warren/trace --out hdfs:///warren/report \\
         --master spark://head:7077                               # on a cluster
     spark-submit pipeline/cli.py --trace ... --out ...           # or through spark-submit
+    warren-report --serve      # one warm session; a report per line of stdin (see serve())
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import shlex
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -66,7 +69,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="warren-report",
         description="Analyse Warren's message-lifecycle traces with Spark.",
     )
-    p.add_argument("--trace", required=True, help="trace directory (or one file)")
+    p.add_argument("--trace", help="trace directory (or one file)")
     p.add_argument("--out", help="where the Parquet tables and report.html go")
     p.add_argument("--master", help="Spark master (default local[*], or spark-submit's)")
     p.add_argument(
@@ -90,14 +93,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--partitions",
         type=int,
-        help="shuffle partitions of an embedded run (default: one per 32 MB of trace, 2 to 64)",
+        help="shuffle partitions of a session this starts (default: one per 32 MB of trace, "
+        "one per core to 64)",
     )
     p.add_argument(
         "--render",
         action="store_true",
         help="only redraw report.html from the tables already in --out",
     )
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="keep one Spark session and make a report per line of standard input, each "
+        "line this command's arguments (--trace DIR --out DIR ...); 'done' or 'error: ...' "
+        "ends each answer",
+    )
     args = p.parse_args(argv)
+    if args.serve:
+        return args
+    if args.trace is None:
+        p.error("give --trace DIR (or --serve)")
     if args.out is None and args.message is None:
         p.error("give --out DIR for the report, or --message ID for one message's history")
     return args
@@ -168,7 +183,10 @@ def run(
     from warren.pipeline import job, report
 
     started = time.monotonic()
-    tables = job.analyse(job.load_events(spark, trace), bucket_seconds, max_deliveries)
+    events = job.load_events(spark, trace)
+    if bucket_seconds is None:
+        bucket_seconds = job.known_bucket(trace)
+    tables = job.analyse(events, bucket_seconds, max_deliveries)
     planned = time.monotonic()
     job.write(tables, out)
     spark.catalog.clearCache()
@@ -179,6 +197,86 @@ def run(
         phases["plan and read"] = planned - started
         phases["job"] = written - planned
         phases["report"] = time.monotonic() - written
+
+
+def report_once(
+    spark: SparkSession, args: argparse.Namespace, started: float, phases: dict[str, float]
+) -> None:
+    """One report (or --message history) on a running session, and its terminal summary."""
+    from warren.pipeline import job, report
+
+    if args.message is not None:
+        events = job.load_events(spark, args.trace)
+        rows = [r.asDict() for r in job.message_events(events, args.message).collect()]
+        print_history(rows)
+        if args.out is None:
+            return
+    run(spark, args.trace, args.out, args.bucket_seconds, args.max_deliveries, phases)
+    elapsed = time.monotonic() - started
+    data = report.read_tables(args.out)
+    path = f"{args.out}/report.html"
+    events_total = data["summary"][0]["events"]
+    print(report.terminal_summary(data, args.queue))
+    print(
+        f"\n{events_total:,} events in {elapsed:.1f} s ({events_total / elapsed:,.0f} events/s: "
+        + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items())
+        + ")"
+        f"\ntables: {args.out}/<table>/ (Parquet)\nreport: {path}"
+    )
+
+
+def _missing_line(error: BaseException) -> str | None:
+    from warren.pipeline import job
+
+    module = job.missing_on_executor(error)
+    if module is None:
+        return None
+    return (
+        f"warren-report: an executor's Python has no module {module!r}: a worker needs "
+        "pyspark and pyarrow installed (the job ships Warren itself)"
+    )
+
+
+def serve(spark: SparkSession, lines: Iterable[str], out: TextIO) -> int:
+    """Reports on one warm session: each line of ``lines`` is warren-report's arguments
+    (``--trace DIR --out DIR [--queue Q] [--message ID] ...``); the answer is the usual
+    output, then a line ``done`` or ``error: <why>``. An empty line is skipped; ``quit``
+    or the end of input stops. Returns the number of failed requests."""
+    from warren.pipeline import job
+
+    failed = 0
+    print("ready", file=out, flush=True)
+    for line in lines:
+        words = shlex.split(line)
+        if not words:
+            continue
+        if words == ["quit"]:
+            break
+        try:
+            args = parse_args(words)
+            if args.serve or args.render or args.trace is None:
+                raise SystemExit(2)
+        except SystemExit:
+            failed += 1
+            print(f"error: not a report's arguments: {line.strip()}", file=out, flush=True)
+            continue
+        started = time.monotonic()
+        if (spark.sparkContext.master or "").startswith("local"):
+            partitions = args.partitions or auto_partitions(args.trace)
+            spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+        stdout, sys.stdout = sys.stdout, out
+        try:
+            report_once(spark, args, started, {})
+        except Exception as exc:  # one bad request must not end the session
+            failed += 1
+            why = _missing_line(exc) or f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+            print(f"error: {why}", file=out, flush=True)
+            continue
+        finally:
+            sys.stdout = stdout
+            job.cleanup()
+        print("done", file=out, flush=True)
+    return failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,32 +299,29 @@ def main(argv: list[str] | None = None) -> int:
     from warren.pipeline import job
 
     started = time.monotonic()
+    if args.serve:
+        # tuned for the small traces a warm session is for (SHORT_RUN)
+        spark = job.spark_session(args.master, args.driver_memory, 2, short=True)
+        try:
+            serve(spark, sys.stdin, sys.stdout)
+        finally:
+            spark.stop()
+        return 0
     partitions = args.partitions or auto_partitions(args.trace)
     size = trace_bytes(args.trace)
     short = size is not None and size < job.SHORT_RUN_BYTES
     spark = job.spark_session(args.master, args.driver_memory, partitions, short=short)
     phases = {"session": time.monotonic() - started}
     try:
-        events = job.load_events(spark, args.trace)
-        if args.message is not None:
-            rows = [r.asDict() for r in job.message_events(events, args.message).collect()]
-            print_history(rows)
-            if args.out is None:
-                return 0
-        run(spark, args.trace, args.out, args.bucket_seconds, args.max_deliveries, phases)
+        report_once(spark, args, started, phases)
+    except Exception as exc:
+        line = _missing_line(exc)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
+        return 2
     finally:
         spark.stop()
-    elapsed = time.monotonic() - started
-    data = report.read_tables(args.out)
-    path = f"{args.out}/report.html"
-    events_total = data["summary"][0]["events"]
-    print(report.terminal_summary(data, args.queue))
-    print(
-        f"\n{events_total:,} events in {elapsed:.1f} s ({events_total / elapsed:,.0f} events/s: "
-        + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items())
-        + ")"
-        f"\ntables: {args.out}/<table>/ (Parquet)\nreport: {path}"
-    )
     return 0
 
 

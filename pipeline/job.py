@@ -75,7 +75,13 @@ class Tables:
 SHORT_RUN = {
     "spark.sql.adaptive.enabled": "false",
     "spark.sql.codegen.wholeStage": "false",
-    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+    # expressions interpreted, not compiled by Janino: each compiled class costs more CPU
+    # than evaluating it on a few thousand rows
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    # one compiler thread and one GC thread: on a busy 2-core machine the JVM's helper
+    # threads only compete with its own work
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 "
+    "-XX:+UseSerialGC",
 }
 SHORT_RUN_BYTES = 64 << 20  # of trace files: up to about a million events
 
@@ -100,12 +106,15 @@ def spark_session(
         builder = builder.master(master)
     elif not submitted:
         builder = builder.master("local[*]")
+    if not submitted:
+        # a session of our own on any master: Spark's 200 shuffle partitions are 200 tasks
+        # a stage, seconds each on a busy worker, for a trace that fills two
+        builder = builder.config("spark.sql.shuffle.partitions", str(partitions))
+        builder = builder.config("spark.ui.showConsoleProgress", "false")
     if not submitted and (master is None or master.startswith("local")):
         # an embedded run: the JVM starts here, so its memory can still be chosen
         builder = builder.config("spark.driver.memory", driver_memory)
-        builder = builder.config("spark.sql.shuffle.partitions", str(partitions))
         builder = builder.config("spark.ui.enabled", "false")
-        builder = builder.config("spark.ui.showConsoleProgress", "false")
         builder = builder.config("spark.default.parallelism", str(partitions))
         if short:
             for key, value in SHORT_RUN.items():
@@ -115,7 +124,46 @@ def spark_session(
     builder = builder.config("spark.sql.session.timeZone", "UTC")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    if not (spark.sparkContext.master or "").startswith("local"):
+        # the executors decode the trace with Warren's code: they get it from the job, so a
+        # worker needs only PySpark (docs/tracing.md "On a cluster")
+        spark.sparkContext.addPyFile(package_zip())
     return spark
+
+
+_zip_dir: list[str] = []  # package_zip()'s directory, removed at exit
+
+
+def package_zip() -> str:
+    """Warren's Python sources (no C extensions: a worker's CPU and Python may differ)
+    as a zip an executor puts on its sys.path; made once per process."""
+    import zipfile
+
+    import warren
+
+    if _zip_dir:
+        return os.path.join(_zip_dir[0], "warren.zip")
+    _zip_dir.append(tempfile.mkdtemp(prefix="warren-pyfiles-"))
+    atexit.register(shutil.rmtree, _zip_dir[0], True)
+    root = os.path.dirname(warren.__file__)
+    path = os.path.join(_zip_dir[0], "warren.zip")
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        # the subpackages are links to the repository's folders in a source tree
+        for folder, dirs, files in os.walk(root, followlinks=True):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    full = os.path.join(folder, name)
+                    z.write(full, os.path.join("warren", os.path.relpath(full, root)))
+    return path
+
+
+def missing_on_executor(error: BaseException) -> str | None:
+    """The module a failed job's executor could not import, from the error's text."""
+    import re
+
+    found = re.search(r"No module named '?([A-Za-z_][\w.]*)'?", str(error))
+    return found.group(1) if found else None
 
 
 def _decode(item: tuple[str, bytes]) -> Iterator[str]:
@@ -130,6 +178,7 @@ def _decode(item: tuple[str, bytes]) -> Iterator[str]:
 
 LOCAL_DECODE_BYTES = 64 << 20  # of trace files: decoded by the driver below this
 _scratch: list[str] = []  # directories of decoded traces, removed by cleanup()
+_spans: dict[str, tuple[int, int]] = {}  # trace -> first and last ts, seen while decoding
 
 
 def _decode_here(spark: SparkSession, trace: str) -> str | None:
@@ -149,19 +198,48 @@ def _decode_here(spark: SparkSession, trace: str) -> str | None:
         return None
     scratch = tempfile.mkdtemp(prefix="warren-report-")
     _scratch.append(scratch)
+    _spans.pop(trace, None)
+    first, last = None, None
     for i, name in enumerate(files):
         with open(name, "rb") as f:
             data = f.read()
         with open(os.path.join(scratch, f"{i}.json"), "w", encoding="utf-8") as out:
             for line in _decode((name, data)):
                 out.write(line if line.endswith("\n") else line + "\n")
+                ts = _line_ts(line)
+                if ts is not None:
+                    first = ts if first is None or ts < first else first
+                    last = ts if last is None or ts > last else last
+    if first is not None and last is not None:
+        _spans[trace] = (first, last)
     return scratch
+
+
+def _line_ts(line: str) -> int | None:
+    """The ts of a decoded line (``{"n":..,"ts":..,``), without parsing the JSON; None
+    for a line cut short (Spark drops it)."""
+    start = line.find(',"ts":')
+    if start < 0 or not line.rstrip().endswith("}"):
+        return None
+    start += 6
+    end = start
+    while end < len(line) and line[end].isdigit():
+        end += 1
+    return int(line[start:end]) if end > start else None
+
+
+def known_bucket(trace: str) -> float | None:
+    """The automatic bucket of a trace :func:`load_events` decoded here, or None: the
+    driver saw every time stamp, so no Spark job needs to find the span."""
+    span = _spans.get(trace)
+    return None if span is None else bucket_for((span[1] - span[0]) / 1e6)
 
 
 def cleanup() -> None:
     """Remove the scratch directories of decoded traces (after the tables are written)."""
     while _scratch:
         shutil.rmtree(_scratch.pop(), ignore_errors=True)
+    _spans.clear()
 
 
 atexit.register(cleanup)
@@ -277,7 +355,10 @@ def auto_bucket(events: DataFrame) -> float:
     """The shortest bucket that gives a series at most MAX_BUCKETS points over the trace:
     a trace seconds long gets sub-second buckets, not one point."""
     span = events.agg((F.max("ts") - F.min("ts")).alias("span")).first()
-    seconds = (span["span"] or 0) / 1e6 if span is not None else 0
+    return bucket_for((span["span"] or 0) / 1e6 if span is not None else 0)
+
+
+def bucket_for(seconds: float) -> float:
     return next((b for b in BUCKETS if seconds / b <= MAX_BUCKETS), BUCKETS[-1])
 
 
@@ -407,9 +488,13 @@ def queue_consumers(events: DataFrame) -> DataFrame:
     last = seen.groupBy("vhost", "queue", "consumer").agg(
         F.max_by("ev", F.struct("ts", "n")).alias("last")
     )
-    return last.groupBy("vhost", "queue").agg(
-        F.count("*").alias("consumers_seen"),
-        _count(F.col("last") != "consumer_cancelled").alias("live_consumers"),
+    return (
+        last.groupBy("vhost", "queue")
+        .agg(
+            F.count("*").alias("consumers_seen"),
+            _count(F.col("last") != "consumer_cancelled").alias("live_consumers"),
+        )
+        .orderBy("vhost", "queue")  # the same table from any number of partitions
     )
 
 

@@ -497,3 +497,43 @@ def test_without_the_pipeline_extra_one_line_and_exit_2(tmp_path: Path) -> None:
         "warren-report: needs pyspark; install them with: pip install 'warren[pipeline]' "
         "(and Java 17+ for Spark)"
     ]
+
+
+def test_serve_answers_two_reports_on_one_session(spark: Any, tmp_path: Path) -> None:
+    """warren-report --serve's loop: two traces through one warm session, each report's
+    counts exact; a line that is not a report's arguments is answered and skipped."""
+    import io
+
+    made = {}
+    for name, messages, seed in (("a", 150, 3), ("b", 250, 4)):
+        made[name] = generate.generate(str(tmp_path / name), messages, seed=seed)
+    lines = [
+        f"--trace {tmp_path / 'a'} --out {tmp_path / 'ra'}\n",
+        "--no-such-option\n",
+        "\n",
+        f"--trace {tmp_path / 'b'} --out {tmp_path / 'rb'} --queue orders\n",
+        "quit\n",
+        f"--trace {tmp_path / 'a'} --out {tmp_path / 'never'}\n",
+    ]
+    out = io.StringIO()
+    assert cli.serve(spark, lines, out) == 1
+    answer = out.getvalue().splitlines()
+    assert answer[0] == "ready"
+    assert [line for line in answer if line == "done" or line.startswith("error:")] == [
+        "done",
+        "error: not a report's arguments: --no-such-option",
+        "done",
+    ]
+    assert f"report: {tmp_path / 'ra'}/report.html" in answer
+    assert f"report: {tmp_path / 'rb'}/report.html" in answer
+    assert not (tmp_path / "never").exists()
+    for name, messages in (("a", 150), ("b", 250)):
+        tables = report.read_tables(str(tmp_path / f"r{name}"))
+        summary = tables["summary"][0]
+        assert (summary["events"], summary["messages"]) == (made[name], messages)
+        ref = reference(load(tmp_path / name))
+        q = totals(tables)
+        assert {n: q[n]["published"] for n in q} == {
+            n: c["routed"] for n, c in ref["queues"].items()
+        }
+        assert {n: q[n]["acked"] for n in q} == {n: c["acked"] for n, c in ref["queues"].items()}

@@ -549,3 +549,47 @@ def test_installed_wheel_gives_the_fixture_to_another_project(tmp_path: Path) ->
     # nothing but the one package (and its metadata) lands at the top of site-packages
     mine = {p.name for p in Path(site).iterdir()} - {"test-deps.pth", "_virtualenv.pth"}
     assert {n for n in mine if not n.startswith(("warren", "__pycache__"))} == set(), mine
+
+
+def test_warren_reports_gives_the_report_of_a_failing_test(project: pytest.Pytester) -> None:
+    """--warren-reports: a trace per test, and for the failing one only a report, made by
+    warren-report (Spark) after the run and named in the terminal summary."""
+    project.makepyfile(
+        test_two="""
+        import pika
+
+        def _publish(broker, n):
+            conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+            ch = conn.channel()
+            ch.queue_declare("jobs", durable=True)
+            for i in range(n):
+                ch.basic_publish("", "jobs", b"x")
+            conn.close()
+
+        def test_passes(warren_broker):
+            _publish(warren_broker, 1)
+
+        def test_fails(warren_broker):
+            _publish(warren_broker, 3)
+            assert warren_broker.queue_depth("jobs") == 0
+        """
+    )
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "--warren-reports", "reports")
+    result.assert_outcomes(passed=1, failed=1)
+    base = project.path / "reports"
+    failed = base / "test_two.py_test_fails"
+    result.stdout.fnmatch_lines(
+        [
+            "*warren reports of failed tests*",
+            f"test_two.py::test_fails: {failed}/report/report.html",
+        ]
+    )
+    assert "test_passes:" not in result.stdout.str()
+    assert list((base / "test_two.py_test_passes" / "trace").glob("warren-trace-*"))
+    assert not (base / "test_two.py_test_passes" / "report").exists()
+    from warren.pipeline import report
+
+    tables = report.read_tables(str(failed / "report"))
+    assert tables["summary"][0]["published"] == 3
+    (jobs,) = report.queue_rows(tables)
+    assert (jobs["queue"], jobs["published"], jobs["ready"]) == ("jobs", 3, 3)

@@ -26,6 +26,12 @@ that file):
   (default: nothing is written to disk);
 * ``warren_management``: also serve the management API on a free port.
 
+Command-line option ``--warren-reports DIR`` (opt-in): each ``warren_broker``
+writes its lifecycle trace to ``DIR/<test>/trace``; at the end of the run one
+``warren-report --serve`` session (Spark) makes ``DIR/<test>/report`` for each
+test that failed, and the terminal summary prints each report's path
+(docs/test-kit.md "A report per failing test").
+
 Nothing here imports the broker until a fixture is used, so the plugin
 costs nothing in test runs that do not use it.
 """
@@ -33,7 +39,10 @@ costs nothing in test runs that do not use it.
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,6 +75,75 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type="bool",
         default=False,
     )
+    parser.getgroup("warren").addoption(
+        "--warren-reports",
+        metavar="DIR",
+        help="trace each warren_broker to DIR/<test>/trace and print the path of a "
+        "warren-report for each failing test (needs warren[pipeline])",
+    )
+
+
+TRACE_DIR = pytest.StashKey[Path]()  # an item's trace directory (--warren-reports)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    trace = item.stash.get(TRACE_DIR, None)
+    if trace is not None and report.when == "call":
+        # on the report, not the config: pytest-xdist sends reports to the controller
+        report.user_properties.append(("warren_trace", str(trace)))
+    return report
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    traces = [str(v) for k, v in report.user_properties if k == "warren_trace"]
+    if traces and report.failed and report.when == "call":
+        _failed.append((report.nodeid, Path(traces[0])))
+
+
+_failed: list[tuple[str, Path]] = []  # (nodeid, its trace) of failed tests, this run
+
+
+def _reports(failed: list[tuple[str, Path]]) -> list[str]:
+    """Reports of the failed tests' traces through one ``warren-report --serve``: a line
+    per test, the report's path or why there is none."""
+    import importlib.util
+
+    lines = []
+    # the pipeline extra (the subprocess would say the same, after a Python start)
+    missing = [m for m in ("pyspark", "pyarrow", "matplotlib") if not importlib.util.find_spec(m)]
+    if missing:
+        for nodeid, trace in failed:
+            lines.append(f"{nodeid}: trace {trace} (no report: needs {', '.join(missing)})")
+        return lines
+    requests = "".join(
+        f"--trace {shlex.quote(str(trace))} --out {shlex.quote(str(trace.parent / 'report'))}\n"
+        for _, trace in failed
+    )
+    answer = subprocess.run(
+        [sys.executable, "-m", "warren.pipeline", "--serve"],
+        input=requests,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    ends = [a for a in answer.stdout.splitlines() if a == "done" or a.startswith("error:")]
+    for i, (nodeid, trace) in enumerate(failed):
+        end = ends[i] if i < len(ends) else f"error: warren-report exited {answer.returncode}"
+        if end == "done":
+            lines.append(f"{nodeid}: {trace.parent / 'report' / 'report.html'}")
+        else:
+            lines.append(f"{nodeid}: trace {trace} (no report: {end[7:]})")
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    failed, _failed[:] = list(_failed), []
+    if failed:
+        terminalreporter.section("warren reports of failed tests")
+        for line in _reports(failed):
+            terminalreporter.write_line(line)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -146,6 +224,13 @@ def warren_broker(
         marked.update(marker.kwargs)
     data_dir = _data_dir(request.config, _safe(request.node.name))
     record = marked.pop("record", True)  # not a setting: the test kit's record (run_broker)
+    reports = request.config.getoption("warren_reports")
+    if reports is not None:
+        trace = Path(reports).absolute() / _safe(request.node.nodeid) / "trace"
+        shutil.rmtree(trace.parent, ignore_errors=True)  # each run of a test starts empty
+        trace.mkdir(parents=True)
+        request.node.stash[TRACE_DIR] = trace
+        marked = {"trace_enabled": True, "trace_dir": str(trace), **marked}
     changes = _changes(request.config, **{"data_dir": data_dir, **marked})
     with run_broker(warren_settings, record=record, **changes) as broker:
         yield broker
