@@ -27,9 +27,9 @@ from warren.broker.engine.message import READY, UNACKED, Message, page_out, unpa
 from warren.broker.engine.stats import IOStats
 from warren.broker.store import records
 from warren.broker.store.paged import MESSAGE_MEMORY, REDELIVERED, PagedRun
-from warren.broker.store.recovery import DECODED, Block, RecoveryIndex
-from warren.broker.store.recovery import DELIVERED as DELIVERED_FLAG
-from warren.broker.store.recovery import STATE as STATE_FLAG
+from warren.broker.store.recovery_index import DECODED, Block, RecoveryIndex
+from warren.broker.store.recovery_index import DELIVERED as DELIVERED_FLAG
+from warren.broker.store.recovery_index import STATE as STATE_FLAG
 from warren.broker.store.writer import Writer, segment_name
 
 if TYPE_CHECKING:
