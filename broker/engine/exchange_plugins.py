@@ -391,7 +391,7 @@ class DelayedMessageExchange(Exchange):
             body = record.body
             if body is None:
                 assert store is not None
-                body = store.read_body(record.segment, record.body_offset, record.body_size)
+                body = store.pager.read_body(record.segment, record.body_offset, record.body_size)
             msg = Message(record.exchange, record.routing_key, record.properties, body)
             msg.store_id = record.msg_id
             msg.store_segment, msg.store_offset = record.segment, record.body_offset

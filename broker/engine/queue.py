@@ -303,7 +303,7 @@ class Queue:
             stats.persistent += 1
             stats.persistent_bytes += len(msg.body)
             stats.disk_writes += 1
-            limit = store.page_limit
+            limit = store.pager.page_limit
             if limit is not None and over_limit(self, len(msg.body), limit):
                 # over the memory limit: it leaves memory once on disk, packed in a run, or
                 # (deadlines and priorities need the object) its body only
@@ -311,7 +311,7 @@ class Queue:
                     page_later(self, msg, store)
                     packed = True
                 else:
-                    store.page_later(msg)
+                    store.pager.page_later(msg)
         if not packed:
             (self.tail or self.ready).append(msg)
         self.ready_count += 1

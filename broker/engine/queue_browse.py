@@ -91,7 +91,7 @@ def _read(queue: Queue, entry: Entry, position: int, wall_offset: float) -> Brow
         if paged:  # read from its segment without bringing it back (Message.body would)
             store = queue.message_store
             assert store is not None
-            body = store.read_body(msg.store_segment, msg.store_offset, msg.body_size())
+            body = store.pager.read_body(msg.store_segment, msg.store_offset, msg.body_size())
         else:
             body = msg.body
         at = queue.enqueued_at(msg.seq)
@@ -103,7 +103,7 @@ def _read(queue: Queue, entry: Entry, position: int, wall_offset: float) -> Brow
     run, k = entry
     store = queue.message_store
     assert store is not None
-    record = store.read_packed(run, k)
+    record = store.pager.read_packed(run, k)
     seq = run.first_seq + k
     at = queue.enqueued_at(seq)
     return Browsed(
@@ -195,7 +195,7 @@ class _IdMatcher:
         else:
             store = queue.message_store
             assert store is not None
-            properties = store.read_packed(*entry).properties
+            properties = store.pager.read_packed(*entry).properties
         raw = split_properties(properties).get("message_id")
         return raw is not None and decode_field("message_id", raw) == self.message_id
 
@@ -254,7 +254,7 @@ def _bring_forward(queue: Queue, seq: int) -> Message | None:
         if item.__class__ is PagedRun:
             assert isinstance(item, PagedRun)
             if item.packed:
-                store.materialise(item, ready)
+                store.pager.materialise(item, ready)
             else:
                 for msg in item.pending:
                     if msg.state == READY:
@@ -262,7 +262,7 @@ def _bring_forward(queue: Queue, seq: int) -> Message | None:
                 item.pending.clear()
             if not len(item):
                 tail.popleft()
-                store.run_done(item)
+                store.pager.run_done(item)
         else:
             assert isinstance(item, Message)
             tail.popleft()

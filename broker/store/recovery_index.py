@@ -7,7 +7,7 @@ no more than its place, so that is all this index holds for it: a few array colu
 (33 bytes a record), not an object, and the recovery of a long backlog peaks near
 the packed backlog's own size. Messages that come back as objects (bodies kept in
 memory, deadlines, retry state, queues that cannot pack) keep their decoded record
-beside it (MessageStore.recover).
+beside it (Recovery, broker/store/recovery.py).
 
 Records are appended in log order into blocks of ascending ids (a new block starts
 when an id is not above the last one: compaction copies old messages to the head of
