@@ -49,6 +49,7 @@ from warren.protocol.properties import (
 
 if TYPE_CHECKING:
     from warren.broker.engine.channel import Channel
+    from warren.broker.engine.confirms import Confirms
     from warren.broker.engine.consumer import Consumer
     from warren.broker.engine.exchange import Exchange
     from warren.broker.engine.policy import Policy
@@ -275,8 +276,9 @@ class Queue:
 
     # ---- in ----
 
-    def publish(self, msg: Message, ttl: int | None) -> bool:
-        """Enqueue; False if the queue refused it (overflow reject-publish)."""
+    def publish(self, msg: Message, ttl: int | None, confirm: Confirms | None = None) -> bool:
+        """Enqueue; False if the queue refused it (overflow reject-publish). ``confirm``: the
+        publisher's confirm token, for the store to count a copy it writes on."""
         if self._limited and self.overflow != "drop-head" and self._full_for(len(msg.body)):
             if self.overflow == "reject-publish-dlx":
                 self.dead_letter(msg, "maxlen")
@@ -298,7 +300,8 @@ class Queue:
         if self.store_id and is_persistent(msg.properties):
             store = self.message_store
             assert store is not None
-            store.publish(self.store_id, msg, self._wall() + ttl / 1000 if ttl is not None else 0.0)
+            expires_wall = self._wall() + ttl / 1000 if ttl is not None else 0.0
+            store.publish(self.store_id, msg, expires_wall, confirm)
             stats = self.stats
             stats.persistent += 1
             stats.persistent_bytes += len(msg.body)
@@ -667,7 +670,9 @@ class Queue:
         self.deadlines.release()
 
 
-def fan_out(queues: list[Queue], msg: Message, ttl: int | None) -> int:
+def fan_out(
+    queues: list[Queue], msg: Message, ttl: int | None, confirm: Confirms | None = None
+) -> int:
     """Enqueue ``msg`` in each of ``queues``; returns how many took it.
 
     Every place that routes one message to several queues goes through here. All the
@@ -676,11 +681,11 @@ def fan_out(queues: list[Queue], msg: Message, ttl: int | None) -> int:
     message itself, with no copy.
     """
     if len(queues) == 1:
-        return 1 if queues[0].publish(msg, ttl) else 0
+        return 1 if queues[0].publish(msg, ttl, confirm) else 0
     copies = [msg, *(msg.copy() for _ in range(len(queues) - 1))]
     taken = 0
     for queue, copy in zip(queues, copies, strict=True):
-        if queue.publish(copy, ttl):
+        if queue.publish(copy, ttl, confirm):
             taken += 1
     return taken
 

@@ -31,6 +31,7 @@ from warren.broker.store.recovery import Recovery
 from warren.broker.store.writer import Writer
 
 if TYPE_CHECKING:
+    from warren.broker.engine.confirms import Confirms
     from warren.broker.engine.exchange_plugins import DelayedMessageExchange
 
 SEGMENT_SIZE = 16 * 1024 * 1024
@@ -56,7 +57,7 @@ class MessageStore:
         self.sync = sync
         os.makedirs(directory, mode=0o700, exist_ok=True)
         self._next_id = 1
-        self.published = 0  # PUBLISH records appended: tells a channel its confirm must wait
+        self.published = 0  # PUBLISH records appended: tx.commit waits if its publishes did
         self.messages: dict[int, Message] = {}  # live persistent messages by id
         self.io = IOStats()  # Prometheus' io_* and msg_store_* (broker/ops/metrics.py)
         self.first_id = 1  # the first id this run gives: msg_store_write_total counts from it
@@ -68,7 +69,8 @@ class MessageStore:
         self._handoff_scheduled = False
         self.open_batch = 0  # the batch that records appended now will belong to
         self.synced_batch = -1
-        self.waiters: set[Any] = set()  # channels with confirms waiting for a batch
+        # publishers' confirms waiting for the disk: told of each batch synced, and of a failure
+        self.waiters: set[Confirms] = set()
         self._writer: Writer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._after_sync: deque[tuple[int, Callable[[bool], None]]] = deque()  # (batch, callback)
@@ -88,20 +90,17 @@ class MessageStore:
         # left): meanwhile ``error`` is that error, and it is None again once it writes
         self.stalled = False
         # Messages published since the last handoff, by id: [msg, queue id, expires (wall),
-        # publishing channel or None, its confirm's seq, handoffs left to wait]. Their
-        # records are encoded at the handoff, so one removed before it (acked, expired,
-        # purged) never reaches the disk, and its confirm needs no write: RabbitMQ's
+        # the publisher's confirms (the token it handed over) or None, its seq, handoffs left
+        # to wait]. Their records are encoded at the handoff, so one removed before it (acked,
+        # expired, purged) never reaches the disk, and its confirm needs no write: RabbitMQ's
         # msg_store skips a write whose remove came first and confirms the message
         # (rabbit_msg_store, "flying" writes; rabbit_variable_queue:msgs_written_to_disk/3
         # with `ignored`, remove_vhost_msgs_by_id/2).
         self._fresh: dict[int, list[Any]] = {}
-        self.confirm_owner: Any = None  # the channel routing a publish it must confirm
-        self.confirm_seq = 0  # ... and that publish's seq
-        self.fresh_owned = 0  # fresh messages published with an owner (so many confirms)
-        self.fresh_elided = 0  # ... removed while their publish was still being routed
         self.never_written = 0  # messages gone before their record was written
-        self._owners: list[tuple[Any, int]] = []  # (channel, seq) of the open batch's publishes
-        self._settle: deque[tuple[int, list[tuple[Any, int]]]] = deque()  # (batch, owners)
+        # (confirms, seq) of the open batch's publishes, and of the batches handed over
+        self._owners: list[tuple[Confirms, int]] = []
+        self._settle: deque[tuple[int, list[tuple[Confirms, int]]]] = deque()  # (batch, owners)
         self._handed = -1  # the last batch handed to the writer: none while it writes one
         self._flush_all = False  # the next handoff keeps nothing back (tx.commit)
         self._new_fresh = False  # messages published since the last handoff
@@ -256,8 +255,12 @@ class MessageStore:
             self._segment_bytes = 0
             self.compactor.collect()
 
-    def publish(self, queue_id: int, msg: Message, expires_wall: float) -> None:
-        """Store ``msg``: its record is written with the open batch (see _fresh)."""
+    def publish(
+        self, queue_id: int, msg: Message, expires_wall: float, confirm: Confirms | None
+    ) -> None:
+        """Store ``msg``: its record is written with the open batch (see _fresh). ``confirm``:
+        the token of the publish being routed, its publisher's confirms, which count this
+        copy and hear when it is written or gone (broker/engine/confirms.py)."""
         msg_id = self._next_id
         self._next_id += 1
         self.published += 1
@@ -266,10 +269,8 @@ class MessageStore:
         msg.store_offset = UNWRITTEN
         self.messages[msg_id] = msg
         self._new_fresh = True
-        owner = self.confirm_owner
-        if owner is not None:
-            self.fresh_owned += 1
-            self._fresh[msg_id] = [msg, queue_id, expires_wall, owner, self.confirm_seq, GRACE]
+        if confirm is not None:
+            self._fresh[msg_id] = [msg, queue_id, expires_wall, confirm, confirm.stored(), GRACE]
         else:
             self._fresh[msg_id] = [msg, queue_id, expires_wall, None, 0, 0]
         self._schedule()
@@ -313,12 +314,9 @@ class MessageStore:
             return False
         msg.store_offset = 0
         self.never_written += 1
-        owner = entry[3]
-        if owner is not None:
-            if owner is self.confirm_owner and entry[4] == self.confirm_seq:
-                self.fresh_elided += 1  # the channel still routes it: it counts these
-            else:
-                owner.store_settled(entry[4])
+        confirm: Confirms | None = entry[3]
+        if confirm is not None:
+            confirm.on_gone(entry[4])
         return True
 
     def forget(self, msg: Message) -> None:
@@ -403,7 +401,7 @@ class MessageStore:
         settle = self._settle
         if settle and settle[0][0] <= batch:
             # each channel told once, so its acks for the batch go out as one frame
-            seqs: dict[Any, list[int]] = {}
+            seqs: dict[Confirms, list[int]] = {}
             while settle and settle[0][0] <= batch:
                 for owner, seq in settle.popleft()[1]:
                     if owner in seqs:
@@ -411,14 +409,17 @@ class MessageStore:
                     else:
                         seqs[owner] = [seq]
             for owner, settled in seqs.items():
-                owner.store_settled_all(settled)
+                owner.on_written(settled)
         external = self._external_batches
         while external and external[0][0] <= batch:
             for log in external.popleft()[1]:
                 log.synced(batch)
         if self.waiters:
-            for channel in list(self.waiters):
-                channel.store_synced(batch)
+            waiters = self.waiters
+            for confirm in list(waiters):
+                confirm.on_synced(batch)
+                if not confirm.waiting_for_disk:
+                    waiters.discard(confirm)
         after = self._after_sync
         while after and after[0][0] <= batch:
             after.popleft()[1](True)
@@ -438,8 +439,8 @@ class MessageStore:
         )
         waiters = list(self.waiters)
         self.waiters.clear()
-        for channel in waiters:
-            channel.store_failed()
+        for confirm in waiters:
+            confirm.on_failed()
         after, self._after_sync = self._after_sync, deque()
         for _, callback in after:
             callback(False)
