@@ -216,6 +216,14 @@ class Confirms:
         entry[3] -= 1
         return not entry[3] and self._advance()
 
+    def waits(self, seq: int) -> bool:
+        """``seq`` waits for the disk: neither acked nor nacked yet."""
+        disk = self._disk
+        if not disk or seq < disk[0][0] or seq > disk[-1][1]:
+            return False
+        i = bisect_right(disk, seq, key=_first) - 1
+        return disk[i][1] >= seq and seq not in self._nacked
+
     def _advance(self) -> bool:
         disk = self._disk
         synced = self._synced

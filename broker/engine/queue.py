@@ -277,8 +277,13 @@ class Queue:
     # ---- in ----
 
     def publish(self, msg: Message, ttl: int | None, confirm: Confirms | None = None) -> bool:
-        """Enqueue; False if the queue refused it (overflow reject-publish). ``confirm``: the
+        """Enqueue; False if the queue refused it (overflow reject-publish, or a store that
+        cannot write the persistent message whose confirm waits for it). ``confirm``: the
         publisher's confirm token, for the store to count a copy it writes on."""
+        if confirm is not None and self.store_id:
+            store = self.message_store
+            if store is not None and store.error is not None and is_persistent(msg.properties):
+                return False  # nacked, and taken by no durable queue (MessageStore._nacked_now)
         if self._limited and self.overflow != "drop-head" and self._full_for(len(msg.body)):
             if self.overflow == "reject-publish-dlx":
                 self.dead_letter(msg, "maxlen")
@@ -600,6 +605,18 @@ class Queue:
         if self.ready and self.ready[0] is msg:
             self.ready.popleft()
         self.expired(msg)
+        if not self.ready_count:
+            self.ready.clear()
+
+    def withdraw(self, msg: Message) -> None:
+        """A ready message whose publish was nacked because the store cannot write it leaves
+        the queue as if never published (MessageStore._nacked_now): not expired, not
+        dead-lettered."""
+        self.ready_count -= 1
+        self.ready_bytes -= msg.body_size()
+        if self.ready and self.ready[0] is msg:
+            self.ready.popleft()
+        self.gone(msg)
         if not self.ready_count:
             self.ready.clear()
 

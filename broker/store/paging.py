@@ -121,6 +121,8 @@ class Pager:
             ):
                 return
             pending.popleft()
+            if not msg.store_id:
+                continue  # withdrawn before its record was written (Queue.withdraw)
             body = msg.body
             header = records.publish_header_size(
                 len(msg.exchange.encode("utf-8", "surrogateescape")),

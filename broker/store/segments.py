@@ -98,9 +98,9 @@ class MessageStore:
         # with `ignored`, remove_vhost_msgs_by_id/2).
         self._fresh: dict[int, list[Any]] = {}
         self.never_written = 0  # messages gone before their record was written
-        # (confirms, seq) of the open batch's publishes, and of the batches handed over
-        self._owners: list[tuple[Confirms, int]] = []
-        self._settle: deque[tuple[int, list[tuple[Confirms, int]]]] = deque()  # (batch, owners)
+        # (confirms, seq, message) of the open batch's publishes, and of the batches handed over
+        self._owners: list[tuple[Confirms, int, Message]] = []
+        self._settle: deque[tuple[int, list[tuple[Confirms, int, Message]]]] = deque()
         self._handed = -1  # the last batch handed to the writer: none while it writes one
         self._flush_all = False  # the next handoff keeps nothing back (tx.commit)
         self._new_fresh = False  # messages published since the last handoff
@@ -173,7 +173,7 @@ class MessageStore:
         msg: Message = entry[0]
         self._append_publish(entry[1], msg, entry[2], msg.redelivered or msg.state != READY)
         if entry[3] is not None:
-            self._owners.append((entry[3], entry[4]))
+            self._owners.append((entry[3], entry[4], msg))
 
     def _emit_fresh(self) -> bool:
         """Encode the fresh messages' records; one delivered with a confirm waiting for it is
@@ -403,7 +403,7 @@ class MessageStore:
             # each channel told once, so its acks for the batch go out as one frame
             seqs: dict[Confirms, list[int]] = {}
             while settle and settle[0][0] <= batch:
-                for owner, seq in settle.popleft()[1]:
+                for owner, seq, _ in settle.popleft()[1]:
                     if owner in seqs:
                         seqs[owner].append(seq)
                     else:
@@ -437,15 +437,37 @@ class MessageStore:
             error=f"{error.__class__.__name__}: {error}",
             directory=self.directory,
         )
+        nacked = self._nacked_now()
         waiters = list(self.waiters)
         self.waiters.clear()
         for confirm in waiters:
             confirm.on_failed()
+        for msg in nacked:  # after the nacks: gone unwritten, they must not settle as acks
+            queue = msg.queue
+            if msg.state == READY and msg.store_id and queue is not None:
+                queue.withdraw(msg)
         after, self._after_sync = self._after_sync, deque()
         for _, callback in after:
             callback(False)
         if self.on_failure is not None:
             self.on_failure(error)
+
+    def _nacked_now(self) -> list[Message]:
+        """The stored copies whose publish waits for the disk, about to be nacked: a nack
+        means the broker did not take the message, so those still ready leave their queue
+        (``Queue.withdraw``; one delivered already stays with its consumer). One whose
+        record the writer writes once it can is removed again by a later record, so a
+        restart does not bring it back either."""
+        waiters = self.waiters
+        copies: list[Message] = []
+        for entry in self._fresh.values():
+            confirm: Confirms | None = entry[3]
+            if confirm is not None and confirm in waiters and confirm.waits(entry[4]):
+                copies.append(entry[0])
+        for _, owners in self._settle:
+            copies.extend(m for c, seq, m in owners if c in waiters and c.waits(seq))
+        copies.extend(m for c, seq, m in self._owners if c in waiters and c.waits(seq))
+        return copies
 
     def _writer_stalled(self, error: OSError | None) -> None:
         """The writer failed to write a round and retries it (``error``), or wrote it
