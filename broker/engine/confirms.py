@@ -40,17 +40,17 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from warren.broker.store.segments import MessageStore
 
 ACK = True
 NACK = False
-# what routed() decided
-NACKED = 0  # a nack is due now
-DUE = 1  # an ack may go out (behind earlier publishes still waiting for the disk)
-WAITING = 2  # waits for the disk
+# what routed() decided (Final: compiled, read as constants, not looked up by name)
+NACKED: Final = 0  # a nack is due now
+DUE: Final = 1  # an ack may go out (behind earlier publishes still waiting for the disk)
+WAITING: Final = 2  # waits for the disk
 
 
 def _first(entry: list[int]) -> int:
