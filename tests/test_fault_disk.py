@@ -147,10 +147,10 @@ def test_compaction_waits_for_room_for_its_copies(
 
 
 def test_a_publish_nacked_for_a_full_disk_is_never_delivered(tmp_path: Path) -> None:
-    # A nack tells the publisher the broker did not take the message (RabbitMQ's
-    # rabbit_confirms: a nacked publish was not enqueued): one nacked because the store
-    # cannot write leaves the queue, and its record, written once there is room, is removed
-    # again, so neither a consumer nor a restart sees it.
+    # Warren's rule (issue 41, finding 3): a nack means the broker did not take the
+    # message. One nacked because the store cannot write leaves the queue, and its record,
+    # written once there is room, is removed again, so neither a consumer nor a restart
+    # sees it.
     with small_disk(tmp_path / "disk", "4m") as disk:
         ballast = disk / "ballast"
         ballast.write_bytes(b"\0" * (1 << 20))  # deleted later: the room that comes back
