@@ -21,10 +21,10 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 # The message path: framing, routing, queues, streams, channels, the messages themselves,
-# the tracing hooks and the message store's loop side. Subclasses are compiled with their
-# bases (Queue also admits interpreted ones). Not compiled: the store's threads
-# (broker/store/writer.py), the trace writer, timers (the test kit's ManualLoop subclasses
-# them), management.
+# the tracing hooks and the message store's loop side (its log, paging, compaction, and the
+# read of the log at start-up). Subclasses are compiled with their bases (Queue also admits
+# interpreted ones). Not compiled: the store's threads (broker/store/writer.py), the trace
+# writer, timers (the test kit's ManualLoop subclasses them), management.
 COMPILED = [
     "warren/protocol/constants.py",
     "warren/protocol/errors.py",
@@ -63,6 +63,9 @@ COMPILED = [
     "warren/broker/testkit/recorder.py",
     "warren/broker/store/records.py",
     "warren/broker/store/segments.py",
+    "warren/broker/store/paging.py",
+    "warren/broker/store/compaction.py",
+    "warren/broker/store/recovery.py",
 ]
 
 # mypyc trusts every annotation it sees and checks values against them at run time.

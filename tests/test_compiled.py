@@ -44,7 +44,8 @@ def test_the_message_path_runs_as_the_build_says() -> None:
                  "broker.engine.channel_consumers", "broker.engine.limiter",
                  "broker.server.amqp_connection", "broker.engine.consumer",
                  "broker.engine.message", "broker.engine.queue", "broker.engine.stats",
-                 "broker.store.records", "broker.store.segments"}  # fmt: skip
+                 "broker.store.records", "broker.store.segments", "broker.store.paging",
+                 "broker.store.compaction", "broker.store.recovery"}  # fmt: skip
         assert names <= set(compiled)
     else:
         assert compiled == []

@@ -144,3 +144,65 @@ def test_compaction_waits_for_room_for_its_copies(
             assert any("compacting segment" in m for m in messages), messages
             assert not alarms(running)
         assert published > 100
+
+
+def test_a_publish_nacked_for_a_full_disk_is_never_delivered(tmp_path: Path) -> None:
+    # Warren's rule (issue 41, finding 3): a nack means the broker did not take the
+    # message. One nacked because the store cannot write leaves the queue, and its record,
+    # written once there is room, is removed again, so neither a consumer nor a restart
+    # sees it.
+    with small_disk(tmp_path / "disk", "4m") as disk:
+        ballast = disk / "ballast"
+        ballast.write_bytes(b"\0" * (1 << 20))  # deleted later: the room that comes back
+        with run_broker(
+            data_dir=str(disk / "data"), disk_free_limit_absolute=1, segment_size=256 * 1024
+        ) as running:
+            pub = pika.BlockingConnection(pika.URLParameters(running.url))
+            states: list[bool] = []
+            pub.add_on_connection_blocked_callback(lambda *_: states.append(True))
+            pub.add_on_connection_unblocked_callback(lambda *_: states.append(False))
+            ch = pub.channel()
+            ch.confirm_delivery()
+            ch.queue_declare("n.q", durable=True)
+            confirmed: set[bytes] = set()
+            nacked: set[bytes] = set()
+            for i in range(4000):
+                body = b"%06d" % i + b"x" * 2000
+                try:
+                    ch.basic_publish("", "n.q", body, PERSISTENT)
+                except pika.exceptions.NackError:
+                    nacked.add(body)
+                    break
+                confirmed.add(body)
+            else:
+                raise AssertionError("the disk never filled up")
+            assert "message_store" in alarms(running)
+            # before the restart: the queue holds exactly the confirmed messages
+            sub = pika.BlockingConnection(pika.URLParameters(running.url))
+            sch = sub.channel()
+            seen = set()
+            while True:
+                method, _, body = sch.basic_get("n.q")  # not acked: back in the queue at close
+                if method is None:
+                    break
+                seen.add(body)
+            sub.close()
+            assert seen == confirmed
+            ballast.unlink()
+            deadline = time.monotonic() + 20
+            while not states or states[-1]:  # connection.unblocked: the alarm cleared
+                assert time.monotonic() < deadline, alarms(running)
+                pub.process_data_events(0.1)
+            pub.close()
+            running.restart()
+            conn = pika.BlockingConnection(pika.URLParameters(running.url))
+            rch = conn.channel()
+            back = set()
+            while True:
+                method, _, body = rch.basic_get("n.q", auto_ack=True)
+                if method is None:
+                    break
+                back.add(body)
+            conn.close()
+        assert back == confirmed, "a nacked message came back, or a confirmed one was lost"
+        assert not back & nacked

@@ -141,7 +141,7 @@ def test_purging_and_deleting_a_packed_queue_leaves_nothing_behind(tmp_path: Pat
 
 
 def test_a_recovered_backlog_is_packed_as_it_is_read_and_all_comes_back(tmp_path: Path) -> None:
-    # The restart reads the log into the store's index of places (broker/store/recovery.py),
+    # The restart reads the log into the store's index of places (broker/store/recovery_index.py),
     # not into an object per message: what stays in memory afterwards is what the limit
     # allows, counting each message's overhead as a running queue does, so ~180 small
     # messages, not the ~2,000 whose bodies alone would fill 64 KiB.

@@ -142,8 +142,8 @@ class Broker:
         store = self.persistence.messages
         store.on_failure = lambda _: self.set_alarm("message_store", True)
         store.on_recovery = lambda: self.set_alarm("message_store", False)
-        store.low_on_disk = lambda: "disk" in self.alarms
-        store.disk_free_limit = self.settings.disk_free_limit_absolute
+        store.compactor.low_on_disk = lambda: "disk" in self.alarms
+        store.compactor.disk_free_limit = self.settings.disk_free_limit_absolute
         self.persistence.start(self.timers.loop)
 
     def close_store(self) -> None:

@@ -94,6 +94,7 @@ class Channel:
         # publisher confirms: the order of acks and nacks is Confirms' (broker/engine/confirms.py)
         self.confirm = False
         self.confirms = Confirms()
+        self.confirms.on_due = self.confirms_due
         self.confirmed_by_exchange = ConfirmedByExchange()
         # transactions
         self.tx = False
@@ -265,47 +266,17 @@ class Channel:
             else:
                 self.conn.write(cancel_frame(self.id, consumer.tag))
 
-    # ---- publisher confirms: the store's callbacks, and writing what is due ----
+    # ---- publisher confirms: scheduling and writing what is due ----
 
-    def store_synced(self, batch: int) -> None:
-        """The store made batches up to ``batch`` durable: confirm what waited for them."""
-        self._settled(self.confirms.synced(batch))
-
-    def store_settled(self, seq: int) -> None:
-        """A stored copy of ``seq`` is on disk, or gone from its queue unwritten."""
-        if not self.closed:
-            self._settled(self.confirms.settled(seq))
-
-    def store_settled_all(self, seqs: list[int]) -> None:
-        """Stored copies of ``seqs`` are on disk (one batch's)."""
-        if not self.closed:
-            confirms = self.confirms
-            due = False
-            for seq in seqs:
-                if confirms.settled(seq):
-                    due = True
-            self._settled(due)
-
-    def _settled(self, due: bool) -> None:
-        confirms = self.confirms
-        if due:
-            self.conn.pending_confirms.add(self)
-            self.conn.schedule_flush()
-            limit = self.max_unconfirmed
-            if limit is not None and confirms.waiting() < limit and self in self.conn.held:
-                self.conn.release(self)
-        if not confirms.waiting_for_disk and self.store is not None:
-            self.store.waiters.discard(self)
-
-    def store_failed(self) -> None:
-        """The message store stopped writing: nack every publish still waiting for the disk."""
-        if not self.confirms.waiting_for_disk:
+    def confirms_due(self) -> None:
+        """The store's reports made acks or nacks due (Confirms.on_due): out this turn."""
+        if self.closed:
             return
-        self.confirms.disk_failed()  # acks already due go first, then the nacks in order
-        self.flush_confirms()
-        if self in self.conn.held:
-            self.conn.release(self)
+        self.conn.pending_confirms.add(self)
         self.conn.schedule_flush()
+        limit = self.max_unconfirmed
+        if limit is not None and self.confirms.waiting() < limit and self in self.conn.held:
+            self.conn.release(self)
 
     def flush_confirms(self) -> None:
         """Write the acks and nacks that are due, each covering a run of publishes."""
@@ -341,7 +312,7 @@ class Channel:
         if (tracer := self.vhost.tracer) is not None:
             why = tracer.channel_closed(self)
         if self.store is not None:
-            self.store.waiters.discard(self)
+            self.store.waiters.discard(self.confirms)
         self.conn.release(self)
         if self.reply_token:
             self.conn.broker.reply_channels.pop(self.reply_token, None)

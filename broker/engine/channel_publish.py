@@ -3,9 +3,11 @@
 ``basic_publish`` checks the publish (permissions, the exchange, user-id, expiration,
 direct reply-to) and hands it to ``route``, or to the channel's transaction; ``route``
 routes it through the vhost, enqueues it, returns it if it is mandatory and unroutable,
-and tells the channel's ``Confirms`` when its confirm may go (at once, or once the store
-has it on disk). The store's callbacks and writing the confirms are the channel's
-(``Channel.store_synced`` & co., ``Channel.flush_confirms``).
+and hands its routing the channel's confirm token (``Confirms.route``), on which the store
+counts the copies it takes to write; ``Confirms.routed`` then says whether the confirm goes
+at once, waits for the disk, or is a nack. The store reports to ``Confirms`` itself;
+scheduling and writing the frames are the channel's (``Channel.confirms_due``,
+``Channel.flush_confirms``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pamqp import commands
 
 from warren.broker.engine import reply_to
 from warren.broker.engine.arguments import MAX_TTL
+from warren.broker.engine.confirms import DUE, NACKED
 from warren.broker.engine.message import Message, routing_headers
 from warren.broker.engine.queue import fan_out
 from warren.broker.engine.stats import SIZE_BOUNDS, SIZE_BUCKET_BY_BITS
@@ -46,7 +49,6 @@ from warren.protocol.properties import (
 if TYPE_CHECKING:
     from warren.broker.engine.channel import Channel
     from warren.broker.engine.exchange import Exchange
-    from warren.broker.store import MessageStore
 
 
 def basic_publish(ch: Channel, content: Content) -> None:
@@ -171,7 +173,6 @@ def route(
 ) -> None:
     exchange.published += 1  # exchange_messages_published_total
     store = ch.store
-    stored_before = store.published if store is not None else 0
     # x-delayed-message keeps a delayed message back: no queue now, as the plugin
     delay = exchange.delay(msg) if exchange.delays else 0
     queues = [] if delay else ch.vhost.route(exchange, msg)
@@ -181,29 +182,17 @@ def route(
             tracer.delayed(msg, exchange.name, delay)
         if tracer.firehose.bindings:
             firehose.published(tracer.firehose, ch, msg, queues)
+    # the token the store counts this publish's stored copies on (broker/engine/confirms.py)
+    confirm = ch.confirms.route(seq) if seq and store is not None else None
     if delay:
-        exchange.hold(msg, ttl, delay)
+        exchange.hold(msg, ttl, delay, confirm)
     accepted = True
-    owned = elided = 0
     if queues:
         ch.stats.routed += 1
-        if seq and store is not None:
-            # the copies stored now settle this confirm one by one (MessageStore._fresh)
-            store.confirm_owner, store.confirm_seq = ch, seq
-            owned, elided = store.fresh_owned, store.fresh_elided
-            try:
-                if len(queues) == 1:
-                    accepted = queues[0].publish(msg, ttl)
-                else:
-                    accepted = fan_out(queues, msg, ttl) == len(queues)
-            finally:
-                store.confirm_owner = None
-            owned = store.fresh_owned - owned
-            elided = store.fresh_elided - elided
-        elif len(queues) == 1:  # the usual case, without fan_out's call (hot path)
-            accepted = queues[0].publish(msg, ttl)
+        if len(queues) == 1:  # the usual case, without fan_out's call (hot path)
+            accepted = queues[0].publish(msg, ttl, confirm)
         else:
-            accepted = fan_out(queues, msg, ttl) == len(queues)
+            accepted = fan_out(queues, msg, ttl, confirm) == len(queues)
     elif mandatory:
         ch.stats.unroutable_returned += 1
         exchange.unroutable_returned += 1
@@ -217,27 +206,18 @@ def route(
     if seq:
         if exchange is not ch.confirmed_by_exchange.last:
             ch.confirmed_by_exchange.switch(seq, exchange)
-        if accepted and store is not None and store.error is not None:
-            accepted = store.published == stored_before  # never on disk now: a nack
-        if not accepted:
-            ch.confirms.nacked(seq)  # RabbitMQ too nacks at once, acks the rest later
+        confirms = ch.confirms
+        outcome = confirms.routed(seq, accepted, store)
+        if outcome == NACKED:
             ch.flush_confirms()
-        elif store is not None and (store.published - stored_before != owned or owned != elided):
-            _wait_for_disk(ch, store, seq, store.published - stored_before != owned,
-                           owned - elided)  # fmt: skip
-        else:
-            ch.confirms.accepted(seq)  # waits behind earlier publishes' disk writes
+        elif outcome == DUE:
             ch.conn.pending_confirms.add(ch)
-
-
-def _wait_for_disk(ch: Channel, store: MessageStore, seq: int, batch: bool, copies: int) -> None:
-    """The confirm of ``seq`` (and of everything after it) waits for the open batch's
-    fsync (``batch``: records not settled one by one, a stream's chunk), and for each
-    of ``copies`` to be written or gone (store_settled)."""
-    confirms = ch.confirms
-    confirms.wait_disk(seq, store.open_batch if batch else -1, copies)
-    store.waiters.add(ch)
-    limit = ch.max_unconfirmed
-    # waiting() is at most the unconfirmed count: mostly that bound settles it
-    if limit is not None and seq - confirms.confirmed > limit and confirms.waiting() > limit:
-        ch.conn.hold(ch)  # this publish is taken, the next waits for the disk
+        else:
+            limit = ch.max_unconfirmed
+            # waiting() is at most the unconfirmed count: mostly that bound settles it
+            if (
+                limit is not None
+                and seq - confirms.confirmed > limit
+                and confirms.waiting() > limit
+            ):
+                ch.conn.hold(ch)  # this one is taken, the next waits for the disk

@@ -1,6 +1,20 @@
-"""Publisher confirms of one channel: what to ack or nack, and when (RabbitMQ's rabbit_confirms).
+"""Publisher confirms of one channel, from publish to basic.ack or basic.nack (RabbitMQ's
+rabbit_confirms).
 
-Everything that decides the order of basic.ack and basic.nack lives here:
+The lifecycle of a confirm:
+
+* ``published()`` numbers a publish; ``route(seq)`` hands its routing the token the
+  queues pass on to the message store: the store counts on it each copy it takes to write
+  (``stored``) and a stream chunk that holds it (``chunk``);
+* ``routed(seq, accepted, store)`` decides once every queue has seen it: a nack now, an
+  ack (behind earlier publishes), or a wait for the disk, registered with the store;
+* the store reports through four methods, its only way in: ``on_written(seqs)`` (copies
+  on disk), ``on_gone(seq)`` (a copy left its queue before it was written: it never will
+  be), ``on_synced(batch)`` (a batch is on disk) and ``on_failed()`` (nothing will be);
+* when acks or nacks become due, ``on_due`` (the channel's) schedules them, and the channel
+  writes the frames ``due()`` returns.
+
+Everything that decides the order of basic.ack and basic.nack lives here too:
 
 * a publish is confirmed once every queue took it, and once it is on disk if a
   queue stored it: ``accepted(seq)`` or ``wait_disk(seq, batch, copies)``, then
@@ -25,9 +39,18 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from warren.broker.store.segments import MessageStore
 
 ACK = True
 NACK = False
+# what routed() decided (Final: compiled, read as constants, not looked up by name)
+NACKED: Final = 0  # a nack is due now
+DUE: Final = 1  # an ack may go out (behind earlier publishes still waiting for the disk)
+WAITING: Final = 2  # waits for the disk
 
 
 def _first(entry: list[int]) -> int:
@@ -35,7 +58,20 @@ def _first(entry: list[int]) -> int:
 
 
 class Confirms:
-    __slots__ = ("_disk", "_nacked", "_out", "_synced", "confirmed", "ready", "seq")
+    __slots__ = (
+        "_disk",
+        "_nacked",
+        "_out",
+        "_synced",
+        "batch",
+        "confirmed",
+        "copies",
+        "gone",
+        "on_due",
+        "ready",
+        "routing",
+        "seq",
+    )
 
     def __init__(self) -> None:
         self.seq = 0  # the last publish's sequence number
@@ -46,11 +82,88 @@ class Confirms:
         self._synced = -1  # the store's last batch on disk
         self._nacked: list[int] = []  # nacked ahead of publishes waiting for the disk
         self._out: list[tuple[bool, int, int]] = []  # frames owed ahead of the acks, in order
+        # the publish being routed (0: none), the copies the store took to write for it, those
+        # of them gone unwritten since, and whether a stream chunk holds it
+        self.routing = 0
+        self.copies = 0
+        self.gone = 0
+        self.batch = False
+        self.on_due: Callable[[], None] | None = None  # acks or nacks became due (the channel)
 
     def published(self) -> int:
         """The next publish's sequence number."""
         self.seq += 1
         return self.seq
+
+    # ---- routing: the token the store is handed ----
+
+    def route(self, seq: int) -> Confirms:
+        """``seq`` is being routed: the token its queues hand the message store."""
+        self.routing = seq
+        self.copies = self.gone = 0
+        self.batch = False
+        return self
+
+    def stored(self) -> int:
+        """The store takes a copy of the publish being routed to write; it reports the copy
+        written (``on_written``) or gone (``on_gone``) by the seq returned."""
+        self.copies += 1
+        return self.routing
+
+    def chunk(self) -> None:
+        """A stream's chunk in the store's open batch holds the publish being routed."""
+        self.batch = True
+
+    def routed(self, seq: int, accepted: bool, store: MessageStore | None) -> int:
+        """Every queue has seen ``seq`` (``accepted``: all took it): NACKED, DUE or WAITING,
+        for the disk's batch (a chunk) and the copies that neither were written nor left."""
+        self.routing = 0
+        copies, batch = self.copies, self.batch
+        if accepted and store is not None and store.error is not None:
+            accepted = not (copies or batch)  # never on disk now: a nack
+        if not accepted:
+            self.nacked(seq)  # RabbitMQ too nacks at once, acks the rest later
+            return NACKED
+        if batch or copies != self.gone:
+            assert store is not None  # only a store counts on the token
+            self.wait_disk(seq, store.open_batch if batch else -1, copies - self.gone)
+            store.waiters.add(self)
+            return WAITING
+        self.accepted(seq)  # waits behind earlier publishes' disk writes
+        return DUE
+
+    # ---- the store's reports ----
+
+    def on_written(self, seqs: list[int]) -> None:
+        """Copies of ``seqs`` are on disk (one batch's, in order)."""
+        due = False
+        for seq in seqs:
+            if self.settled(seq):
+                due = True
+        if due and self.on_due is not None:
+            self.on_due()
+
+    def on_gone(self, seq: int) -> None:
+        """A copy of ``seq`` left its queue before it was written, so it never will be:
+        RabbitMQ confirms it then too."""
+        if seq == self.routing:
+            self.gone += 1  # still being routed: routed() counts it out
+        elif self.settled(seq) and self.on_due is not None:
+            self.on_due()
+
+    def on_synced(self, batch: int) -> None:
+        """The store made batches up to ``batch`` durable."""
+        if self.synced(batch) and self.on_due is not None:
+            self.on_due()
+
+    def on_failed(self) -> None:
+        """The store stopped writing: every publish waiting for it is nacked."""
+        if self._disk:
+            self.disk_failed()  # acks already due go first, then the nacks in order
+            if self.on_due is not None:
+                self.on_due()
+
+    # ---- the order of acks and nacks ----
 
     @property
     def unconfirmed(self) -> int:
@@ -102,6 +215,14 @@ class Confirms:
             entry = disk[i]
         entry[3] -= 1
         return not entry[3] and self._advance()
+
+    def waits(self, seq: int) -> bool:
+        """``seq`` waits for the disk: neither acked nor nacked yet."""
+        disk = self._disk
+        if not disk or seq < disk[0][0] or seq > disk[-1][1]:
+            return False
+        i = bisect_right(disk, seq, key=_first) - 1
+        return disk[i][1] >= seq and seq not in self._nacked
 
     def _advance(self) -> bool:
         disk = self._disk

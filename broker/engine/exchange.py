@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 if TYPE_CHECKING:
+    from warren.broker.engine.confirms import Confirms
     from warren.broker.engine.queue import Queue
 
 HeadersFn = Callable[[], dict[str, Any]]
@@ -140,8 +141,9 @@ class Exchange:
         """How long (ms) to keep a published message back before routing it; 0: not at all."""
         return 0
 
-    def hold(self, msg: Any, ttl: int | None, delay: int) -> None:
-        """Keep the message back for ``delay`` ms, then route it (delays only)."""
+    def hold(self, msg: Any, ttl: int | None, delay: int, confirm: Confirms | None = None) -> None:
+        """Keep the message back for ``delay`` ms, then route it (delays only); a stored one
+        counts on the publisher's ``confirm`` token as a queue's copy does."""
 
     @property
     def alternate_exchange(self) -> str | None:

@@ -40,6 +40,7 @@ from warren.protocol.properties import (
 )
 
 if TYPE_CHECKING:
+    from warren.broker.engine.confirms import Confirms
     from warren.broker.engine.vhost import VirtualHost
     from warren.broker.store import MessageStore, StoredMessage
 
@@ -358,7 +359,9 @@ class DelayedMessageExchange(Exchange):
         """The delay ``msg`` asks for, in ms; 0: route it now."""
         return delay_of(msg.headers) or 0
 
-    def hold(self, msg: Message, ttl: int | None, delay: int) -> None:
+    def hold(
+        self, msg: Message, ttl: int | None, delay: int, confirm: Confirms | None = None
+    ) -> None:
         """Keep ``msg`` for ``delay`` ms (after tracing: it carries its trace id)."""
         assert self.vhost is not None
         due = self.vhost.timers.now() + delay / 1000
@@ -368,7 +371,7 @@ class DelayedMessageExchange(Exchange):
         if store is not None and is_persistent(msg.properties):
             msg._headers = None
             msg.expires_at = due  # the log keeps the due time (wall clock) in its expiry
-            store.publish(self.store_id, msg, self.vhost.timers.wall() + delay / 1000)
+            store.publish(self.store_id, msg, self.vhost.timers.wall() + delay / 1000, confirm)
             store.hold(msg, self)  # compaction copies its record with this exchange's id
             entry = (due, self._seq, msg, ttl, delay)
         else:
@@ -391,7 +394,7 @@ class DelayedMessageExchange(Exchange):
             body = record.body
             if body is None:
                 assert store is not None
-                body = store.read_body(record.segment, record.body_offset, record.body_size)
+                body = store.pager.read_body(record.segment, record.body_offset, record.body_size)
             msg = Message(record.exchange, record.routing_key, record.properties, body)
             msg.store_id = record.msg_id
             msg.store_segment, msg.store_offset = record.segment, record.body_offset

@@ -97,13 +97,13 @@ class Message:
     @property
     def body(self) -> bytes:
         """The body; a paged-out one is read back from its segment file (and stays in
-        memory). Queues read ahead in batches (MessageStore.read_ahead); this is the path
-        for everything else (dead-lettering, the management API...)."""
+        memory). Queues read ahead in batches (Pager.read_ahead, broker/store/paging.py); this
+        is the path for everything else (dead-lettering, the management API...)."""
         if self.paged_size < 0:
             return self._body
         queue = self.queue
         assert queue is not None and queue.message_store is not None
-        return queue.message_store.page_in(self)
+        return queue.message_store.pager.page_in(self)
 
     @body.setter
     def body(self, value: bytes) -> None:

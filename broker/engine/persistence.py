@@ -235,7 +235,7 @@ class Persistence:
             target: Any = (host.exchanges if kind == "exchange" else host.queues).get(destination)
             if target is not None:
                 host.bind(source, target, routing_key, arguments, persist=False)
-        self.messages.page_limit = broker.settings.queue_body_memory_limit
+        self.messages.pager.page_limit = broker.settings.queue_body_memory_limit
         delayed: dict[int, Any] = {
             getattr(ex, "store_id", 0): ex
             for host in broker.vhosts.values()

@@ -49,6 +49,7 @@ from warren.protocol.properties import (
 
 if TYPE_CHECKING:
     from warren.broker.engine.channel import Channel
+    from warren.broker.engine.confirms import Confirms
     from warren.broker.engine.consumer import Consumer
     from warren.broker.engine.exchange import Exchange
     from warren.broker.engine.policy import Policy
@@ -228,8 +229,14 @@ class Queue:
 
     # ---- in ----
 
-    def publish(self, msg: Message, ttl: int | None) -> bool:
-        """Enqueue; False if the queue refused it (overflow reject-publish)."""
+    def publish(self, msg: Message, ttl: int | None, confirm: Confirms | None = None) -> bool:
+        """Enqueue; False if the queue refused it (overflow reject-publish, or a store that
+        cannot write the persistent message whose confirm waits for it). ``confirm``: the
+        publisher's confirm token, for the store to count a copy it writes on."""
+        if confirm is not None and self.store_id:
+            store = self.message_store
+            if store is not None and store.error is not None and is_persistent(msg.properties):
+                return False  # nacked, and taken by no durable queue (MessageStore._nacked_now)
         if self._limited and self.overflow != "drop-head" and self._full_for(len(msg.body)):
             if self.overflow == "reject-publish-dlx":
                 self.dead_letter(msg, "maxlen")
@@ -251,12 +258,13 @@ class Queue:
         if self.store_id and is_persistent(msg.properties):
             store = self.message_store
             assert store is not None
-            store.publish(self.store_id, msg, self._wall() + ttl / 1000 if ttl is not None else 0.0)
+            expires_wall = self._wall() + ttl / 1000 if ttl is not None else 0.0
+            store.publish(self.store_id, msg, expires_wall, confirm)
             stats = self.stats
             stats.persistent += 1
             stats.persistent_bytes += len(msg.body)
             stats.disk_writes += 1
-            limit = store.page_limit
+            limit = store.pager.page_limit
             if limit is not None and over_limit(self, len(msg.body), limit):
                 # over the memory limit: it leaves memory once on disk, packed in a run, or
                 # (deadlines and priorities need the object) its body only
@@ -264,7 +272,7 @@ class Queue:
                     page_later(self, msg, store)
                     packed = True
                 else:
-                    store.page_later(msg)
+                    store.pager.page_later(msg)
         if not packed:
             (self.tail or self.ready).append(msg)
         self.ready_count += 1
@@ -533,6 +541,18 @@ class Queue:
         if not self.ready_count:
             self.ready.clear()
 
+    def withdraw(self, msg: Message) -> None:
+        """A ready message whose publish was nacked because the store cannot write it leaves
+        the queue as if never published (MessageStore._nacked_now): not expired, not
+        dead-lettered."""
+        self.ready_count -= 1
+        self.ready_bytes -= msg.body_size()
+        if self.ready and self.ready[0] is msg:
+            self.ready.popleft()
+        self.gone(msg)
+        if not self.ready_count:
+            self.ready.clear()
+
     def expired(self, msg: Message) -> None:
         """Its TTL ran out (ready, waiting for a retry, or coming back unacked): it leaves
         the queue, counted, for the dead-letter exchange if there is one."""
@@ -600,7 +620,9 @@ class Queue:
         self.deadlines.release()
 
 
-def fan_out(queues: list[Queue], msg: Message, ttl: int | None) -> int:
+def fan_out(
+    queues: list[Queue], msg: Message, ttl: int | None, confirm: Confirms | None = None
+) -> int:
     """Enqueue ``msg`` in each of ``queues``; returns how many took it.
 
     Every place that routes one message to several queues goes through here. All the
@@ -609,11 +631,11 @@ def fan_out(queues: list[Queue], msg: Message, ttl: int | None) -> int:
     message itself, with no copy.
     """
     if len(queues) == 1:
-        return 1 if queues[0].publish(msg, ttl) else 0
+        return 1 if queues[0].publish(msg, ttl, confirm) else 0
     copies = [msg, *(msg.copy() for _ in range(len(queues) - 1))]
     taken = 0
     for queue, copy in zip(queues, copies, strict=True):
-        if queue.publish(copy, ttl):
+        if queue.publish(copy, ttl, confirm):
             taken += 1
     return taken
 

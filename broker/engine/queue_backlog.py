@@ -32,7 +32,7 @@ def page_later(queue: Queue, msg: Message, store: MessageStore) -> None:
         tail.append(run)
     assert isinstance(run, PagedRun)
     run.pending.append(msg)
-    store.page_run_later(run)
+    store.pager.page_run_later(run)
 
 
 def refill(queue: Queue) -> bool:
@@ -44,7 +44,7 @@ def refill(queue: Queue) -> bool:
             assert isinstance(item, PagedRun)
             if item.packed:
                 assert queue.message_store is not None
-                queue.message_store.materialise(item, ready)
+                queue.message_store.pager.materialise(item, ready)
             else:
                 for msg in item.pending:
                     if msg.state == READY:
@@ -53,7 +53,7 @@ def refill(queue: Queue) -> bool:
             if not len(item):
                 tail.popleft()
                 assert queue.message_store is not None
-                queue.message_store.run_done(item)
+                queue.message_store.pager.run_done(item)
         else:
             assert isinstance(item, Message)
             tail.popleft()
@@ -64,7 +64,7 @@ def refill(queue: Queue) -> bool:
 def read_ahead(queue: Queue, head: Message) -> None:
     """The head's body is on disk: bring it back with the next paged ones, in one go."""
     assert queue.message_store is not None
-    queue.message_store.read_ahead(itertools.chain((head,), queue.ready))
+    queue.message_store.pager.read_ahead(itertools.chain((head,), queue.ready))
 
 
 def ready_messages(queue: Queue) -> list[Message]:

@@ -92,7 +92,7 @@ def _read(queue: Queue, entry: Entry, position: int, wall_offset: float) -> Brow
         if paged:  # read from its segment without bringing it back (Message.body would)
             store = queue.message_store
             assert store is not None
-            body = store.read_body(msg.store_segment, msg.store_offset, msg.body_size())
+            body = store.pager.read_body(msg.store_segment, msg.store_offset, msg.body_size())
         else:
             body = msg.body
         at = arrival_of(queue, msg.seq)
@@ -104,7 +104,7 @@ def _read(queue: Queue, entry: Entry, position: int, wall_offset: float) -> Brow
     run, k = entry
     store = queue.message_store
     assert store is not None
-    record = store.read_packed(run, k)
+    record = store.pager.read_packed(run, k)
     seq = run.first_seq + k
     at = arrival_of(queue, seq)
     return Browsed(
@@ -196,7 +196,7 @@ class _IdMatcher:
         else:
             store = queue.message_store
             assert store is not None
-            properties = store.read_packed(*entry).properties
+            properties = store.pager.read_packed(*entry).properties
         raw = split_properties(properties).get("message_id")
         return raw is not None and decode_field("message_id", raw) == self.message_id
 
@@ -255,7 +255,7 @@ def _bring_forward(queue: Queue, seq: int) -> Message | None:
         if item.__class__ is PagedRun:
             assert isinstance(item, PagedRun)
             if item.packed:
-                store.materialise(item, ready)
+                store.pager.materialise(item, ready)
             else:
                 for msg in item.pending:
                     if msg.state == READY:
@@ -263,7 +263,7 @@ def _bring_forward(queue: Queue, seq: int) -> Message | None:
                 item.pending.clear()
             if not len(item):
                 tail.popleft()
-                store.run_done(item)
+                store.pager.run_done(item)
         else:
             assert isinstance(item, Message)
             tail.popleft()

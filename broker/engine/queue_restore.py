@@ -45,7 +45,7 @@ def restore_messages(
             if run is None or run.__class__ is not PagedRun or not run.open:
                 run = PagedRun(queue, queue.next_seq)
                 tail.append(run)
-                store.runs.add(run)
+                store.pager.runs.add(run)
             assert isinstance(run, PagedRun)
             size = record.body_size
             run.add(
@@ -62,7 +62,7 @@ def restore_messages(
         if not record.decoded:  # only its place was read (for a queue that packs)
             assert store is not None
             length = record.body_offset + record.body_size - record.record_start
-            whole = store.read_record(record.segment, record.record_start, length)
+            whole = store.pager.read_record(record.segment, record.record_start, length)
             whole.body, whole.delivered = None, record.delivered
             record = whole
         msg = Message(record.exchange, record.routing_key, record.properties, body or b"")
@@ -72,7 +72,9 @@ def restore_messages(
         if body is None:  # past the memory limit: the body stays on disk
             if record.retry_at_wall > now_wall:  # only ready messages are paged out
                 assert store is not None
-                msg.body = store.read_body(record.segment, record.body_offset, record.body_size)
+                msg.body = store.pager.read_body(
+                    record.segment, record.body_offset, record.body_size
+                )
             else:
                 queue.paged_bytes += page_out(msg, record.body_size)
                 queue.paged_count += 1

@@ -49,7 +49,7 @@ class Reaper:
         """``held``: the containers messages of ``queue`` were in (``let_go``)."""
         self._work.append((queue, held))
         if queue.message_store is not None:
-            queue.message_store.reaping += 1
+            queue.message_store.compactor.reaping += 1
         if self._handle is None:
             self._handle = self._timers.call_soon(self._turn)
 
@@ -67,7 +67,7 @@ class Reaper:
             if not held:
                 work.popleft()
                 if queue.message_store is not None:
-                    queue.message_store.reaped()
+                    queue.message_store.compactor.reaped()
 
     def finish(self) -> None:
         """Let go of everything now (a clean shutdown, before the store closes)."""
@@ -98,7 +98,7 @@ def let_go(queue: Queue, held: deque[Any], budget: int) -> int:
             budget -= len(item.pending)
             item.pending.clear()
             assert queue.message_store is not None
-            budget -= queue.message_store.drop_run(item, queue.deleted, max(budget, 1))
+            budget -= queue.message_store.pager.drop_run(item, queue.deleted, max(budget, 1))
             if not item.dead:
                 box.appendleft(item)  # the rest of it next time
         else:

@@ -5,7 +5,7 @@ whole once its publish record is on disk: what the queue keeps is where that rec
 is (segment, offset, length), its store id, its body's size and its redelivered flag,
 in a few ``array`` columns shared by a run of consecutive messages. A run becomes
 Message objects again a batch at a time, when it reaches the head of the queue, by
-reading the records back (broker/store/segments.py: MessageStore.materialise).
+reading the records back (broker/store/paging.py: Pager.materialise).
 
 Messages wait in a run's ``pending`` list, in memory, until their record is written:
 the writer works in log order, so the written ones are always a prefix of it.

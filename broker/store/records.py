@@ -9,7 +9,7 @@ the rest of its segment.
 
 Segments written before the magic (``length | crc32 | type | payload``, CRC over type
 and payload: LEGACY_HEADER_SIZE) are rewritten in this format when the store opens
-(MessageStore.recover, by legacy_records).
+(broker/store/recovery.py, by legacy_records).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class PublishRecord:
     segment: int = 0  # the segment file holding it (set by the store)
     record_start: int = 0  # where the whole record starts in that file (set by the store)
     # False: only its place was read (a packed message: no deadline, count or retry state);
-    # exchange, routing key and properties are empty here (MessageStore.read_record)
+    # exchange, routing key and properties are empty here (Pager.read_record)
     decoded: bool = True
 
 

@@ -36,6 +36,7 @@ from warren.protocol.errors import ChannelError, ConnectionError_
 from warren.protocol.frames import content_frames
 
 if TYPE_CHECKING:
+    from warren.broker.engine.confirms import Confirms
     from warren.broker.engine.consumer import Consumer
     from warren.broker.engine.limiter import Limiter
     from warren.broker.engine.vhost import VirtualHost
@@ -336,7 +337,7 @@ class StreamQueue(Queue):
 
     # ---- in ----
 
-    def publish(self, msg: Message, ttl: int | None) -> bool:
+    def publish(self, msg: Message, ttl: int | None, confirm: Confirms | None = None) -> bool:
         """Append (a stream takes every message; TTLs do not apply)."""
         log = self.stream
         if log is None:
@@ -344,8 +345,10 @@ class StreamQueue(Queue):
         log.append(msg)
         self.stats.published += 1
         store = log.store
-        if store is self.message_store:
-            store.published += 1  # the channel's confirm waits for the batch's write
+        if store is self.message_store:  # written with the store's batch: confirmed once it is
+            store.published += 1  # a tx.commit-ok waits for it
+            if confirm is not None:
+                confirm.chunk()  # and so does a confirm
         return True
 
     def _committed(self) -> None:

@@ -1,7 +1,7 @@
 """The message path's own cost with tracing off and on, without sockets or other processes.
 
     python tests/benchmarks/trace_path.py [--messages 200000] [--rounds 5] [--callgrind]
-        [--confirm] [--ack-each] [--modes off,on]
+        [--confirm] [--ack-each] [--persistent] [--modes off,on]
 
 One broker ``Connection`` on a uvloop loop is fed bytes as a socket would feed it:
 publishes (one 16-byte message per frame set), and the acks of a consumer with prefetch
@@ -14,7 +14,9 @@ throughput test, where a publisher and a consumer compete with the broker for th
 ``--callgrind`` counts instructions instead (valgrind): slower, but exactly repeatable.
 ``--ack-each`` acks every delivery with its own basic.ack (S2 and S3's shape).
 ``--confirm`` puts the publisher's channel in confirm mode (one coalesced basic.ack per
-batch); ``--modes off`` measures the untraced path only (to compare two commits).
+batch); ``--persistent`` publishes with delivery_mode 2 to a broker with a data directory
+(the message store's path: records, group commit, records never written because their
+ack came first); ``--modes off`` measures the untraced path only (to compare two commits).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from warren.config import Settings
 
 BATCH = 500  # messages per data_received: what one socket read might carry
 ACK_EACH = False  # --ack-each
+PERSISTENT = False  # --persistent
 
 
 class NullTransport:
@@ -86,9 +89,10 @@ def handshake(confirm: bool = False) -> bytes:
 
 
 def publishes(n: int) -> bytes:
+    properties = commands.Basic.Properties(delivery_mode=2 if PERSISTENT else None)
     one = (
         _m(commands.Basic.Publish(exchange="", routing_key="q"))
-        + _m(header.ContentHeader(0, 16, commands.Basic.Properties()))
+        + _m(header.ContentHeader(0, 16, properties))
         + _m(pbody.ContentBody(b"x" * 16))
     )
     return one * n
@@ -117,11 +121,13 @@ class Cost:
 
 
 async def run(messages: int, traced: bool, trace_dir: str, confirm: bool = False) -> Cost:
+    data_dir = os.path.join(trace_dir, "data") if PERSISTENT else None
     settings = Settings(
-        data_dir=None, trace_enabled=traced, trace_dir=trace_dir, management_port=None
+        data_dir=data_dir, trace_enabled=traced, trace_dir=trace_dir, management_port=None
     )
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     broker = Broker(settings, Timers(asyncio.get_running_loop()))
+    broker.open_store()
     transport = NullTransport()
     conn = Connection(broker, transport, ("127.0.0.1", 1))
     conn.data_received(handshake(confirm))
@@ -145,6 +151,7 @@ async def run(messages: int, traced: bool, trace_dir: str, confirm: bool = False
     process = time.process_time() - process
     assert queue.ready_count == 0 and queue.unacked_count == 0, "messages left over"
     conn.connection_lost()
+    broker.close_store()
     broker.tracing.close()  # the writer process exits: its CPU time is ours to read
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     writer = (children.ru_utime + children.ru_stime) - (
@@ -162,7 +169,8 @@ def instructions(mode: str, messages: int, confirm: bool) -> int:
         subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
              __file__, "--only", mode, "--messages", str(messages)]
-            + (["--confirm"] if confirm else []) + (["--ack-each"] if ACK_EACH else []),
+            + (["--confirm"] if confirm else []) + (["--ack-each"] if ACK_EACH else [])
+            + (["--persistent"] if PERSISTENT else []),
             check=True, capture_output=True,
         )  # fmt: skip
         with open(out, encoding="ascii") as f:
@@ -193,11 +201,15 @@ def main() -> int:
     )
     parser.add_argument("--confirm", action="store_true", help="publish in confirm mode")
     parser.add_argument("--ack-each", action="store_true", help="one basic.ack per delivery")
+    parser.add_argument(
+        "--persistent", action="store_true", help="persistent messages, with a message store"
+    )
     parser.add_argument("--modes", default="off,on", help="with --callgrind: off, on or both")
     parser.add_argument("--only", choices=("off", "on"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    global ACK_EACH
+    global ACK_EACH, PERSISTENT
     ACK_EACH = args.ack_each
+    PERSISTENT = args.persistent
     configure_logging("error", "plaintext", False)
     if args.callgrind:
         callgrind(args.modes.split(","), args.confirm)
