@@ -97,6 +97,13 @@ def test_bad_requests_change_nothing(api: HttpApi) -> None:
     nowhere = api.put("/api/parameters/federation-upstream/nowhere/up1", {"value": UPSTREAM})
     assert nowhere.status == 404
     assert api.get("/api/parameters/federation-upstream/nowhere").status == 404
+    # a component no plugin registers: RabbitMQ 3.10.8 (side by side) and 4.3 answer this,
+    # rabbit_runtime_parameters:lookup_component/1
+    unknown = api.put("/api/parameters/nosuch/%2F/x", {"value": {"a": 1}})
+    assert (unknown.status, unknown.body) == (
+        400,
+        {"error": "bad_request", "reason": "Validation failed\n\ncomponent nosuch not found\n"},
+    )
     assert api.ok("GET", "/api/parameters") == []
 
 
@@ -141,6 +148,7 @@ def test_durable_and_in_definitions(tmp_path: Path) -> None:
         api = http(warren)
         api.ok("PUT", "/api/vhosts/v1")
         api.ok("PUT", "/api/parameters/federation-upstream/v1/up", {"value": value})
+        register(warren, Recorder())  # a component nobody registered is refused
         api.ok("PUT", "/api/parameters/test-component/%2F/p", {"value": {"ok": True}})
         warren.restart()
         api = http(warren)

@@ -4,8 +4,10 @@ RabbitMQ keeps them in its metadata store (rabbit_runtime_parameters); a plugin
 registers a component that validates and acts on its values (the shovel plugin's
 ``shovel``). Warren does the same: a component registered here is asked to
 validate every value before it is stored and told when one is set or cleared.
-A component nobody registered (``federation-upstream`` on a Warren without
-federation) is stored, listed and exported as given, and acts on nothing.
+The federation plugin's components, which Warren does not run, are stored, listed and
+exported as given and act on nothing (STORED_ONLY); any other component nobody
+registered is refused as RabbitMQ refuses it (rabbit_runtime_parameters:lookup_component/1:
+"component ~s not found").
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ if TYPE_CHECKING:
     from warren.broker.engine.persistence import Persistence
 
 Key = tuple[str, str, str]  # (vhost, component, name)
+
+# components of RabbitMQ plugins Warren does not run: kept so that definitions carry them
+STORED_ONLY = frozenset({"federation-upstream", "federation-upstream-set"})
 
 
 class ParameterError(Exception):
@@ -68,6 +73,8 @@ class Parameters:
         handler = self.components.get(component)
         if handler is not None:
             handler.validate(vhost, name, value)
+        elif component not in STORED_ONLY and persist:  # a stored one is restored as it is
+            raise ParameterError(f"component {component} not found")
         key = (vhost, component, name)
         new = key not in self.values
         self.values[key] = value

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from warren.broker.engine.parameters import ParameterError
 from warren.broker.engine.policy import Policy, PolicyError
+from warren.broker.engine.queue_restore import expire_restored
 from warren.broker.engine.topic_permissions import TopicPermission
 from warren.broker.store import DefinitionStore, MessageStore
 
@@ -309,7 +310,7 @@ class Persistence:
     def expire_restored(self) -> None:
         """Once the store runs, expire what timed out during the downtime (it writes records)."""
         for queue in self._restored_queues:
-            queue.expire_restored()
+            expire_restored(queue)
         self._restored_queues = []
 
     def _save_boot_state(self, broker: Broker) -> None:

@@ -27,7 +27,6 @@ from warren.broker.engine.queue_backlog import (
     over_limit,
     page_later,
     read_ahead,
-    ready_messages,
     refill,
 )
 from warren.broker.engine.queue_consumers import QueueConsumers
@@ -297,10 +296,6 @@ class Queue:
         else:
             self.ready.append(msg)
 
-    def ready_messages(self) -> list[Message]:
-        """The ready messages held as objects (not those packed on disk), in order."""
-        return ready_messages(self)
-
     def _full_for(self, size: int) -> bool:
         # delayed messages count towards the limits: they are still in the queue
         if self.max_length is not None and self.ready_count + self.delayed_count >= self.max_length:
@@ -531,25 +526,18 @@ class Queue:
             else:
                 store.remove(msg)
 
-    def expire(self, msg: Message) -> None:
-        """Remove a ready message wherever it is in the queue."""
+    def expire(self, msg: Message, withdrawn: bool = False) -> None:
+        """Remove a ready message wherever it is: its TTL ran out, or (``withdrawn``) its
+        publish was nacked as the store cannot write it (MessageStore._nacked_now), and it
+        leaves as if never published, neither expired nor dead-lettered."""
         self.ready_count -= 1
         self.ready_bytes -= msg.body_size()
         if self.ready and self.ready[0] is msg:
             self.ready.popleft()
-        self.expired(msg)
-        if not self.ready_count:
-            self.ready.clear()
-
-    def withdraw(self, msg: Message) -> None:
-        """A ready message whose publish was nacked because the store cannot write it leaves
-        the queue as if never published (MessageStore._nacked_now): not expired, not
-        dead-lettered."""
-        self.ready_count -= 1
-        self.ready_bytes -= msg.body_size()
-        if self.ready and self.ready[0] is msg:
-            self.ready.popleft()
-        self.gone(msg)
+        if withdrawn:
+            self.gone(msg)
+        else:
+            self.expired(msg)
         if not self.ready_count:
             self.ready.clear()
 
@@ -584,13 +572,6 @@ class Queue:
     ) -> list[Message]:
         """Take back persistent messages after a restart (broker/engine/queue_restore.py)."""
         return restore_messages(self, records, now_wall, now_mono)
-
-    def expire_restored(self) -> None:
-        """Messages whose TTL ran out while the broker was down expire now (dead-lettering)."""
-        for msg in self.expired_at_start:
-            if msg.state == READY:
-                self.expire(msg)
-        self.expired_at_start = []
 
     # ---- x-expires ----
 

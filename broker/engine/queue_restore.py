@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from warren.broker.engine.message import DELAYED, Message, page_out
+from warren.broker.engine.message import DELAYED, READY, Message, page_out
 from warren.broker.store.paged import PagedRun
 from warren.protocol.properties import priority_of
 
@@ -108,3 +108,11 @@ def restore_messages(
     queue.ready_count += ready_count
     queue.expired_at_start.extend(expired)
     return restored
+
+
+def expire_restored(queue: Queue) -> None:
+    """Messages whose TTL ran out while the broker was down expire now (dead-lettering)."""
+    for msg in queue.expired_at_start:
+        if msg.state == READY:
+            queue.expire(msg)
+    queue.expired_at_start = []

@@ -122,7 +122,7 @@ class Pager:
                 return
             pending.popleft()
             if not msg.store_id:
-                continue  # withdrawn before its record was written (Queue.withdraw)
+                continue  # withdrawn before its record was written (Queue.expire, withdrawn)
             body = msg.body
             header = records.publish_header_size(
                 len(msg.exchange.encode("utf-8", "surrogateescape")),

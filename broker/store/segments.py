@@ -445,7 +445,7 @@ class MessageStore:
         for msg in nacked:  # after the nacks: gone unwritten, they must not settle as acks
             queue = msg.queue
             if msg.state == READY and msg.store_id and queue is not None:
-                queue.withdraw(msg)
+                queue.expire(msg, withdrawn=True)
         after, self._after_sync = self._after_sync, deque()
         for _, callback in after:
             callback(False)
@@ -455,9 +455,9 @@ class MessageStore:
     def _nacked_now(self) -> list[Message]:
         """The stored copies whose publish waits for the disk, about to be nacked: a nack
         means the broker did not take the message, so those still ready leave their queue
-        (``Queue.withdraw``; one delivered already stays with its consumer). One whose
-        record the writer writes once it can is removed again by a later record, so a
-        restart does not bring it back either."""
+        (``Queue.expire(msg, withdrawn=True)``; one delivered already stays with its
+        consumer). One whose record the writer writes once it can is removed again by a
+        later record, so a restart does not bring it back either."""
         waiters = self.waiters
         copies: list[Message] = []
         for entry in self._fresh.values():

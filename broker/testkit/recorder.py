@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from warren.broker.engine.exchange import TopicExchange
 from warren.broker.engine.message import DELAYED, GONE, READY, Message
+from warren.broker.engine.queue_backlog import ready_messages
 from warren.broker.tracing.firehose import TRACE_EXCHANGE
 from warren.broker.tracing.tracer import Relay, Tracer, close_why
 from warren.protocol.properties import read_properties
@@ -427,7 +428,7 @@ class Recorder(Relay):
         if self.inner is not None:
             self.inner.purged(queue)
         reason = "queue_deleted" if queue.deleted else "purged"
-        gone = [m for m in queue.ready_messages() if m.state == READY]
+        gone = [m for m in ready_messages(queue) if m.state == READY]
         gone += [m for _, _, m in queue.deadlines.delayed if m.state == DELAYED]
         for msg in gone:
             record = self._rec(queue, msg)

@@ -299,9 +299,10 @@ class Tracer:
     def purged(self, queue: Queue) -> None:
         """Ready and delayed messages are about to go (purge, or the queue's deletion)."""
         from warren.broker.engine.message import DELAYED, READY
+        from warren.broker.engine.queue_backlog import ready_messages
 
         reason = "queue_deleted" if queue.deleted else "purged"
-        for msg in queue.ready_messages():
+        for msg in ready_messages(queue):
             if msg.state == READY:
                 self.dropped(queue, msg, reason)
         for _, _, msg in queue.deadlines.delayed:
