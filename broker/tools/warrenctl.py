@@ -289,8 +289,12 @@ QUEUE_KEYS = (
     "message_bytes_persistent", "head_message_timestamp", "disk_reads", "disk_writes",
     "consumers", "consumer_utilisation", "consumer_capacity", "memory", "state", "type",
     "leader", "members", "online",
+    "messages_delayed",  # Warren's own: messages waiting for a delayed retry
 )  # fmt: skip
-EXCHANGE_KEYS = ("name", "type", "durable", "auto_delete", "internal", "arguments", "policy")
+EXCHANGE_KEYS = (
+    "name", "type", "durable", "auto_delete", "internal", "arguments", "policy",
+    "messages_delayed",  # Warren's own: what an x-delayed-message exchange holds
+)  # fmt: skip
 CONNECTION_KEYS = (
     "pid", "name", "port", "host", "peer_port", "peer_host", "ssl", "ssl_protocol",
     "ssl_key_exchange", "ssl_cipher", "ssl_hash", "peer_cert_subject", "peer_cert_issuer",
