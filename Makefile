@@ -45,9 +45,14 @@ RABBITMQ_SERVER := /usr/sbin/rabbitmq-server
 $(RABBITMQ_SERVER):
 	$(SUDO) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends rabbitmq-server
+# (await_startup fails at once while the new node is not registered yet: ping until it is)
 rabbitmq: $(RABBITMQ_SERVER)
-	@$(SUDO) rabbitmqctl -q await_startup -t 5 >/dev/null 2>&1 || \
-		{ $(SUDO) rabbitmq-server -detached && $(SUDO) rabbitmqctl -q await_startup -t 120; }
+	@$(SUDO) rabbitmq-diagnostics -q ping >/dev/null 2>&1 || { \
+		$(SUDO) rabbitmq-server -detached; \
+		for i in $$(seq 120); do \
+			$(SUDO) rabbitmq-diagnostics -q ping >/dev/null 2>&1 && break; sleep 1; \
+		done; \
+		$(SUDO) rabbitmqctl -q await_startup -t 120; }
 
 # RabbitMQ's own rabbitmqadmin, as the image ships it (docker/fetch-rabbitmqadmin).
 RABBITMQADMIN := build/rabbitmqadmin
