@@ -7,8 +7,11 @@ import json
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
+
+if TYPE_CHECKING:
+    from warren.broker.testkit import RunningBroker
 
 
 def q(name: str) -> str:
@@ -79,3 +82,10 @@ class HttpApi:
         reply = self.request(method, path, body)
         assert 200 <= reply.status < 300, (method, path, reply.status, reply.body)
         return reply.body
+
+
+def http(running: RunningBroker) -> HttpApi:
+    """The management API of a broker the test kit started with a management port."""
+    port = running.server.management_port
+    assert port
+    return HttpApi(port)

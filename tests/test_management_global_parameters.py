@@ -10,14 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.http_api import HttpApi
-from warren.broker.testkit import RunningBroker, run_broker
-
-
-def http(warren: RunningBroker) -> HttpApi:
-    port = warren.server.management_port
-    assert port
-    return HttpApi(port)
+from tests.http_api import http
+from warren.broker.testkit import run_broker
 
 
 def test_global_parameters_and_cluster_name(tmp_path: Path) -> None:

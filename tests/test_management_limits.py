@@ -13,7 +13,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from tests.http_api import HttpApi, q
+from tests.http_api import HttpApi, http, q
 from warren.broker.testkit import RunningBroker, run_broker
 
 
@@ -21,12 +21,6 @@ from warren.broker.testkit import RunningBroker, run_broker
 def warren() -> Iterator[RunningBroker]:
     with run_broker(management_port=0) as running:
         yield running
-
-
-def http(warren: RunningBroker) -> HttpApi:
-    port = warren.server.management_port
-    assert port
-    return HttpApi(port)
 
 
 @pytest.fixture

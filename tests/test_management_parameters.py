@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.http_api import HttpApi
+from tests.http_api import HttpApi, http
 from warren.broker.engine.parameters import ParameterError
 from warren.broker.testkit import RunningBroker, run_broker
 
@@ -27,12 +27,6 @@ UPSTREAM = {"uri": "amqp://remote", "expires": 3600000}
 def warren() -> Iterator[RunningBroker]:
     with run_broker(management_port=0) as running:
         yield running
-
-
-def http(warren: RunningBroker) -> HttpApi:
-    port = warren.server.management_port
-    assert port
-    return HttpApi(port)
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ import pika
 import pytest
 from tls_certs import make_pki
 
-from tests.http_api import HttpApi
+from tests.http_api import http
 from warren.broker.testkit import RunningBroker, run_broker
 from warren.config import Listener
 
@@ -132,12 +132,6 @@ NOT_GET_ROUTES = (
     "/vhost-limits/:vhost/:name",
     "/vhosts/:vhost/start/:node",
 )  # and /login, the OAuth login form's POST, which Warren does not have (docs/operating.md)
-
-
-def http(warren: RunningBroker) -> HttpApi:
-    port = warren.server.management_port
-    assert port
-    return HttpApi(port)
 
 
 @pytest.fixture

@@ -19,14 +19,8 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.http_api import HttpApi
+from tests.http_api import HttpApi, http
 from warren.broker.testkit import RunningBroker, run_broker
-
-
-def http(warren: RunningBroker) -> HttpApi:
-    port = warren.server.management_port
-    assert port
-    return HttpApi(port)
 
 
 @pytest.fixture
