@@ -129,18 +129,24 @@ def _check_properties(ch: Channel, props: bytes) -> tuple[int | None, bytes]:
             raise ChannelError(PRECONDITION_FAILED, "fast reply consumer does not exist")
         fields["reply_to"] = encode_shortstr(reply_to.REPLY_TO_PREFIX + ch.reply_token)
         props = join_properties(fields)
+    return checked_ttl(fields, ch.conn.user), props
+
+
+def checked_ttl(fields: dict[str, bytes], user: str) -> int | None:
+    """basic.publish's checks on properties, the management API's publish too: user-id
+    must be the authenticated user; the expiration property parsed (None: none)."""
     user_id = fields.get("user_id")
     if user_id is not None:
         claimed = decode_field("user_id", user_id)
-        if claimed != ch.conn.user:
+        if claimed != user:
             raise ChannelError(
                 PRECONDITION_FAILED,
-                f"user_id property set to '{claimed}' but authenticated user was '{ch.conn.user}'",
+                f"user_id property set to '{claimed}' but authenticated user was '{user}'",
             )
     expiration = fields.get("expiration")
     if expiration is None:
-        return None, props
-    return parse_expiration(decode_field("expiration", expiration)), props
+        return None
+    return parse_expiration(decode_field("expiration", expiration))
 
 
 def parse_expiration(value: str) -> int:

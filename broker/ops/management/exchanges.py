@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from warren.broker.engine.channel_publish import parse_expiration
+from warren.broker.engine.channel_publish import checked_ttl
 from warren.broker.engine.message import Message, routing_headers
 from warren.broker.engine.queue import fan_out
 from warren.broker.engine.reply_to import REPLY_TO_PREFIX
@@ -16,9 +16,9 @@ from warren.broker.ops.management import auth, operations
 from warren.broker.ops.management.app import Ctx, Router, created, no_content, reply, reply_list
 from warren.broker.ops.management.errors import ApiError, bad_request, not_found
 from warren.broker.ops.management.formats import exchange_json, properties_from_json
-from warren.protocol.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
+from warren.protocol.constants import ACCESS_REFUSED, NOT_FOUND
 from warren.protocol.errors import AMQPError, ChannelError
-from warren.protocol.properties import decode_field, split_properties
+from warren.protocol.properties import split_properties
 
 if TYPE_CHECKING:
     from warren.broker.engine.exchange import Exchange
@@ -96,19 +96,7 @@ def _payload(body: dict[str, Any]) -> tuple[str, bytes, bytes]:
 
 def _ttl(ctx: Ctx, properties: bytes) -> int | None:
     """The checks basic.publish makes on properties: user-id must be the user; expiration."""
-    fields = split_properties(properties)
-    user_id = fields.get("user_id")
-    if user_id is not None:
-        claimed = decode_field("user_id", user_id)
-        if claimed != ctx.user.name:
-            raise ChannelError(
-                PRECONDITION_FAILED,
-                f"user_id property set to '{claimed}' but authenticated user was '{ctx.user.name}'",
-            )
-    expiration = fields.get("expiration")
-    if expiration is None:
-        return None
-    return parse_expiration(str(decode_field("expiration", expiration)))
+    return checked_ttl(split_properties(properties), ctx.user.name)
 
 
 def publish(ctx: Ctx) -> web.StreamResponse:
