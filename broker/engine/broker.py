@@ -129,7 +129,9 @@ class Broker:
         data_dir = self.settings.data_dir
         if not data_dir:
             return
-        self.persistence = Persistence(data_dir, self.log, segment_size=self.settings.segment_size)
+        self.persistence = Persistence(
+            data_dir, self.log, clock=self.clock, segment_size=self.settings.segment_size
+        )
         self.persistence.restore(self)
         self.access.persistence = self.persistence
         self.parameters.persistence = self.persistence

@@ -14,7 +14,7 @@ turned into channel.close or connection.close by the connection.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pamqp import commands
 
@@ -24,7 +24,7 @@ from warren.broker.engine.confirms import Confirms
 from warren.broker.engine.consumer import Consumer
 from warren.broker.engine.exchange import Exchange
 from warren.broker.engine.limiter import Limiter
-from warren.broker.engine.message import Message
+from warren.broker.engine.message import ChannelBase, Message
 from warren.broker.engine.stats import (
     ChannelStats,
     ConfirmedByExchange,
@@ -52,12 +52,13 @@ from warren.protocol.methods import (
 )
 
 if TYPE_CHECKING:
+    from warren.broker.engine.queue import Queue
     from warren.broker.engine.topic_permissions import TopicRule
     from warren.broker.server.amqp_connection import Connection
     from warren.broker.store import MessageStore
 
 
-class Channel:
+class Channel(ChannelBase):
     """One AMQP channel's state, and what its connection, queues and store ask of it.
 
     The methods a client sends are handled by the functions ``HANDLERS`` names (below).
@@ -225,8 +226,7 @@ class Channel:
                 consumer.timed_out += len(msgs)  # before the requeue: none comes straight back
                 for tag in tags:
                     self.timed_out[tag] = consumer
-        queue = msgs[0].queue
-        assert queue is not None
+        queue = cast("Queue", msgs[0].queue)
         queue.stats.consumer_timeouts += 1
         self.stats.consumer_timeouts += 1
         if (tracer := self.vhost.tracer) is not None:

@@ -7,7 +7,7 @@ them, for tx.commit and for a closing channel. Deliveries themselves go out thro
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 from pamqp import commands
 
@@ -256,8 +256,7 @@ def ack(ch: Channel, msgs: list[Message]) -> None:
     ch.stats.acked += len(msgs)
     touched: list[Queue] = []
     for msg in msgs:
-        queue = msg.queue
-        assert queue is not None
+        queue = cast("Queue", msg.queue)  # the engine's own (message.py names a QueueBase)
         consumer = msg.consumer
         if consumer is not None:
             consumer.unacked -= 1
@@ -290,9 +289,7 @@ def group_by_queue(msgs: list[Message]) -> dict[Queue, list[Message]]:
     for msg in msgs:
         if msg.consumer is not None:
             msg.consumer.unacked -= 1
-        queue = msg.queue
-        assert queue is not None
-        by_queue.setdefault(queue, []).append(msg)
+        by_queue.setdefault(cast("Queue", msg.queue), []).append(msg)
     return by_queue
 
 

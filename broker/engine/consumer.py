@@ -6,6 +6,7 @@ import base64
 import os
 from typing import TYPE_CHECKING, Any
 
+from warren.broker.engine.message import ConsumerBase
 from warren.protocol.methods import shortstr
 
 if TYPE_CHECKING:
@@ -18,7 +19,7 @@ def new_consumer_tag() -> str:
     return "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
 
 
-class Consumer:
+class Consumer(ConsumerBase):
     __slots__ = (
         "arguments",
         "channel",
@@ -27,12 +28,10 @@ class Consumer:
         "prefetch",
         "priority",
         "queue",
-        "tag",
         "tag_enc",
         "timed_out",
         "timeout",
         "trace_ref",
-        "unacked",
     )
 
     def __init__(

@@ -9,7 +9,7 @@ channel's (Channel.deliveries_timed_out); which entries are still live is decide
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from warren.broker.engine.message import DELAYED, READY, UNACKED, Message
 from warren.broker.engine.retry import release_delayed
@@ -87,7 +87,8 @@ class QueueDeadlines:
             entry = heapq.heappop(heap)
             if _locked(entry):
                 msg = entry[2]
-                group = due.setdefault((entry[3], msg.consumer), ([], entry[5]))
+                consumer = cast("Consumer | None", msg.consumer)
+                group = due.setdefault((entry[3], consumer), ([], entry[5]))
                 group[0].append(msg)
         self.locks.rearm()
         for (channel, consumer), (msgs, timeout) in due.items():

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
+from mypy_extensions import mypyc_attr
+
+from warren.broker.engine.stats import QueueStats
 from warren.protocol.constants import PRECONDITION_FAILED
 from warren.protocol.errors import ChannelError
 from warren.protocol.methods import shortstr
@@ -16,15 +19,52 @@ from warren.protocol.properties import (
 )
 from warren.protocol.tables import TYPE_NAMES, array_longstrs, join_entries, table_entries
 
-if TYPE_CHECKING:
-    from warren.broker.engine.channel import Channel
-    from warren.broker.engine.consumer import Consumer
-    from warren.broker.engine.queue import Queue
-
 READY: Final = 0
 UNACKED: Final = 1
 GONE: Final = 2
 DELAYED: Final = 3  # returned, waiting for its retry delay before it is ready again
+
+
+# What a message knows of where it is, as base classes rather than imports of the engine's
+# Queue, Channel and Consumer: this module, and the store and tracing that read messages,
+# stay below the engine (tests/import_graph.py, docs/architecture.md). Compiled, an
+# attribute declared here is a load and a method a call through the class, as on the
+# subclass itself; the engine narrows to its own classes where it needs more.
+@mypyc_attr(allow_interpreted_subclasses=True)  # as Queue's (a build without stream.py)
+class QueueBase:
+    """The queue holding a message (Queue, broker/engine/queue.py), as the message, the
+    message store and tracing see it."""
+
+    __slots__ = ("name", "paged_bytes", "paged_count", "ready_bytes", "stats", "store_id")
+    name: str
+    store_id: int  # the queue's id in the message store (0: none)
+    stats: QueueStats
+    ready_bytes: int
+    paged_count: int  # ready messages on disk only, and their bytes
+    paged_bytes: int
+
+    def page_in(self, msg: Message) -> bytes:
+        """``msg``'s body, read back from the message store."""
+        raise NotImplementedError
+
+    def expire(self, msg: Message, withdrawn: bool = False) -> None:
+        """Remove a ready message wherever it is (Queue.expire)."""
+        raise NotImplementedError
+
+
+class ChannelBase:
+    """The channel a message was delivered on (Channel, broker/engine/channel.py)."""
+
+    __slots__ = ("id",)
+    id: int
+
+
+class ConsumerBase:
+    """The consumer holding a message unacked (Consumer, broker/engine/consumer.py)."""
+
+    __slots__ = ("tag", "unacked")
+    tag: str
+    unacked: int  # deliveries not yet settled
 
 
 class Message:
@@ -87,9 +127,9 @@ class Message:
         self.store_offset = 0  # where the body starts in that segment file
         self.state = READY
         self.tag = 0
-        self.channel: Channel | None = None
-        self.consumer: Consumer | None = None
-        self.queue: Queue | None = None  # the queue holding this copy
+        self.channel: ChannelBase | None = None
+        self.consumer: ConsumerBase | None = None
+        self.queue: QueueBase | None = None  # the queue holding this copy
         self.trace_id = 0  # broker-assigned id when the vhost traces (broker/tracing/tracer.py)
         # the CC and BCC headers' routing keys, when the publisher gave any (routing_headers)
         self.sender_keys: tuple[list[str], list[str]] | None = None
@@ -102,8 +142,8 @@ class Message:
         if self.paged_size < 0:
             return self._body
         queue = self.queue
-        assert queue is not None and queue.message_store is not None
-        return queue.message_store.pager.page_in(self)
+        assert queue is not None
+        return queue.page_in(self)
 
     @body.setter
     def body(self, value: bytes) -> None:

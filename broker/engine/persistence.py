@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from warren.broker.engine.broker import Broker
     from warren.broker.engine.exchange import Exchange
     from warren.broker.engine.queue import Queue
+    from warren.broker.engine.timers import Timers
     from warren.broker.engine.users import User
 
 
@@ -47,12 +48,22 @@ def make_private(data_dir: str) -> None:
 
 class Persistence:
     def __init__(
-        self, data_dir: str, log: Any, *, segment_size: int = 16 * 1024 * 1024, sync: bool = True
+        self,
+        data_dir: str,
+        log: Any,
+        *,
+        clock: Timers,
+        segment_size: int = 16 * 1024 * 1024,
+        sync: bool = True,
     ) -> None:
         self.log = log
         self.definitions = DefinitionStore(data_dir)
         self.messages = MessageStore(
-            os.path.join(data_dir, "messages"), log, segment_size=segment_size, sync=sync
+            os.path.join(data_dir, "messages"),
+            log,
+            clock=clock,
+            segment_size=segment_size,
+            sync=sync,
         )
         self._restored_queues: list[Queue] = []
         make_private(data_dir)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mypy_extensions import mypyc_attr
 
@@ -21,6 +21,7 @@ from warren.broker.engine.message import (
     READY,
     UNACKED,
     Message,
+    QueueBase,
 )
 from warren.broker.engine.operator_policy import merge as merge_definitions
 from warren.broker.engine.queue_backlog import (
@@ -29,7 +30,7 @@ from warren.broker.engine.queue_backlog import (
     read_ahead,
     refill,
 )
-from warren.broker.engine.queue_consumers import QueueConsumers
+from warren.broker.engine.queue_consumers import ConsumerUse, QueueConsumers
 from warren.broker.engine.queue_restore import restore_messages
 from warren.broker.engine.queue_settings import resolve_settings
 from warren.broker.engine.ready import PriorityReady, merge_in_order
@@ -39,7 +40,7 @@ from warren.broker.engine.retry import (
     count_failed_delivery,
     wait_for_retry,
 )
-from warren.broker.engine.stats import ConsumerUse
+from warren.broker.engine.stats import QueueStats
 from warren.broker.store.paged import PagedRun
 from warren.protocol.properties import (
     is_persistent,
@@ -56,51 +57,9 @@ if TYPE_CHECKING:
     from warren.broker.store import MessageStore, StoredMessage
 
 
-class QueueStats:
-    """Cumulative counters of one queue (management API message_stats, metrics)."""
-
-    __slots__ = (
-        "acked",
-        "consumer_timeouts",
-        "dead_lettered",
-        "delivered",
-        "delivered_auto",
-        "disk_reads",
-        "disk_writes",
-        "expired",
-        "get_auto",
-        "get_empty",
-        "get_manual",
-        "persistent",
-        "persistent_bytes",
-        "published",
-        "redelivered",
-        "redeliveries",
-        "retried",
-    )
-
-    def __init__(self) -> None:
-        self.published = 0
-        self.delivered = 0  # basic.deliver and basic.get-ok
-        self.acked = 0
-        self.redelivered = 0  # messages returned to the queue for another delivery
-        self.expired = 0
-        self.dead_lettered: dict[str, int] = {}  # by reason
-        self.consumer_timeouts = 0
-        self.retried = 0  # returns that waited for a delayed retry
-        # Prometheus' per-queue split (broker/ops/metrics.py): consume no-ack deliveries (the
-        # queue settles them as acks), basic.get by ack mode and empty, counted by the channel
-        self.delivered_auto = self.get_auto = self.get_manual = self.get_empty = 0
-        self.redeliveries = 0  # deliveries and get-oks of a message marked redelivered
-        # persistent messages in the store (gauge), publish records written, bodies read back
-        self.persistent = self.persistent_bytes = self.disk_writes = self.disk_reads = 0
-
-
-
-
 # subclasses need not be compiled with it (a build that leaves broker/streams/stream.py out)
 @mypyc_attr(allow_interpreted_subclasses=True)
-class Queue:
+class Queue(QueueBase):
     # the effective settings, from the arguments and the policies (queue_settings.py)
     message_ttl: int | None
     expires: int | None
@@ -173,7 +132,7 @@ class Queue:
         self.stats = QueueStats()
         # consumer capacity (RabbitMQ's rabbit_queue_consumers use/avg): set while every
         # consumer is blocked with messages ready; its moving average lives in
-        # broker/engine/stats.py
+        # broker/engine/queue_consumers.py
         self.idle = False
         timers = vhost.timers
         self._now = timers.clock()
@@ -406,7 +365,7 @@ class Queue:
     def settled(self, msg: Message) -> None:
         """Acked (or delivered with no-ack): the message is done."""
         if self.dispatcher.blocked:
-            self.dispatcher.unblock(msg.consumer)
+            self.dispatcher.unblock(cast("Consumer | None", msg.consumer))
         if msg.state == UNACKED:
             self.gone(msg)
             self.unacked_count -= 1
@@ -418,7 +377,7 @@ class Queue:
     def rejected(self, msg: Message) -> None:
         """basic.reject or basic.nack without requeue: dead-letter it (or drop it)."""
         if self.dispatcher.blocked:
-            self.dispatcher.unblock(msg.consumer)
+            self.dispatcher.unblock(cast("Consumer | None", msg.consumer))
         if msg.state != UNACKED:
             return
         self.gone(msg)
@@ -440,7 +399,7 @@ class Queue:
         dispatcher = self.dispatcher
         if dispatcher.blocked:
             for msg in msgs:
-                dispatcher.unblock(msg.consumer)
+                dispatcher.unblock(cast("Consumer | None", msg.consumer))
         live = [m for m in msgs if m.state == UNACKED]
         self.unacked_count -= len(live)
         self.unacked_bytes -= sum(m.body_size() for m in live)
@@ -540,6 +499,11 @@ class Queue:
             self.expired(msg)
         if not self.ready_count:
             self.ready.clear()
+
+    def page_in(self, msg: Message) -> bytes:
+        """``msg``'s paged-out body, read back (Message.body)."""
+        assert self.message_store is not None
+        return self.message_store.pager.page_in(msg)
 
     def expired(self, msg: Message) -> None:
         """Its TTL ran out (ready, waiting for a retry, or coming back unacked): it leaves

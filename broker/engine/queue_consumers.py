@@ -9,8 +9,10 @@ that hand out messages: no reference back, so a deleted queue is freed by refcou
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from warren.broker.engine.consumer import Consumer
@@ -220,3 +222,53 @@ class QueueConsumers:
 
 def _rank(consumer: Consumer) -> int:
     return -consumer.priority  # the consumers' order: highest priority first
+
+
+# rabbit_queue_consumers' ?USE_AVG_HALF_LIFE: one second (here in seconds, not microseconds)
+USE_HALF_LIFE: Final = 1.0
+
+
+class ConsumerUse:
+    """A queue's consumer capacity, as RabbitMQ's rabbit_queue_consumers:capacity/1 keeps it.
+
+    The queue is *active* while its consumers can take what it has, *inactive* from the
+    moment every consumer is blocked (prefetch full, connection not writable, timeout
+    state) with messages ready, until it delivers again. The capacity is a moving average
+    of the active share of time (half-life 1 s), updated at each change and read at a
+    scrape. The queue calls in only on a change (Queue.idle); with every consumer's
+    prefetch full and a backlog, each ack is one, so the clock is the loop's own."""
+
+    __slots__ = ("active_time", "avg", "clock", "since")
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.since = clock()  # start of the current (active or inactive) period
+        self.active_time = 0.0  # length of the active period before the current inactive one
+        self.avg = 1.0
+
+    def blocked(self, queue: Queue) -> None:
+        if not queue.idle:
+            now = self.clock()
+            queue.idle = True
+            self.active_time, self.since = now - self.since, now
+
+    def unblocked(self, queue: Queue) -> None:
+        now = self.clock()
+        queue.idle = False
+        self.avg = _use_avg(self.active_time, now - self.since, self.avg)
+        self.since = now
+
+    def capacity(self, queue: Queue) -> float:
+        now = self.clock()
+        if queue.idle:
+            return _use_avg(self.active_time, now - self.since, self.avg)
+        return _use_avg(now - self.since, 0.0, self.avg)
+
+
+def _use_avg(active: float, inactive: float, avg: float) -> float:
+    """rabbit_queue_consumers:use_avg/3 with rabbit_misc:moving_average/4."""
+    time = active + inactive
+    if time <= 0:
+        return avg
+    weight = math.exp(time * math.log(0.5) / USE_HALF_LIFE)
+    return (active / time) * (1 - weight) + avg * weight

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
-
-if TYPE_CHECKING:
-    from warren.broker.engine.queue import Queue
+from typing import Any, Final
 
 # counters a channel keeps, added up over the node when read (broker.message_totals())
 CHANNEL_COUNTERS: Final = (
@@ -150,56 +145,6 @@ class BrokerStats(ChannelStats):
         return {name: getattr(self, name) for name in names if name not in skip}
 
 
-# rabbit_queue_consumers' ?USE_AVG_HALF_LIFE: one second (here in seconds, not microseconds)
-USE_HALF_LIFE: Final = 1.0
-
-
-class ConsumerUse:
-    """A queue's consumer capacity, as RabbitMQ's rabbit_queue_consumers:capacity/1 keeps it.
-
-    The queue is *active* while its consumers can take what it has, *inactive* from the
-    moment every consumer is blocked (prefetch full, connection not writable, timeout
-    state) with messages ready, until it delivers again. The capacity is a moving average
-    of the active share of time (half-life 1 s), updated at each change and read at a
-    scrape. The queue calls in only on a change (Queue.idle); with every consumer's
-    prefetch full and a backlog, each ack is one, so the clock is the loop's own."""
-
-    __slots__ = ("active_time", "avg", "clock", "since")
-
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self.clock = clock
-        self.since = clock()  # start of the current (active or inactive) period
-        self.active_time = 0.0  # length of the active period before the current inactive one
-        self.avg = 1.0
-
-    def blocked(self, queue: Queue) -> None:
-        if not queue.idle:
-            now = self.clock()
-            queue.idle = True
-            self.active_time, self.since = now - self.since, now
-
-    def unblocked(self, queue: Queue) -> None:
-        now = self.clock()
-        queue.idle = False
-        self.avg = _use_avg(self.active_time, now - self.since, self.avg)
-        self.since = now
-
-    def capacity(self, queue: Queue) -> float:
-        now = self.clock()
-        if queue.idle:
-            return _use_avg(self.active_time, now - self.since, self.avg)
-        return _use_avg(now - self.since, 0.0, self.avg)
-
-
-def _use_avg(active: float, inactive: float, avg: float) -> float:
-    """rabbit_queue_consumers:use_avg/3 with rabbit_misc:moving_average/4."""
-    time = active + inactive
-    if time <= 0:
-        return avg
-    weight = math.exp(time * math.log(0.5) / USE_HALF_LIFE)
-    return (active / time) * (1 - weight) + avg * weight
-
-
 class IOStats:
     """The message store's disk I/O (RabbitMQ's node_persister_metrics: io_*, msg_store_*).
 
@@ -262,3 +207,43 @@ class ConfirmedByExchange:
             drop += 1
         if drop:
             del runs[:drop]
+
+
+class QueueStats:
+    """Cumulative counters of one queue (management API message_stats, metrics)."""
+
+    __slots__ = (
+        "acked",
+        "consumer_timeouts",
+        "dead_lettered",
+        "delivered",
+        "delivered_auto",
+        "disk_reads",
+        "disk_writes",
+        "expired",
+        "get_auto",
+        "get_empty",
+        "get_manual",
+        "persistent",
+        "persistent_bytes",
+        "published",
+        "redelivered",
+        "redeliveries",
+        "retried",
+    )
+
+    def __init__(self) -> None:
+        self.published = 0
+        self.delivered = 0  # basic.deliver and basic.get-ok
+        self.acked = 0
+        self.redelivered = 0  # messages returned to the queue for another delivery
+        self.expired = 0
+        self.dead_lettered: dict[str, int] = {}  # by reason
+        self.consumer_timeouts = 0
+        self.retried = 0  # returns that waited for a delayed retry
+        # Prometheus' per-queue split (broker/ops/metrics.py): consume no-ack deliveries (the
+        # queue settles them as acks), basic.get by ack mode and empty, counted by the channel
+        self.delivered_auto = self.get_auto = self.get_manual = self.get_empty = 0
+        self.redeliveries = 0  # deliveries and get-oks of a message marked redelivered
+        # persistent messages in the store (gauge), publish records written, bodies read back
+        self.persistent = self.persistent_bytes = self.disk_writes = self.disk_reads = 0

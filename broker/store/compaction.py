@@ -21,7 +21,6 @@ from warren.broker.store.paged import REDELIVERED, PagedRun
 from warren.broker.store.writer import segment_name
 
 if TYPE_CHECKING:
-    from warren.broker.engine.vhost import VirtualHost
     from warren.broker.store.segments import MessageStore
 
 COMPACT_BELOW = 0.5  # live share under which the oldest segment is rewritten
@@ -147,17 +146,19 @@ class Compactor:
         store = self.store
         moved = [m for m in store.messages.values() if m.store_segment == segment]
         store._live[segment] = 0
+        clock = store.clock
         for msg in moved:
             queue_ = msg.queue
-            vhost: VirtualHost | None = None
+            held = True
             if queue_ is not None:
-                queue_id, vhost = queue_.store_id, queue_.vhost
+                queue_id = queue_.store_id
             else:
                 holder = store.holders.get(msg.store_id)
-                queue_id, vhost = (holder.store_id, holder.vhost) if holder else (0, None)
+                queue_id, held = (holder.store_id, True) if holder else (0, False)
+            # broker time (the queues' and delayed exchanges' clock) as the wall clock
             expires_wall = (
-                vhost.timers.wall() + (msg.expires_at - vhost.timers.now())
-                if msg.expires_at is not None and vhost is not None else 0.0
+                clock.wall() + (msg.expires_at - clock.now())
+                if msg.expires_at is not None and held else 0.0
             )  # fmt: skip
             # a paged-out body comes back for the copy (at most half a segment's worth) and
             # leaves again once the copy is written: nothing points into the old file then

@@ -15,12 +15,8 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from typing import TYPE_CHECKING
 
-from warren.broker.engine.message import Message
-
-if TYPE_CHECKING:
-    from warren.broker.engine.queue import Queue
+from warren.broker.engine.message import Message, QueueBase
 
 REDELIVERED = 1
 # what a ready message costs in memory besides its body (the Message object, its ints, the
@@ -50,7 +46,7 @@ class PagedRun:
         "starts",
     )
 
-    def __init__(self, queue: Queue, first_seq: int) -> None:
+    def __init__(self, queue: QueueBase, first_seq: int) -> None:
         self.queue = queue
         self.first_seq = first_seq  # seq of ids[0]: a run's messages have consecutive seqs
         self.ids = array("Q")  # store ids

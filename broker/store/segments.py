@@ -33,6 +33,7 @@ from warren.broker.store.writer import Writer
 if TYPE_CHECKING:
     from warren.broker.engine.confirms import Confirms
     from warren.broker.engine.exchange_plugins import DelayedMessageExchange
+    from warren.broker.engine.timers import Timers
 
 SEGMENT_SIZE = 16 * 1024 * 1024
 # a delivered message whose confirm waits is written after GRACE more handoffs if its ack
@@ -49,10 +50,17 @@ StoredMessage = records.PublishRecord
 
 class MessageStore:
     def __init__(
-        self, directory: str, log: Any, *, segment_size: int = SEGMENT_SIZE, sync: bool = True
+        self,
+        directory: str,
+        log: Any,
+        *,
+        clock: Timers,
+        segment_size: int = SEGMENT_SIZE,
+        sync: bool = True,
     ) -> None:
         self.directory = directory
         self.log = log
+        self.clock = clock  # broker time, the messages' deadlines (Broker.clock)
         self.segment_size = segment_size
         self.sync = sync
         os.makedirs(directory, mode=0o700, exist_ok=True)

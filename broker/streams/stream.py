@@ -171,9 +171,7 @@ def parse_offset(args: dict[str, Any], queue: str, vhost: str) -> tuple[str, int
     )
 
 
-def check_consume(
-    queue: Queue, args: dict[str, Any], no_ack: bool, limiter: Limiter
-) -> None:
+def check_consume(queue: Queue, args: dict[str, Any], no_ack: bool, limiter: Limiter) -> None:
     """basic.consume on a stream: RabbitMQ 4.3's argument checks, then its consume/3 clauses."""
     where = _where(queue.name, queue.vhost.name)
     for arg in args:
@@ -218,7 +216,9 @@ def _private_store(vhost: VirtualHost) -> tuple[MessageStore, str]:
     if found is None:
         directory = tempfile.mkdtemp(prefix="warren-streams-")
         atexit.register(shutil.rmtree, directory, True)
-        store = MessageStore(os.path.join(directory, "messages"), vhost.log, sync=False)
+        store = MessageStore(
+            os.path.join(directory, "messages"), vhost.log, clock=vhost.timers, sync=False
+        )
         store.start(vhost.timers.loop)
         found = _private[vhost.timers] = (store, directory)
     return found

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from warren.broker.engine.exchange import TopicExchange
-from warren.broker.engine.message import DELAYED, GONE, READY, Message
+from warren.broker.engine.message import DELAYED, GONE, READY, Message, QueueBase
 from warren.broker.engine.queue_backlog import ready_messages
 from warren.broker.tracing.firehose import TRACE_EXCHANGE
 from warren.broker.tracing.tracer import Relay, Tracer, close_why
@@ -252,7 +252,7 @@ class Recorder(Relay):
         self.by_queue.setdefault(queue, []).append(record)
         return record
 
-    def _rec(self, queue: Queue | None, msg: Message) -> Outcome:
+    def _rec(self, queue: QueueBase | None, msg: Message) -> Outcome:
         """The message's record in ``queue``; one that arrived before recording is adopted."""
         name = queue.name if queue is not None else ""
         if not msg.trace_id:

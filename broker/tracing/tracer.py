@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import types
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from librt.strings import BytesWriter, write_i64_le
 
@@ -264,7 +264,7 @@ class Tracer:
         """basic.nack, or basic.reject (``rejected``: the trace writes both as nacked)."""
         now, append, name = self._ts(), self._put, queue.name
         for msg in msgs:
-            consumer, channel = msg.consumer, msg.channel
+            consumer, channel = msg.consumer, cast("Channel | None", msg.channel)
             peer, ch = (channel.conn.peer, channel.id) if channel is not None else (None, 0)
             append(
                 (NACKED, now, self.vhost, msg.trace_id or self._id(msg, name), name,

@@ -13,7 +13,7 @@ import decimal
 import hashlib
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote_plus
 
 from warren.broker.engine.exchange import Exchange
@@ -271,7 +271,7 @@ def oldest_unacked(mgmt: Management) -> dict[Queue, Message]:
     for conn in mgmt.connections():
         for channel in conn.channels.values():
             for msg in channel.unacked.values():
-                queue = msg.queue
+                queue = cast("Queue | None", msg.queue)
                 if queue is not None:
                     oldest = found.get(queue)
                     if oldest is None or msg.seq < oldest.seq:
