@@ -62,6 +62,7 @@ COMPILED = [
     "warren/broker/tracing/tracer.py",
     "warren/broker/testkit/recorder.py",
     "warren/broker/store/records.py",
+    "warren/broker/store/reports.py",
     "warren/broker/store/segments.py",
     "warren/broker/store/paging.py",
     "warren/broker/store/compaction.py",

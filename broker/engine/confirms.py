@@ -42,6 +42,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
+from warren.broker.store.reports import ConfirmToken
+
 if TYPE_CHECKING:
     from warren.broker.store.segments import MessageStore
 
@@ -57,7 +59,7 @@ def _first(entry: list[int]) -> int:
     return entry[0]
 
 
-class Confirms:
+class Confirms(ConfirmToken):
     __slots__ = (
         "_disk",
         "_nacked",
@@ -151,10 +153,12 @@ class Confirms:
         elif self.settled(seq) and self.on_due is not None:
             self.on_due()
 
-    def on_synced(self, batch: int) -> None:
-        """The store made batches up to ``batch`` durable."""
+    def on_synced(self, batch: int) -> bool:
+        """The store made batches up to ``batch`` durable; True while publishes still wait
+        for the disk (the store keeps telling this token)."""
         if self.synced(batch) and self.on_due is not None:
             self.on_due()
+        return bool(self._disk)
 
     def on_failed(self) -> None:
         """The store stopped writing: every publish waiting for it is nacked."""

@@ -372,7 +372,7 @@ class DelayedMessageExchange(Exchange):
             msg._headers = None
             msg.expires_at = due  # the log keeps the due time (wall clock) in its expiry
             store.publish(self.store_id, msg, self.vhost.timers.wall() + delay / 1000, confirm)
-            store.hold(msg, self)  # compaction copies its record with this exchange's id
+            store.hold(msg, self.store_id)  # compaction copies its record with this exchange's id
             entry = (due, self._seq, msg, ttl, delay)
         else:
             # plain values only: a tuple of them leaves the GC's tracking, a Message would not,
@@ -402,7 +402,7 @@ class DelayedMessageExchange(Exchange):
             due = now_mono + max(0.0, record.expires_wall - now_wall)
             msg.expires_at = due
             if store is not None:
-                store.hold(msg, self)
+                store.hold(msg, self.store_id)
             self._seq += 1
             entry = (due, self._seq, msg, _ttl_of(record.properties), delay_of(msg.headers) or 0)
             msg._headers = None

@@ -152,9 +152,9 @@ class Compactor:
             held = True
             if queue_ is not None:
                 queue_id = queue_.store_id
-            else:
+            else:  # held by a delayed exchange, or by nothing
                 holder = store.holders.get(msg.store_id)
-                queue_id, held = (holder.store_id, True) if holder else (0, False)
+                queue_id, held = (holder, True) if holder is not None else (0, False)
             # broker time (the queues' and delayed exchanges' clock) as the wall clock
             expires_wall = (
                 clock.wall() + (msg.expires_at - clock.now())

@@ -28,11 +28,10 @@ from warren.broker.store import records
 from warren.broker.store.compaction import COMPACT_BELOW, Compactor
 from warren.broker.store.paging import UNWRITTEN, Pager
 from warren.broker.store.recovery import Recovery
+from warren.broker.store.reports import ConfirmToken
 from warren.broker.store.writer import Writer
 
 if TYPE_CHECKING:
-    from warren.broker.engine.confirms import Confirms
-    from warren.broker.engine.exchange_plugins import DelayedMessageExchange
     from warren.broker.engine.timers import Timers
 
 SEGMENT_SIZE = 16 * 1024 * 1024
@@ -78,13 +77,13 @@ class MessageStore:
         self.open_batch = 0  # the batch that records appended now will belong to
         self.synced_batch = -1
         # publishers' confirms waiting for the disk: told of each batch synced, and of a failure
-        self.waiters: set[Confirms] = set()
+        self.waiters: set[ConfirmToken] = set()
         self._writer: Writer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._after_sync: deque[tuple[int, Callable[[bool], None]]] = deque()  # (batch, callback)
         # messages a delayed exchange holds (no queue yet): their holder, by msg id, for
         # compaction to copy their record with the exchange's id
-        self.holders: dict[int, DelayedMessageExchange] = {}
+        self.holders: dict[int, int] = {}
         # other logs (streams, broker/streams/stream.py) writing through this writer and its batches
         self._external: list[Any] = []  # with data for the open batch
         # (batch, the logs with a chunk in it), oldest first: told when their batch is written
@@ -107,8 +106,8 @@ class MessageStore:
         self._fresh: dict[int, list[Any]] = {}
         self.never_written = 0  # messages gone before their record was written
         # (confirms, seq, message) of the open batch's publishes, and of the batches handed over
-        self._owners: list[tuple[Confirms, int, Message]] = []
-        self._settle: deque[tuple[int, list[tuple[Confirms, int, Message]]]] = deque()
+        self._owners: list[tuple[ConfirmToken, int, Message]] = []
+        self._settle: deque[tuple[int, list[tuple[ConfirmToken, int, Message]]]] = deque()
         self._handed = -1  # the last batch handed to the writer: none while it writes one
         self._flush_all = False  # the next handoff keeps nothing back (tx.commit)
         self._new_fresh = False  # messages published since the last handoff
@@ -264,7 +263,7 @@ class MessageStore:
             self.compactor.collect()
 
     def publish(
-        self, queue_id: int, msg: Message, expires_wall: float, confirm: Confirms | None
+        self, queue_id: int, msg: Message, expires_wall: float, confirm: ConfirmToken | None
     ) -> None:
         """Store ``msg``: its record is written with the open batch (see _fresh). ``confirm``:
         the token of the publish being routed, its publisher's confirms, which count this
@@ -322,7 +321,7 @@ class MessageStore:
             return False
         msg.store_offset = 0
         self.never_written += 1
-        confirm: Confirms | None = entry[3]
+        confirm: ConfirmToken | None = entry[3]
         if confirm is not None:
             confirm.on_gone(entry[4])
         return True
@@ -337,8 +336,9 @@ class MessageStore:
             if not (self._fresh and self._elided(msg_id, msg)):
                 self._live[msg.store_segment] -= 1
 
-    def hold(self, msg: Message, holder: DelayedMessageExchange) -> None:
-        """``msg`` (stored) waits in ``holder``, a delayed exchange, instead of a queue."""
+    def hold(self, msg: Message, holder: int) -> None:
+        """``msg`` (stored) waits in a delayed exchange, ``holder`` its id in the store,
+        instead of a queue."""
         self.holders[msg.store_id] = holder
 
     def delivered(self, msg: Message) -> None:
@@ -409,7 +409,7 @@ class MessageStore:
         settle = self._settle
         if settle and settle[0][0] <= batch:
             # each channel told once, so its acks for the batch go out as one frame
-            seqs: dict[Confirms, list[int]] = {}
+            seqs: dict[ConfirmToken, list[int]] = {}
             while settle and settle[0][0] <= batch:
                 for owner, seq, _ in settle.popleft()[1]:
                     if owner in seqs:
@@ -425,8 +425,7 @@ class MessageStore:
         if self.waiters:
             waiters = self.waiters
             for confirm in list(waiters):
-                confirm.on_synced(batch)
-                if not confirm.waiting_for_disk:
+                if not confirm.on_synced(batch):
                     waiters.discard(confirm)
         after = self._after_sync
         while after and after[0][0] <= batch:
@@ -469,7 +468,7 @@ class MessageStore:
         waiters = self.waiters
         copies: list[Message] = []
         for entry in self._fresh.values():
-            confirm: Confirms | None = entry[3]
+            confirm: ConfirmToken | None = entry[3]
             if confirm is not None and confirm in waiters and confirm.waits(entry[4]):
                 copies.append(entry[0])
         for _, owners in self._settle:
