@@ -16,6 +16,7 @@ import datetime
 import os
 import shlex
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TextIO
@@ -299,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     from warren.pipeline import job
 
     started = time.monotonic()
+    if args.out is not None or args.serve:
+        # the charts' imports, while this thread waits for the JVM
+        threading.Thread(target=report.preload, daemon=True).start()
     if args.serve:
         # tuned for the small traces a warm session is for (SHORT_RUN)
         spark = job.spark_session(args.master, args.driver_memory, 2, short=True)

@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -85,6 +86,95 @@ SHORT_RUN = {
 }
 SHORT_RUN_BYTES = 64 << 20  # of trace files: up to about a million events
 
+# A dynamic class-data sharing archive's first four bytes (little-endian); the JVM writes
+# the header last, so a file that starts with them is complete
+ARCHIVE_MAGIC = 0xF00BABA8.to_bytes(4, "little")
+
+
+def _archive_key() -> str | None:
+    """What the driver JVM's class archive depends on: the java it runs and Spark's jars
+    (the JVM refuses an archive made with others, silently, so a new key makes a new one)."""
+    import hashlib
+
+    import pyspark
+
+    java_home = os.environ.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
+    if java is None or not os.path.isdir(jars):
+        return None
+    java = os.path.realpath(java)
+    parts = [java, str(os.stat(java).st_mtime_ns), jars, str(os.stat(jars).st_mtime_ns)]
+    parts.append(pyspark.__version__)
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def _archive_complete(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == ARCHIVE_MAGIC
+
+
+def _archive_abandoned(path: str) -> bool:
+    """An unfinished archive whose run has ended and whose JVM has not written for ten
+    minutes (writing takes well under one): killed while it wrote, or before."""
+    pid = int(path.rsplit(".", 2)[-2])
+    try:
+        os.kill(pid, 0)
+        return False  # the run is still going: its JVM writes at the end
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        return False
+    return time.time() - os.path.getmtime(path) > 600
+
+
+def class_archive_options() -> str:
+    """JVM options that load Spark's classes from a class-data sharing archive (AppCDS),
+    made by the first embedded run on this machine and kept in a cache directory.
+
+    Loading and verifying the 15,000 classes a report uses costs the driver's JVM more
+    CPU than the report's work on a small trace; mapped from the archive they need
+    neither. The first run's JVM writes the archive as it exits (``ArchiveClassesAtExit``,
+    in the background after the report: Python does not wait for it) to a file of its own;
+    a later run takes that file once it is complete. ``WARREN_REPORT_CACHE`` names the
+    directory (default ``~/.cache/warren``); set to the empty string, no archive is used."""
+    cache = os.environ.get("WARREN_REPORT_CACHE")
+    if cache is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        cache = os.path.join(base, "warren")
+    key = _archive_key() if cache else None
+    if key is None:
+        return ""
+    quiet = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # a refused archive is no error
+    final = os.path.join(cache, f"spark-{key}.jsa")
+    try:
+        os.makedirs(cache, exist_ok=True)
+        parts = [
+            os.path.join(cache, n)
+            for n in sorted(os.listdir(cache))
+            if n.startswith(f"spark-{key}.") and n.endswith(".part")
+        ]
+        if not os.path.exists(final):
+            complete = [p for p in parts if _archive_complete(p)]
+            if complete:
+                os.replace(complete[0], final)
+            elif any(not _archive_abandoned(p) for p in parts):
+                return ""  # another run's JVM is writing it
+        if os.path.exists(final):
+            for part in parts:  # what another run's JVM wrote, or left half-written
+                if os.path.exists(part) and (_archive_complete(part) or _archive_abandoned(part)):
+                    os.unlink(part)
+            return f"-XX:SharedArchiveFile={final} {quiet}"
+        for part in parts:
+            os.unlink(part)
+        # the JVM writes it under a name of this run's own, renamed by a later run when
+        # complete: no run maps a file that is still being written
+        part = os.path.join(cache, f"spark-{key}.{os.getpid()}.part")
+        os.close(os.open(part, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except OSError:
+        return ""
+    return f"-XX:ArchiveClassesAtExit={part} {quiet}"
+
 
 def spark_session(
     master: str | None = None,
@@ -96,11 +186,15 @@ def spark_session(
     """A session for the job: ``local[*]`` unless ``master`` or spark-submit says otherwise.
 
     ``short``: an embedded run on a small trace, tuned for start-up (SHORT_RUN)."""
+    from pyspark import SparkContext
+
     builder = SparkSession.builder.appName("warren-report")
     # no Hive: the job reads files and writes Parquet, it needs no metastore
     builder = builder.config("spark.sql.catalogImplementation", "in-memory")
-    for key, value in (conf or {}).items():
-        builder = builder.config(key, value)
+    # PySpark's call-site capture for error messages costs six JVM calls around each
+    # function that builds a column: more than half of the job's planning calls
+    builder = builder.config("spark.python.sql.dataFrameDebugging.enabled", "false")
+    settings = dict(conf or {})
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started this driver
     if master is not None:
         builder = builder.master(master)
@@ -117,10 +211,15 @@ def spark_session(
         builder = builder.config("spark.ui.enabled", "false")
         builder = builder.config("spark.default.parallelism", str(partitions))
         if short:
-            for key, value in SHORT_RUN.items():
-                builder = builder.config(key, value)
+            settings.update(SHORT_RUN)
         # the Python workers decode the trace files: they need warren, as this one has it
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if not submitted and SparkContext._gateway is None:  # this starts the driver's JVM
+        archive = class_archive_options()
+        options = settings.get("spark.driver.extraJavaOptions", "")
+        settings["spark.driver.extraJavaOptions"] = f"{options} {archive}".strip()
+    for key, value in settings.items():
+        builder = builder.config(key, value)
     builder = builder.config("spark.sql.session.timeZone", "UTC")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

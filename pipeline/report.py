@@ -197,10 +197,18 @@ def _with_empty_buckets(rows: list[Row], step: datetime.timedelta | None) -> lis
     return out
 
 
-def _charts(tables: dict[str, list[Row]], queues: list[Row]) -> dict[str, str]:
+def preload() -> None:
+    """Import matplotlib (a second of CPU), as warren-report does in a thread while
+    Spark starts."""
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.dates
+    import matplotlib.pyplot
+
+
+def _charts(tables: dict[str, list[Row]], queues: list[Row]) -> dict[str, str]:
+    preload()
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 

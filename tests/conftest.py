@@ -13,6 +13,13 @@ from urllib.parse import urlparse
 
 import pytest
 
+# warren-report's class archive (pipeline/job.py class_archive_options) in the user's cache,
+# also for the runs of pytester, which gives its inner runs a HOME of their own
+os.environ.setdefault(
+    "WARREN_REPORT_CACHE",
+    os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "warren"),
+)
+
 
 @pytest.fixture(scope="session")
 def amqp_url() -> Iterator[str]:
