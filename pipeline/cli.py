@@ -133,11 +133,18 @@ def trace_bytes(trace: str) -> int | None:
     return size
 
 
+ONE_PARTITION_BYTES = 4 << 20  # of trace files: about 25,000 events
+
+
 def auto_partitions(trace: str) -> int:
-    """One per core for a small trace (each task costs start-up), more for a big one."""
+    """One for a small trace (a sorted table's shuffle into more partitions costs a Spark
+    job of its own, to sample the range bounds), one per core for a middling one, more
+    for a big one."""
     size = trace_bytes(trace)
     if size is None:
         return 32  # not a local path (hdfs://, s3://): the cluster's size is unknown here
+    if size < ONE_PARTITION_BYTES:
+        return 1
     return max(os.cpu_count() or 2, min(64, size // (32 << 20)))
 
 
@@ -189,7 +196,7 @@ def run(
         bucket_seconds = job.known_bucket(trace)
     tables = job.analyse(events, bucket_seconds, max_deliveries)
     planned = time.monotonic()
-    job.write(tables, out)
+    job.write(tables, out, here=job.small(trace, out))
     spark.catalog.clearCache()
     job.cleanup()
     written = time.monotonic()

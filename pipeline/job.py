@@ -89,6 +89,9 @@ SHORT_RUN_BYTES = 64 << 20  # of trace files: up to about a million events
 # A dynamic class-data sharing archive's first four bytes (little-endian); the JVM writes
 # the header last, so a file that starts with them is complete
 ARCHIVE_MAGIC = 0xF00BABA8.to_bytes(4, "little")
+# part of the archive's key: a new one when the job comes to use other classes (the JVM
+# loads a class the archive lacks as usual, at the usual cost)
+ARCHIVE_VERSION = "2"
 
 
 def _archive_key() -> str | None:
@@ -105,7 +108,7 @@ def _archive_key() -> str | None:
         return None
     java = os.path.realpath(java)
     parts = [java, str(os.stat(java).st_mtime_ns), jars, str(os.stat(jars).st_mtime_ns)]
-    parts.append(pyspark.__version__)
+    parts += [pyspark.__version__, ARCHIVE_VERSION]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
@@ -132,7 +135,7 @@ def class_archive_options() -> str:
     """JVM options that load Spark's classes from a class-data sharing archive (AppCDS),
     made by the first embedded run on this machine and kept in a cache directory.
 
-    Loading and verifying the 15,000 classes a report uses costs the driver's JVM more
+    Loading and verifying the thousands of classes a report uses costs the driver's JVM more
     CPU than the report's work on a small trace; mapped from the archive they need
     neither. The first run's JVM writes the archive as it exits (``ArchiveClassesAtExit``,
     in the background after the report: Python does not wait for it) to a file of its own;
@@ -278,6 +281,7 @@ def _decode(item: tuple[str, bytes]) -> Iterator[str]:
 LOCAL_DECODE_BYTES = 64 << 20  # of trace files: decoded by the driver below this
 _scratch: list[str] = []  # directories of decoded traces, removed by cleanup()
 _spans: dict[str, tuple[int, int]] = {}  # trace -> first and last ts, seen while decoding
+_decoded: set[str] = set()  # traces decoded here
 
 
 def _decode_here(spark: SparkSession, trace: str) -> str | None:
@@ -311,6 +315,7 @@ def _decode_here(spark: SparkSession, trace: str) -> str | None:
                     last = ts if last is None or ts > last else last
     if first is not None and last is not None:
         _spans[trace] = (first, last)
+    _decoded.add(trace)
     return scratch
 
 
@@ -327,6 +332,12 @@ def _line_ts(line: str) -> int | None:
     return int(line[start:end]) if end > start else None
 
 
+def small(trace: str, out: str) -> bool:
+    """A trace :func:`load_events` decoded here, and a local ``out``: this process writes
+    the tables (:func:`write`)."""
+    return trace in _decoded and "://" not in out
+
+
 def known_bucket(trace: str) -> float | None:
     """The automatic bucket of a trace :func:`load_events` decoded here, or None: the
     driver saw every time stamp, so no Spark job needs to find the span."""
@@ -339,6 +350,7 @@ def cleanup() -> None:
     while _scratch:
         shutil.rmtree(_scratch.pop(), ignore_errors=True)
     _spans.clear()
+    _decoded.clear()
 
 
 atexit.register(cleanup)
@@ -893,16 +905,41 @@ def analyse(
     )
 
 
-def write(tables: Tables, out: str) -> dict[str, str]:
-    """Each table as Parquet under ``out``; small ones as a single file."""
+def write(tables: Tables, out: str, here: bool = False) -> dict[str, str]:
+    """Each table as Parquet under ``out``; small ones as a single file.
+
+    ``here``: a small trace's tables, collected as Arrow and written by this process (a
+    local ``out``): a Spark write job costs a second of commit protocol on the driver,
+    for a table of a few kilobytes."""
     paths = {}
     for name, frame in tables.items():
         path = os.path.join(out, name)
-        if name != "messages":
-            frame = frame.coalesce(1)
-        frame.write.mode("overwrite").parquet(path)
+        if here and hasattr(frame, "toArrow"):  # PySpark 4
+            _write_here(frame, path)
+        else:
+            if name != "messages":
+                frame = frame.coalesce(1)
+            frame.write.mode("overwrite").parquet(path)
         paths[name] = path
     return paths
+
+
+def _write_here(frame: DataFrame, path: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = frame.toArrow()
+    for i, field in enumerate(table.schema):
+        if pa.types.is_timestamp(field.type):
+            # as Spark writes a timestamp (INT96, read back as naive nanoseconds in UTC):
+            # the same tables whichever wrote them
+            ns = pa.timestamp("ns")
+            table = table.set_column(i, field.with_type(ns), table.column(i).cast(ns))
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    pq.write_table(
+        table, os.path.join(path, "part-00000.parquet"), use_deprecated_int96_timestamps=True
+    )
 
 
 def message_events(events: DataFrame, key: str) -> DataFrame:
