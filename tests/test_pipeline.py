@@ -537,3 +537,36 @@ def test_serve_answers_two_reports_on_one_session(spark: Any, tmp_path: Path) ->
             n: c["routed"] for n, c in ref["queues"].items()
         }
         assert {n: q[n]["acked"] for n in q} == {n: c["acked"] for n, c in ref["queues"].items()}
+
+
+def test_class_archive_is_taken_only_when_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver JVM's class archive (job.class_archive_options): the first run has its
+    JVM write one under a name of the run's own; a later run uses none while that file is
+    unfinished and its run alive, renames it once the JVM's header is in, and maps it."""
+    import os
+
+    from warren.pipeline import job
+
+    monkeypatch.setenv("WARREN_REPORT_CACHE", str(tmp_path))
+    first = job.class_archive_options()
+    assert first.startswith("-XX:ArchiveClassesAtExit=")
+    part = Path(first.split()[0].split("=", 1)[1])
+    assert part.parent == tmp_path and part.name.endswith(f".{os.getpid()}.part")
+    assert job.class_archive_options() == ""  # this run's JVM has not written it yet
+    part.write_bytes(b"\0" * 64)  # written, but its header not yet (the JVM writes it last)
+    assert job.class_archive_options() == ""
+    part.write_bytes(job.ARCHIVE_MAGIC + b"\0" * 60)
+    used = job.class_archive_options()
+    final = tmp_path / part.name.replace(f".{os.getpid()}.part", ".jsa")
+    assert used.startswith(f"-XX:SharedArchiveFile={final} ")
+    assert final.exists() and not part.exists()
+    # a half-written file of a run that ended long ago is removed when the archive exists
+    stale = tmp_path / part.name.replace(str(os.getpid()), "999999999")
+    stale.write_bytes(b"\0" * 64)
+    os.utime(stale, (0, 0))
+    assert job.class_archive_options() == used
+    assert not stale.exists()
+    monkeypatch.setenv("WARREN_REPORT_CACHE", "")
+    assert job.class_archive_options() == ""
