@@ -135,7 +135,8 @@ def decode_method(payload: bytes) -> Method:
                 off += payload[off - 1]  # after the routing key: the bits
                 if off + 1 != size:
                     raise IndexError
-                names = _NAMES.get(bytes(payload[6:off]))
+                # payload is bytes: its slice is too (bytes() would be a call, compiled)
+                names = _NAMES.get(payload[6:off])
                 if names is None:
                     names = _publish_names(payload, off)
                 bits = payload[off]
