@@ -121,6 +121,8 @@ class Exchange:
 
     # hooks for the types in broker/engine/exchange_plugins.py
     delays = False  # x-delayed-message: a publish asks delay() first, then hold() or route
+    # route() calls its ``headers``: False spares the message path a bound method per publish
+    reads_headers = True
 
     @classmethod
     def validate(cls, arguments: dict[str, Any]) -> None:
@@ -229,6 +231,7 @@ class Exchange:
 
 class DirectExchange(Exchange):
     kind = "direct"
+    reads_headers = False
 
     # the parameters spelled out: mypyc-compiled code passes *args to a compiled base's
     # __init__ as one tuple argument
@@ -279,6 +282,7 @@ class DirectExchange(Exchange):
 
 class FanoutExchange(Exchange):
     kind = "fanout"
+    reads_headers = False
 
     def __init__(
         self,
@@ -454,6 +458,7 @@ class TopicTrie:
 
 class TopicExchange(Exchange):
     kind = "topic"
+    reads_headers = False
 
     def __init__(
         self,

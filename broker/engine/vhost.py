@@ -55,6 +55,10 @@ STANDARD_EXCHANGES: Final = (
 )
 
 
+def _no_headers() -> dict[str, Any]:
+    return {}  # what an exchange that ignores headers is given (VirtualHost.route)
+
+
 class DefaultExchange(DirectExchange):
     """The nameless exchange: routes to the queue named by the routing key."""
 
@@ -458,7 +462,9 @@ class VirtualHost:
     def route(self, exchange: Exchange, msg: Message) -> list[Queue]:
         """The queues a message published to ``exchange`` reaches."""
         if msg.sender_keys is None:
-            dests = exchange.route(msg.routing_key, msg.get_headers)
+            # a bound method costs an allocation: only for an exchange that reads headers
+            headers = msg.get_headers if exchange.reads_headers else _no_headers
+            dests = exchange.route(msg.routing_key, headers)
             if not exchange.has_exchange_destinations and (
                 dests or not exchange.alternate_exchange
             ):
