@@ -23,7 +23,7 @@ directly.
 from __future__ import annotations
 
 from enum import Enum, auto
-from typing import Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from librt.strings import read_i16_be, read_i32_be, read_i64_be
 from pamqp import commands
@@ -64,14 +64,18 @@ NEED_DATA: Final = Sentinel.NEED_DATA
 
 
 class Content:
-    """A complete basic.publish: method, raw property bytes, body."""
+    """A complete basic.publish: method, raw property bytes, body, and its channel's record
+    (whose owner the broker hands it to, without looking the channel up again)."""
 
-    __slots__ = ("body", "method", "properties")
+    __slots__ = ("body", "method", "properties", "record")
 
-    def __init__(self, method: BasicPublish, properties: bytes, body: bytes) -> None:
+    def __init__(
+        self, method: BasicPublish, properties: bytes, body: bytes, record: ChannelRecord[Any]
+    ) -> None:
         self.method = method
         self.properties = properties
         self.body = body
+        self.record = record
 
 
 Event = tuple[int, Method | Content] | Sentinel
@@ -212,6 +216,15 @@ class ProtocolConnection(Generic[OwnerT]):
         self._offer = (0, 0)  # channel_max and frame_max the broker's connection.tune proposed
         # changed in place only, never rebound: the broker keeps a reference to read it
         self.channels: dict[int, ChannelRecord[OwnerT]] = {}
+        # the record of the channel last looked up: a message's three frames come on one
+        # channel. Reset wherever a record leaves the table.
+        self._rec: ChannelRecord[OwnerT] | None = None
+        self._rec_channel = 0
+        # the last basic.publish decoded, its exchange and routing key as received and its
+        # bits: a publisher mostly repeats them, and the object is read-only, so it is reused
+        self._publish: BasicPublish | None = None
+        self._publish_key = b""
+        self._publish_bits = 0
 
     # ---- the broker's side: what it sends, and how it gives up ----
 
@@ -269,6 +282,7 @@ class ProtocolConnection(Generic[OwnerT]):
         elif kind is _ChCloseOk:
             if state is _CH_CLOSE_RECEIVED:
                 del self.channels[channel]  # the id is free again
+                self._rec = None
             else:  # the answer to a close that crossed ours: ours still waits for close-ok
                 _require(state is _CH_CLOSE_SENT, state, method)
         else:
@@ -290,6 +304,7 @@ class ProtocolConnection(Generic[OwnerT]):
         self.stop()
         self.state = CLOSED
         self.channels.clear()
+        self._rec = None
 
     # ---- bytes in ----
 
@@ -353,29 +368,34 @@ class ProtocolConnection(Generic[OwnerT]):
                     f"type {ftype}, all octets = <<>>: "
                     f"{{frame_too_large,{size},{self.frame_max - 8}}}",
                 )
-            end = off + 7 + size
+            start = off + 7
+            end = start + size
             if avail < 8 + size:
                 self._want = 8 + size - avail
                 return NEED_DATA
-            payload = buf[off + 7 : end]
             if buf[end] != 0xCE:
                 raise ConnectionError_(
                     FRAME_ERROR,
-                    f"type {ftype}, all octets = {erlang_binary(payload)}: "
+                    f"type {ftype}, all octets = {erlang_binary(buf[start:end])}: "
                     f"{{invalid_frame_end_marker,{buf[end]}}}",
                 )
             self._off = end + 1
             state = self.state
+            # method and header frames are read in place: only the body is sliced
             if state is OPEN and channel:
                 if ftype == FRAME_METHOD:
-                    event = self._method(channel, payload)
+                    event = self._method(channel, buf, start, end)
                 elif ftype == FRAME_BODY:
-                    event = self._body(channel, payload)
+                    event = self._body(channel, buf[start:end])
                 elif ftype == FRAME_HEADER:
-                    event = self._header(channel, payload)
+                    event = self._header(channel, buf, start, end)
                 else:
-                    raise _bad_frame(ftype, payload, channel)
-            elif state is CLOSING:
+                    raise _bad_frame(ftype, buf[start:end], channel)
+                if event is not None:
+                    return event
+                continue
+            payload = buf[start:end]
+            if state is CLOSING:
                 # rabbit_reader:handle_frame/4 when stopping: only channel 0's methods are read
                 event = self._method0(payload) if ftype == FRAME_METHOD and not channel else None
             elif ftype == FRAME_METHOD and not channel:
@@ -437,9 +457,18 @@ class ProtocolConnection(Generic[OwnerT]):
         self.heartbeat = method.heartbeat
         self.state = OPENING
 
-    def _method(self, channel: int, payload: bytes) -> Event | None:
-        method = _decode(payload)
-        record = self.channels.get(channel)
+    def _method(self, channel: int, buf: bytes, start: int, end: int) -> Event | None:
+        size = end - start
+        if size >= 7 and buf[start + 1] == 60 and buf[start + 3] == 40 and not buf[start + 2]:
+            method = self._decode_publish(buf, start, end)  # class 60 < 256: octet 0 is 0
+        else:
+            method = _decode(buf[start:end])
+        record = self._rec
+        if record is None or self._rec_channel != channel:
+            record = self.channels.get(channel)
+            if record is not None:
+                self._rec = record
+                self._rec_channel = channel
         if record is None:
             if type(method) is _ChOpen:
                 if self.channel_max and len(self.channels) >= self.channel_max:
@@ -468,6 +497,27 @@ class ProtocolConnection(Generic[OwnerT]):
             record.state = _CH_CLOSE_RECEIVED  # close-ok owed
         return (channel, method)
 
+    def _decode_publish(self, buf: bytes, start: int, end: int) -> Method:
+        """basic.publish (class 60, method 40, at least 7 octets), as decode_method reads it;
+        the previous one's object again when its exchange, routing key and bits repeat."""
+        size = end - start
+        rk_end = 8 + buf[start + 6]  # after the exchange and the routing key's length octet
+        if rk_end <= size:
+            rk_end += buf[start + rk_end - 1]
+            if rk_end + 1 == size:  # the bits end the payload: decode_method's own test
+                key = buf[start + 6 : start + rk_end]
+                bits = buf[start + rk_end]
+                last = self._publish
+                if last is not None and bits == self._publish_bits and key == self._publish_key:
+                    return last
+                method = _decode(buf[start:end])
+                if isinstance(method, BasicPublish):
+                    self._publish = method
+                    self._publish_key = key
+                    self._publish_bits = bits
+                return method
+        return _decode(buf[start:end])  # malformed: decode_method's error
+
     def _closing_channel_method(
         self, channel: int, record: ChannelRecord[OwnerT], method: Method
     ) -> Event | None:
@@ -477,25 +527,29 @@ class ProtocolConnection(Generic[OwnerT]):
         if record.state is _CH_CLOSE_SENT:
             if kind is _ChCloseOk:
                 del self.channels[channel]  # the id is free again
+                self._rec = None
                 return (channel, method)
             if kind is _ChClose:
                 return (channel, method)  # the closes crossed: close-ok is owed all the same
         return None  # after a close, all but close and close-ok is dropped
 
-    def _header(self, channel: int, payload: bytes) -> Event | None:
-        state = self.channels.get(channel)
+    def _header(self, channel: int, buf: bytes, start: int, end: int) -> Event | None:
+        state = self._rec
+        if state is None or self._rec_channel != channel:
+            state = self.channels.get(channel)
         if state is None or state.pending is None:
             _check_no_publish(state)
             return None
         if state.properties:
             raise _content_error(state)
-        if len(payload) < 14:
+        if end - start < 14:
             raise ConnectionError_(
-                FRAME_ERROR, f"type 2, all octets = {erlang_binary(payload)}: unknown_frame"
+                FRAME_ERROR,
+                f"type 2, all octets = {erlang_binary(buf[start:end])}: unknown_frame",
             )
-        class_id: int = read_i16_be(payload, 0)  # then the weight, then the body size
+        class_id: int = read_i16_be(buf, start)  # then the weight, then the body size
         class_id &= 0xFFFF
-        if payload[2] or payload[3]:
+        if buf[start + 2] or buf[start + 3]:
             # RabbitMQ 4.3 (rabbit_command_assembler.erl, process/2) matches only weight 0
             # as a content header; any other frame there is this error
             raise ConnectionError_(
@@ -504,7 +558,7 @@ class ProtocolConnection(Generic[OwnerT]):
                 60,
                 40,
             )
-        body_size: int = read_i64_be(payload, 4)
+        body_size: int = read_i64_be(buf, start + 4)
         if body_size < 0:  # an unsigned 64-bit size past 2**63
             body_size += 1 << 64
         if class_id != 60:
@@ -528,7 +582,7 @@ class ProtocolConnection(Generic[OwnerT]):
             )
             error.channel = channel
             raise error
-        properties = payload[12:]
+        properties = buf[start + 12 : end]
         try:
             check_properties(properties)
         except PropertiesError as exc:
@@ -543,7 +597,9 @@ class ProtocolConnection(Generic[OwnerT]):
         return None
 
     def _body(self, channel: int, payload: bytes) -> Event | None:
-        state = self.channels.get(channel)
+        state = self._rec
+        if state is None or self._rec_channel != channel:
+            state = self.channels.get(channel)
         if state is None or state.pending is None:
             _check_no_publish(state)
             return None
@@ -573,7 +629,7 @@ class ProtocolConnection(Generic[OwnerT]):
     def _complete(channel: int, state: ChannelRecord[OwnerT], body: bytes) -> Event:
         method = state.pending
         assert method is not None
-        content = Content(method, state.properties, body)
+        content = Content(method, state.properties, body, state)
         state.pending = None
         state.properties = b""
         state.received = 0

@@ -356,6 +356,18 @@ class Connection:
 
     def _channel_event(self, channel_id: int, method: Any) -> None:
         kind = type(method)
+        if kind is Content:
+            # a message: its record came with it (no look-up of the handler or the channel)
+            content: Content = method
+            owner: Channel | None = content.record.owner
+            if owner is not None:
+                try:
+                    basic_publish(owner, content)
+                except ChannelError as exc:
+                    self.channel_error(owner, exc.at(60, 40))
+                except ConnectionError_ as conn_exc:
+                    raise conn_exc.at(60, 40) from None
+                return
         handler = HANDLERS.get(kind)
         if handler is not None:
             # the protocol passes such methods only on open channels, which have their owner
