@@ -62,11 +62,12 @@ def basic_publish(ch: Channel, content: Content) -> None:
     bucket = SIZE_BUCKET_BY_BITS[size.bit_length()]
     if bucket and size <= SIZE_BOUNDS[bucket - 1]:
         bucket -= 1
-    stats.size_buckets[bucket] += 1
+    buckets = stats.size_buckets
+    buckets[bucket] = buckets[bucket] + 1  # typed: ``+= 1`` on an item is a generic add, compiled
     stats.size_sum += size
     if (
         method.exchange != ch.published_to
-        or ch.allowed_version != ch.conn.broker.access.version
+        or ch.allowed_version != ch.conn.access_changes.n
     ):  # fmt: skip
         ch.allow("write", "exchange", method.exchange or "amq.default")
         ch.published_to = method.exchange  # allow() brought allowed_version up to date
@@ -91,7 +92,7 @@ def basic_publish(ch: Channel, content: Content) -> None:
     ttl = None
     if flags & (FLAG_EXPIRATION | FLAG_USER_ID | FLAG_REPLY_TO):
         ttl, props = _check_properties(ch, props)
-    if (intercept := ch.conn.broker.intercept) is not None:
+    if (intercept := ch.conn.intercept) is not None:
         props = intercept(props)  # rabbit_msg_interceptor:intercept_incoming/2
     ex_rk = method.ex_rk or None  # the short strings as received: never encoded again
     msg = Message(method.exchange, method.routing_key, props, content.body, ex_rk)

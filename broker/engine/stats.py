@@ -4,6 +4,15 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+
+class Version:
+    """A number bumped on every change that others cache decisions on (AccessControl's):
+    compiled, so that the publish path reads it as a native attribute."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
 # counters a channel keeps, added up over the node when read (broker.message_totals())
 CHANNEL_COUNTERS: Final = (
     "acked",

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from warren.broker.engine.stats import Version
 from warren.broker.engine.topic_permissions import TopicPermission, TopicRule
 from warren.protocol.constants import ACCESS_REFUSED
 from warren.protocol.errors import ChannelError
@@ -89,8 +90,17 @@ class AccessControl:
         self.topic_permissions: dict[tuple[str, str], dict[str, TopicPermission]] = {}
         # user -> {"max-connections": n, "max-channels": n} (rabbit_auth_backend_internal)
         self.user_limits: dict[str, dict[str, int]] = {}
-        self.version = 0  # bumped on every change, so channels can cache decisions
+        # bumped on every change, so channels can cache decisions; connections keep it
+        self.changes = Version()
         self.persistence: Persistence | None = None  # when there is a data dir
+
+    @property
+    def version(self) -> int:
+        return self.changes.n
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.changes.n = value
 
     def add_user(
         self,

@@ -82,6 +82,10 @@ class Connection:
         # in process, without a socket of its own: a shovel's amqp:// URI (broker/ops/shovel)
         self.direct = False
         self.vhost: VirtualHost = broker.default_vhost_obj()
+        # read on every publish: kept here, as the broker's attributes are not compiled
+        # (both are set once, when the broker is made)
+        self.access_changes = broker.access.changes
+        self.intercept = broker.intercept
         self.client_properties: dict[str, Any] = {}
         self.capabilities: dict[str, Any] = {}
         self.exclusive_queues: dict[str, Queue] = {}
