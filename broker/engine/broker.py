@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from warren.broker.engine.alarms import ResourceMonitor
+from warren.broker.engine.arrivals import Ticks
 from warren.broker.engine.deprecated import DeprecatedFeatures
 from warren.broker.engine.global_parameters import GlobalParameters
 from warren.broker.engine.interceptors import incoming
@@ -17,7 +18,7 @@ from warren.broker.engine.parameters import Parameters
 from warren.broker.engine.persistence import Persistence
 from warren.broker.engine.reaper import Reaper
 from warren.broker.engine.stats import BrokerStats, ChannelStats
-from warren.broker.engine.timers import STAMP_EVERY, ManualTimers, Ticks, Timers
+from warren.broker.engine.timers import STAMP_EVERY, ManualTimers, Timers
 from warren.broker.engine.users import AccessControl
 from warren.broker.engine.vhost import VirtualHost
 from warren.broker.tracing.tracer import Tracing

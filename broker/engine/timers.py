@@ -82,28 +82,6 @@ class _ManualHandle:
 STAMP_EVERY = 1.0  # seconds: the precision of a message's time of arrival (arrivals.py)
 
 
-class Ticks:
-    """A count that goes up a second after it is asked to (``arm``), then waits to be asked
-    again: a queue stamps when messages arrived by comparing it with the count it last saw,
-    so a publish reads an attribute rather than the clock (broker/engine/arrivals.py), and an idle
-    broker has no timer for it."""
-
-    def __init__(self, timers: Timers, every: float) -> None:
-        self.count = 0
-        self.armed = False
-        self._timers = timers
-        self._every = every
-
-    def arm(self) -> None:
-        if not self.armed:
-            self.armed = True
-            self._timers.call_later(self._every, self._tick)
-
-    def _tick(self) -> None:
-        self.armed = False
-        self.count += 1
-
-
 class ManualTimers(Timers):
     """Broker time that stands still until :meth:`advance` (``warren.clock = manual``).
 

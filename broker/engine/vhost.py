@@ -12,6 +12,7 @@ import warren.broker.engine.exchange_plugins  # noqa: F401  (registers the plugi
 from warren.broker.engine.arguments import (
     validate_queue_arguments,
 )
+from warren.broker.engine.arrivals import Ticks
 from warren.broker.engine.dead_letter import dead_letter_copy
 from warren.broker.engine.equivalence import (
     assert_exchange_equivalence,
@@ -29,7 +30,7 @@ from warren.broker.engine.message import Message
 from warren.broker.engine.policy import Policy, pick
 from warren.broker.engine.queue import Queue, fan_out
 from warren.broker.engine.reaper import Reaper
-from warren.broker.engine.timers import STAMP_EVERY, Ticks
+from warren.broker.engine.timers import STAMP_EVERY
 from warren.broker.streams.stream import StreamQueue, stream_directory, validate_stream_arguments
 from warren.broker.tracing.firehose import TRACE_EXCHANGE
 from warren.protocol.constants import (
