@@ -33,6 +33,7 @@ from tests.amqp_raw import (
 )
 from warren.broker.engine.exchange import (
     Binding,
+    Declared,
     DirectExchange,
     Exchange,
     FanoutExchange,
@@ -119,7 +120,7 @@ def test_exchange_index_follows_bindings(
 ) -> None:
     """Route after every bind, unbind and destination drop: the index updated binding by
     binding routes as the bindings say, each destination once."""
-    exchange = kind("x")
+    exchange = kind(Declared("x"))
     live: list[tuple[str, object, dict[str, int]]] = []
     matches = MATCHERS[kind]
     for op in ops:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 import decimal
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeAlias
 
 if TYPE_CHECKING:
     from warren.broker.engine.confirms import Confirms
@@ -89,23 +89,28 @@ class Destinations:
         return found
 
 
+class Declared(NamedTuple):
+    """What an exchange is declared with: every type's constructor takes it whole, so that
+    each states its signature once (mypyc-compiled code would pass a subclass's ``*args``
+    to a compiled base's ``__init__`` as one tuple argument)."""
+
+    name: str
+    durable: bool = False
+    auto_delete: bool = False
+    internal: bool = False
+    arguments: dict[str, Any] | None = None
+
+
 class Exchange:
     # read through the class (EXCHANGE_TYPES[...].kind): a class attribute for mypyc too
     kind: ClassVar[str] = ""
 
-    def __init__(
-        self,
-        name: str,
-        durable: bool = False,
-        auto_delete: bool = False,
-        internal: bool = False,
-        arguments: dict[str, Any] | None = None,
-    ) -> None:
-        self.name = name
-        self.durable = durable
-        self.auto_delete = auto_delete
-        self.internal = internal
-        self.arguments = arguments or {}
+    def __init__(self, declared: Declared) -> None:
+        self.name = declared.name
+        self.durable = declared.durable
+        self.auto_delete = declared.auto_delete
+        self.internal = declared.internal
+        self.arguments = declared.arguments or {}
         self.policy: Any = None  # the vhost's policy that applies to it (broker/engine/policy.py)
         self.bindings: dict[tuple[int, str, str], Binding] = {}
         self.deleted = False
@@ -233,17 +238,8 @@ class DirectExchange(Exchange):
     kind = "direct"
     reads_headers = False
 
-    # the parameters spelled out: mypyc-compiled code passes *args to a compiled base's
-    # __init__ as one tuple argument
-    def __init__(
-        self,
-        name: str,
-        durable: bool = False,
-        auto_delete: bool = False,
-        internal: bool = False,
-        arguments: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(name, durable, auto_delete, internal, arguments)
+    def __init__(self, declared: Declared) -> None:
+        super().__init__(declared)
         self._by_key: dict[str, Destinations] = {}
         self._lists: dict[str, list[Destination]] = {}  # route's answers, per key, until it changes
 
@@ -284,15 +280,8 @@ class FanoutExchange(Exchange):
     kind = "fanout"
     reads_headers = False
 
-    def __init__(
-        self,
-        name: str,
-        durable: bool = False,
-        auto_delete: bool = False,
-        internal: bool = False,
-        arguments: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(name, durable, auto_delete, internal, arguments)
+    def __init__(self, declared: Declared) -> None:
+        super().__init__(declared)
         self._dests = Destinations()
 
     def _changed(self) -> None:
@@ -460,15 +449,8 @@ class TopicExchange(Exchange):
     kind = "topic"
     reads_headers = False
 
-    def __init__(
-        self,
-        name: str,
-        durable: bool = False,
-        auto_delete: bool = False,
-        internal: bool = False,
-        arguments: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(name, durable, auto_delete, internal, arguments)
+    def __init__(self, declared: Declared) -> None:
+        super().__init__(declared)
         self._trie = TopicTrie()
 
     def _changed(self) -> None:

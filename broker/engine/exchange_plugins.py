@@ -25,7 +25,13 @@ import sys
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from warren.broker.engine.erlang_hash import jump_consistent_hash, phash2
-from warren.broker.engine.exchange import EXCHANGE_TYPES, Destination, Exchange, HeadersFn
+from warren.broker.engine.exchange import (
+    EXCHANGE_TYPES,
+    Declared,
+    Destination,
+    Exchange,
+    HeadersFn,
+)
 from warren.broker.engine.message import Message
 from warren.broker.engine.timers import Deadline
 from warren.protocol.constants import COMMAND_INVALID, PRECONDITION_FAILED
@@ -86,15 +92,8 @@ def _header_key(value: Any) -> int | bytes | str | None:
 class ConsistentHashExchange(Exchange):
     kind = "x-consistent-hash"
 
-    def __init__(
-        self,
-        name: str,
-        durable: bool = False,
-        auto_delete: bool = False,
-        internal: bool = False,
-        arguments: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(name, durable, auto_delete, internal, arguments)
+    def __init__(self, declared: Declared) -> None:
+        super().__init__(declared)
         self._ring: list[Destination] = []
         self._cache: dict[int | bytes | str | None, list[Destination]] = {}
         self._header, self._property = _hash_args(self.arguments)
@@ -178,15 +177,8 @@ def _sort_key(destination: Destination) -> tuple[int, bytes]:
 class ModulusHashExchange(Exchange):
     kind = "x-modulus-hash"
 
-    def __init__(
-        self,
-        name: str,
-        durable: bool = False,
-        auto_delete: bool = False,
-        internal: bool = False,
-        arguments: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(name, durable, auto_delete, internal, arguments)
+    def __init__(self, declared: Declared) -> None:
+        super().__init__(declared)
         self._sorted: list[Destination] = []
         self._cache: dict[str, list[Destination]] = {}
 
@@ -215,15 +207,8 @@ _QUEUE_MODULES: Final = {"quorum": "rabbit_quorum_queue", "stream": "rabbit_stre
 class LocalRandomExchange(Exchange):
     kind = "x-local-random"
 
-    def __init__(
-        self,
-        name: str,
-        durable: bool = False,
-        auto_delete: bool = False,
-        internal: bool = False,
-        arguments: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(name, durable, auto_delete, internal, arguments)
+    def __init__(self, declared: Declared) -> None:
+        super().__init__(declared)
         self._queues: list[Destination] = []
 
     def validate_binding(
@@ -294,18 +279,11 @@ class DelayedMessageExchange(Exchange):
     kind = "x-delayed-message"
     delays = True
 
-    def __init__(
-        self,
-        name: str,
-        durable: bool = False,
-        auto_delete: bool = False,
-        internal: bool = False,
-        arguments: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(name, durable, auto_delete, internal, arguments)
+    def __init__(self, declared: Declared) -> None:
+        super().__init__(declared)
         inner = EXCHANGE_TYPES[str(self.arguments["x-delayed-type"])]
         self.delayed_kind = inner.kind
-        self._inner = inner(self.name, arguments=self.arguments)
+        self._inner = inner(Declared(self.name, arguments=self.arguments))
         self._inner.bindings = self.bindings  # one set of bindings, the inner type's index
         self._heap: list[_Held] = []
         self._seq = 0

@@ -22,6 +22,7 @@ from warren.broker.engine.equivalence import (
 from warren.broker.engine.exchange import (
     EXCHANGE_TYPES,
     Binding,
+    Declared,
     Destination,
     DirectExchange,
     Exchange,
@@ -64,7 +65,7 @@ class DefaultExchange(DirectExchange):
     """The nameless exchange: routes to the queue named by the routing key."""
 
     def __init__(self, vhost: VirtualHost) -> None:
-        super().__init__("", durable=True)
+        super().__init__(Declared("", durable=True))
         self._queues = vhost.queues
 
     def route(self, routing_key: str, headers: Any) -> list[Destination]:
@@ -104,11 +105,11 @@ class VirtualHost:
         self.queues: dict[str, Queue] = {}
         self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self)}
         for ex_name, kind in STANDARD_EXCHANGES:
-            self.exchanges[ex_name] = EXCHANGE_TYPES[kind](ex_name, durable=True)
+            self.exchanges[ex_name] = EXCHANGE_TYPES[kind](Declared(ex_name, durable=True))
         # RabbitMQ's firehose target (broker/tracing/firehose.py): internal, so clients only
         # bind to it
         self.exchanges[TRACE_EXCHANGE] = EXCHANGE_TYPES["topic"](
-            TRACE_EXCHANGE, durable=True, internal=True
+            Declared(TRACE_EXCHANGE, durable=True, internal=True)
         )
 
     # ---- names and lookups ----
@@ -181,9 +182,7 @@ class VirtualHost:
         if kind in self.disabled_exchange_types:  # 4.x: exchange_types.local_random.enabled
             raise ChannelError(PRECONDITION_FAILED, f"{kind} exchange is disabled by configuration")
         cls.validate(arguments)
-        exchange = cls(
-            name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments
-        )
+        exchange = cls(Declared(name, durable, auto_delete, internal, arguments))
         self.exchanges[name] = exchange
         exchange.attach(self)
         self._apply_exchange_policy(exchange)
@@ -204,7 +203,7 @@ class VirtualHost:
                 self.log.warning("stored exchange no longer valid", exchange=name, error=str(exc))
                 return
             exchange = self.exchanges[name] = cls(
-                name, durable=True, auto_delete=auto_delete, internal=internal, arguments=arguments
+                Declared(name, True, auto_delete, internal, arguments)
             )
             exchange.attach(self)
             self._apply_exchange_policy(exchange)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from warren.broker.engine.exchange import TopicExchange
+from warren.broker.engine.exchange import Declared, TopicExchange
 from warren.broker.engine.message import DELAYED, GONE, READY, Message, QueueBase
 from warren.broker.engine.queue_backlog import ready_messages
 from warren.broker.tracing.firehose import TRACE_EXCHANGE
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 # The firehose stays off while only the recorder listens (it is on while tracing): an
 # exchange of the firehose's type that nothing binds to, so that ``Tracer.firehose`` is an
 # Exchange, as the compiled channel checks.
-NO_FIREHOSE = TopicExchange(TRACE_EXCHANGE, durable=True, internal=True)
+NO_FIREHOSE = TopicExchange(Declared(TRACE_EXCHANGE, durable=True, internal=True))
 
 
 def _properties(raw: bytes) -> dict[str, Any]:

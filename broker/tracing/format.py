@@ -49,6 +49,7 @@ from warren.broker.tracing.events import (
     TIME,
     UNDEFINE,
 )
+from warren.broker.tracing.schema import BOOL, BY_NAME, FIELDS, INT, LONG, LONGS, STRING, STRINGS
 from warren.protocol.properties import TRACED_FLAGS_HI, TRACED_FLAGS_LO, split_properties
 
 CHILD_NICENESS = 19  # the writer process runs on CPU the broker leaves: busy, it drops
@@ -498,24 +499,38 @@ def _published(e: tuple[Any, ...], off: int) -> str:
     )
 
 
-def _routed(e: tuple[Any, ...], off: int) -> str:
-    # (K, t, vhost, tid, exchange, rk, names): a dead-lettered copy
-    return (
-        f'{_head(e, off, "routed")},"msg":{e[3]},"exchange":{_s(e[4])},"rk":{_s(e[5])},'
-        f'"queues":{_list(e[6])},"mandatory":false,"dead_letter":true}}\n'
-    )
+def _longs(values: Iterable[int]) -> str:
+    return "[" + ",".join(map(str, values)) + "]"
 
 
-def _confirmed(e: tuple[Any, ...], off: int) -> str:
-    # (K, t, vhost, peer, ch, first, last, ack)
-    return (
-        f'{_head(e, off, "confirmed")},"conn":{_peer(e[3])},"ch":{e[4]},"first":{e[5]},'
-        f'"seq":{e[6]},"ack":{_B[e[7]]}}}\n'
-    )
+_ENCODE: dict[str, Callable[[Any], str]] = {
+    LONG: str,
+    INT: str,
+    STRING: _s,
+    BOOL: _B.__getitem__,
+    STRINGS: _list,
+    LONGS: _longs,
+}
+
+
+def _formatter(name: str) -> Callable[[tuple[Any, ...], int], str]:
+    """The line of a rare event from its tuple: (K, t, vhost, then its fields in the order
+    broker/tracing/schema.py declares them; more items after those are not written)."""
+    keys = [
+        (f',"{field}":', _peer if field == "conn" else _ENCODE[FIELDS[field]])
+        for field in BY_NAME[name].fields
+    ]
+
+    def line(e: tuple[Any, ...], off: int) -> str:
+        values = "".join([key + encode(v) for (key, encode), v in zip(keys, e[3:], strict=False)])
+        return f"{_head(e, off, name)}{values}}}\n"
+
+    return line
 
 
 def _delivered(e: tuple[Any, ...], off: int) -> str:
-    # (K, t, vhost, tid, queue, ctag, tag, redelivered, count, no_ack, peer, ch)
+    # (K, t, vhost, tid, queue, ctag, tag, redelivered, count, no_ack, peer, ch): by hand,
+    # as pipeline/generate.py formats one a message
     return (
         f'{{"ts":{(e[1] + off) // 1000},"ev":"delivered","vhost":{_s(e[2])},"msg":{e[3]},'
         f'"queue":{_s(e[4])},"consumer":{_s(e[5])},"tag":{e[6]},"redelivered":{_B[e[7]]},'
@@ -524,131 +539,59 @@ def _delivered(e: tuple[Any, ...], off: int) -> str:
 
 
 def _acked(e: tuple[Any, ...], off: int) -> str:
-    # (K, t, vhost, tid, queue, ctag, tag)
+    # (K, t, vhost, tid, queue, ctag, tag): by hand, as _delivered
     return (
         f'{{"ts":{(e[1] + off) // 1000},"ev":"acked","vhost":{_s(e[2])},"msg":{e[3]},'
         f'"queue":{_s(e[4])},"consumer":{_s(e[5])},"tag":{e[6]}}}\n'
     )
 
 
-def _nacked(e: tuple[Any, ...], off: int) -> str:
-    # (K, t, vhost, tid, queue, ctag, tag, requeue)
-    return (
-        f'{_head(e, off, "nacked")},"msg":{e[3]},"queue":{_s(e[4])},"consumer":{_s(e[5])},'
-        f'"tag":{e[6]},"requeue":{_B[e[7]]}}}\n'
-    )
+_routed_line = _formatter("routed")
 
 
-def _requeued(e: tuple[Any, ...], off: int) -> str:
-    # (K, t, vhost, tid, queue, why)
-    return f'{_head(e, off, "requeued")},"msg":{e[3]},"queue":{_s(e[4])},"why":"{e[5]}"}}\n'
+def _routed(e: tuple[Any, ...], off: int) -> str:
+    # (K, t, vhost, tid, exchange, rk, names): a dead-lettered copy
+    return _routed_line((*e, False, True), off)  # mandatory false, dead_letter true
 
 
-def _retry(e: tuple[Any, ...], off: int) -> str:
-    # (K, t, vhost, tid, queue, attempt, delay_ms, why)
-    return (
-        f'{_head(e, off, "retry_scheduled")},"msg":{e[3]},"queue":{_s(e[4])},'
-        f'"attempt":{e[5]},"delay_ms":{e[6]},"why":"{e[7]}"}}\n'
-    )
+_expired, _dead_lettered, _dropped_msg = (
+    _formatter(name) for name in ("expired", "dead_lettered", "dropped")
+)
 
 
 def _dead(e: tuple[Any, ...], off: int) -> str:
     # (K, t, vhost, tid, queue, reason, dlx, dlrk)
-    common = f',"msg":{e[3]},"queue":{_s(e[4])}'
-    reason, dlx = e[5], e[6]
-    out = ""
-    if reason == "expired":
-        out = f"{_head(e, off, 'expired')}{common}}}\n"
-    if dlx is not None:
-        out += (
-            f'{_head(e, off, "dead_lettered")}{common},"reason":"{reason}","dlx":{_s(dlx)},'
-            f'"dlrk":{_s(e[7])}}}\n'
-        )
-    elif reason != "expired":
-        out += f'{_head(e, off, "dropped")}{common},"reason":"{reason}"}}\n'
-    return out
-
-
-def _adopted(e: tuple[Any, ...], off: int) -> str:
-    # (K, t, vhost, tid, queue, exchange, rk, size)
-    return (
-        f'{_head(e, off, "adopted")},"msg":{e[3]},"queue":{_s(e[4])},"exchange":{_s(e[5])},'
-        f'"rk":{_s(e[6])},"size":{e[7]}}}\n'
-    )
-
-
-def _consumer_added(e: tuple[Any, ...], off: int) -> str:
-    # (K, t, vhost, queue, ctag, prefetch, no_ack, peer, ch)
-    return (
-        f'{_head(e, off, "consumer_added")},"queue":{_s(e[3])},"consumer":{_s(e[4])},'
-        f'"prefetch":{e[5]},"no_ack":{_B[e[6]]},"conn":{_peer(e[7])},"ch":{e[8]}}}\n'
-    )
-
-
-def _consumer_timed_out(e: tuple[Any, ...], off: int) -> str:
-    # (K, t, vhost, queue, ctag, peer, ch, tags, tids, timeout, action)
-    return (
-        f'{_head(e, off, "consumer_timed_out")},"queue":{_s(e[3])},"consumer":{_s(e[4])},'
-        f'"conn":{_peer(e[5])},"ch":{e[6]},"tags":[{",".join(map(str, e[7]))}],'
-        f'"msgs":[{",".join(map(str, e[8]))}],"timeout_ms":{e[9]},"action":"{e[10]}"}}\n'
-    )
-
-
-def _consumer_cancelled(e: tuple[Any, ...], off: int) -> str:
-    # (K, t, vhost, queue, ctag, why)
-    return (
-        f'{_head(e, off, "consumer_cancelled")},"queue":{_s(e[3])},"consumer":{_s(e[4])},'
-        f'"why":"{e[5]}"}}\n'
-    )
-
-
-def _queue_expired(e: tuple[Any, ...], off: int) -> str:
-    return f'{_head(e, off, "queue_expired")},"queue":{_s(e[3])}}}\n'
-
-
-def _queue_deleted(e: tuple[Any, ...], off: int) -> str:
-    return f'{_head(e, off, "queue_deleted")},"queue":{_s(e[3])},"messages":{e[4]}}}\n'
-
-
-def _delayed(e: tuple[Any, ...], off: int) -> str:
-    # (K, t, vhost, tid, exchange, delay_ms)
-    return f'{_head(e, off, "delayed")},"msg":{e[3]},"exchange":{_s(e[4])},"delay_ms":{e[5]}}}\n'
-
-
-def _released(e: tuple[Any, ...], off: int) -> str:
-    # (K, t, vhost, tid, exchange, queue names)
-    queues = ",".join(_s(name) for name in e[5])
-    return f'{_head(e, off, "released")},"msg":{e[3]},"exchange":{_s(e[4])},"queues":[{queues}]}}\n'
+    reason = e[5]
+    out = _expired(e, off) if reason == "expired" else ""
+    if e[6] is not None:
+        return out + _dead_lettered(e, off)
+    return out if reason == "expired" else _dropped_msg(e, off)
 
 
 def _mark(e: tuple[Any, ...], off: int) -> str:
     return f"{_head(e, off, e[3])}}}\n"
 
 
-def _dropped(e: tuple[Any, ...], off: int) -> str:
-    return f'{_head(e, off, "trace_dropped")},"dropped":{e[3]}}}\n'
-
-
 FORMATS: tuple[Callable[[tuple[Any, ...], int], str], ...] = (
     _published,
     _routed,
-    _confirmed,
+    _formatter("confirmed"),
     _delivered,
     _acked,
-    _nacked,
-    _requeued,
-    _retry,
+    _formatter("nacked"),
+    _formatter("requeued"),
+    _formatter("retry_scheduled"),
     _dead,
-    _adopted,
-    _consumer_added,
-    _consumer_timed_out,
-    _consumer_cancelled,
-    _queue_expired,
-    _queue_deleted,
-    _delayed,
-    _released,
+    _formatter("adopted"),
+    _formatter("consumer_added"),
+    _formatter("consumer_timed_out"),
+    _formatter("consumer_cancelled"),
+    _formatter("queue_expired"),
+    _formatter("queue_deleted"),
+    _formatter("delayed"),
+    _formatter("released"),
     _mark,
-    _dropped,
+    _formatter("trace_dropped"),
 )
 
 

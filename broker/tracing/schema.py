@@ -1,10 +1,11 @@
 """The decoded trace's events and their fields: the one declaration of what a line holds.
 
-broker/tracing/format.py writes these JSON lines (by hand, for speed: the tests check every
-line it writes against this table), pipeline/schema.py derives the Spark schema from
-``FIELDS``, and docs/tracing.md's table is ``python -m warren.broker.tracing.schema``'s
-output (a test keeps them equal). Every line has ``ts``, ``ev`` and ``vhost``; a field in
-``Event.optional`` is there only when it has a value.
+broker/tracing/format.py writes these JSON lines (the frequent events by hand, for speed,
+the rest from this table: the tests check every line it writes against it),
+pipeline/schema.py derives the Spark schema from ``FIELDS``, and docs/tracing.md's table is
+``python -m warren.broker.tracing.schema``'s output (a test keeps them equal). Every line
+has ``ts``, ``ev`` and ``vhost``; a field in ``Event.optional`` is there only when it has a
+value.
 """
 
 from __future__ import annotations

@@ -356,26 +356,13 @@ class Worker:
 
     def _running_info(self, src_uri: Uri, dest_uri: Uri) -> dict[str, Any]:
         """report_running/1: the URIs without credentials and the endpoints."""
-        config = self.config
-        info: dict[str, Any] = {
+        return {
             "src_uri": src_uri.redacted,
             "src_protocol": "amqp091",
             "dest_protocol": "amqp091",
             "dest_uri": dest_uri.redacted,
+            **_endpoints(self.config, "_"),
         }
-        if config.src_queue is not None:
-            info["src_queue"] = config.src_queue
-        else:
-            info["src_exchange"] = config.src_exchange
-            info["src_exchange_key"] = config.src_exchange_key
-        for key, value in (
-            ("dest_exchange", config.dest_exchange),
-            ("dest_exchange_key", config.dest_exchange_key),
-            ("dest_queue", config.dest_queue),
-        ):
-            if value is not None:
-                info[key] = value
-        return info
 
     def status(self) -> dict[str, Any]:
         """A row of GET /api/shovels (rabbit_shovel_mgmt_util:format/2)."""
@@ -545,22 +532,29 @@ class Worker:
             "shovel-vhost": config.vhost,
             "src-uri": self.info.get("src_uri", ""),
             "dest-uri": self.info.get("dest_uri", ""),
+            **_endpoints(config, "-"),
         }
-        if config.src_queue is not None:
-            table["src-queue"] = config.src_queue
-        else:
-            table["src-exchange"] = config.src_exchange
-            table["src-exchange-key"] = config.src_exchange_key
-        for name, value in (
-            ("dest-exchange", config.dest_exchange),
-            ("dest-exchange-key", config.dest_exchange_key),
-            ("dest-queue", config.dest_queue),
-        ):
-            if value is not None:
-                table[name] = value
         encoded = encode_value(table)
         self._props_cache = (key, encoded)
         return encoded
+
+
+def _endpoints(config: ShovelConfig, sep: str) -> dict[str, Any]:
+    """The source and destination a running shovel names: the same fields in its status
+    (report_running/1, words joined by ``_``) and in x-shovelled (props_fun/9, by ``-``)."""
+    fields: dict[str, Any]
+    if config.src_queue is not None:
+        fields = {"src_queue": config.src_queue}
+    else:
+        fields = {"src_exchange": config.src_exchange, "src_exchange_key": config.src_exchange_key}
+    for name, value in (
+        ("dest_exchange", config.dest_exchange),
+        ("dest_exchange_key", config.dest_exchange_key),
+        ("dest_queue", config.dest_queue),
+    ):
+        if value is not None:
+            fields[name] = value
+    return {name.replace("_", sep): value for name, value in fields.items()}
 
 
 def _prepend_shovelled(raw: bytes, entry: bytes) -> bytes:
