@@ -137,6 +137,17 @@ class Tracer:
     # dict lookup. Every id is found before the record starts: a new one's definition goes
     # into the stream first.
 
+    def _route_of(self, msg: Message) -> int:
+        """The id of ``msg``'s exchange and routing key, remembered as the last route (the
+        next publish by the same route reads it without a lookup)."""
+        exchange, key = msg.exchange, msg.routing_key
+        try:
+            route = self._routes[exchange][key]
+        except KeyError:  # the first message by this route
+            route = self._w.route_id(msg)
+        self._ex, self._rk, self._route = exchange, key, route
+        return route
+
     def published(
         self, channel: Channel, msg: Message, queues: list[Queue], mandatory: bool, seq: int
     ) -> None:
@@ -147,11 +158,7 @@ class Tracer:
         if key is self._rk and exchange is self._ex and self._route:
             route = self._route
         else:
-            try:
-                route = self._routes[exchange][key]
-            except KeyError:  # the first message by this route
-                route = self._w.route_id(msg)
-            self._ex, self._rk, self._route = exchange, key, route
+            route = self._route_of(msg)
         props = msg.properties
         # message-id, correlation-id or persistence set: the decoder reads them (no
         # flag set: the flags' two bytes only; a set flag is followed by its field's bytes)
@@ -411,11 +418,7 @@ class InterpretedTracer(Tracer):
         if key is self._rk and exchange is self._ex and self._route:
             route = self._route
         else:
-            try:
-                route = self._routes[exchange][key]
-            except KeyError:  # the first message by this route
-                route = self._w.route_id(msg)
-            self._ex, self._rk, self._route = exchange, key, route
+            route = self._route_of(msg)
         props = msg.properties
         # message-id, correlation-id or persistence set: the decoder reads them (no
         # flag set: the flags' two bytes only; a set flag is followed by its field's bytes)
