@@ -216,15 +216,20 @@ def _take(ch: Channel, tag: int, multiple: bool) -> list[Message]:
         # step over every entry popped from its front since it was last rebuilt
         taken = []
         for t in range(ch.low_tag, tag + 1):
-            msg = unacked.pop(t, None)
+            msg = _pop(unacked, t, None)
             if msg is not None:
                 taken.append(msg)
         ch.low_tag = tag + 1
         return taken
-    msg = unacked.pop(tag, None)
+    msg = _pop(unacked, tag, None)
     if msg is None:
         raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
     return [msg]
+
+
+# Compiled, ``unacked.pop(t, None)`` is a method call looked up by name for each tag (mypyc
+# has no native dict.pop); the method itself, held here, is called directly.
+_pop: Final = dict.pop
 
 
 def _take_with_timed_out(ch: Channel, tag: int, multiple: bool) -> list[Message]:
