@@ -146,7 +146,8 @@ class QueueConsumers:
             msg = queue.pop_ready()
             if msg is None:
                 return
-            turns.rotate(-1)  # its turn is over (before the delivery, which may cancel it)
+            if len(turns) > 1:  # its turn is over (before the delivery, which may cancel it)
+                turns.rotate(-1)
             consumer.channel.deliver(consumer, msg)
         if queue.ready_count and self.consumers and not turns:
             queue.use.blocked(queue)
