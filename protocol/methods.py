@@ -303,6 +303,7 @@ INTERPRETED: Final = isinstance(shortstr, types.FunctionType)
 _deliver_tail: Final = Struct(">QB")
 _end_content_head: Final = Struct(">BBHIHHQ")  # a frame's end, then a content header's head
 _end_frame_head: Final = Struct(">BBHI")  # a frame's end, then a frame's head
+_head_writer: Final = BytesWriter()  # delivery_head's, emptied at each call
 
 
 def deliver_frame(
@@ -352,7 +353,8 @@ def delivery_head(
                 _end_frame_head.pack(0xCE, 3, channel, body_size) if body_frame else b"\xce",
             )
         )
-    w = BytesWriter()
+    w = _head_writer  # one buffer for every delivery: no writer (and its buffer) to make
+    w.truncate(0)
     w.append(1)
     w.append(channel >> 8)
     w.append(channel & 0xFF)
