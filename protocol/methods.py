@@ -332,10 +332,12 @@ def delivery_head(
     properties: bytes,
     body_size: int,
     body_frame: bool,
+    body: bytes = b"",
     packed: bool = INTERPRETED,
 ) -> bytes:
     """basic.deliver, the content header frame, and (``body_frame``: the body fits in one
-    frame) the body frame's head: all that precedes the body, in one piece.
+    frame) the body frame's head: all that precedes the body, in one piece. With ``body``
+    (a small body of one frame), the body and the frame's end too: the whole delivery.
 
     Compiled, each field is a store into one buffer (struct's packs cost more than the rest
     of a delivery there); channels and frame sizes fit the signed writes. Interpreted
@@ -351,6 +353,8 @@ def delivery_head(
                 _end_content_head.pack(0xCE, 2, channel, 12 + len(properties), 60, 0, body_size),
                 properties,
                 _end_frame_head.pack(0xCE, 3, channel, body_size) if body_frame else b"\xce",
+                body,
+                b"\xce" if body else b"",
             )
         )
     w = _head_writer  # one buffer for every delivery: no writer (and its buffer) to make
@@ -378,6 +382,9 @@ def delivery_head(
         w.append(channel >> 8)
         w.append(channel & 0xFF)
         write_i32_be(w, body_size)
+        if body:
+            w.write(body)
+            w.append(0xCE)
     return w.getvalue()
 
 

@@ -70,6 +70,10 @@ def test_deliveries_are_encoded_as_the_build_does_best() -> None:
                 written = methods.delivery_head(*args, packed=False)
                 assert written == methods.delivery_head(*args, packed=True)
                 assert written == methods.delivery_head(*args)
+                if one_frame:  # a small body copied in: the head, the body, the frame's end
+                    whole = methods.delivery_head(*args, b"0123", packed=False)
+                    assert whole == written + b"0123\xce"
+                    assert whole == methods.delivery_head(*args, b"0123", packed=True)
 
 
 def test_version_names_the_build() -> None:

@@ -14,7 +14,7 @@ turned into channel.close or connection.close by the connection.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from pamqp import commands
 
@@ -56,6 +56,9 @@ if TYPE_CHECKING:
     from warren.broker.engine.topic_permissions import TopicRule
     from warren.broker.server.amqp_connection import Connection
     from warren.broker.store import MessageStore
+
+
+INLINE_BODY: Final = 2048  # bodies up to this size are copied into their delivery's frames
 
 
 class Channel(ChannelBase):
@@ -183,11 +186,15 @@ class Channel(ChannelBase):
             body = msg.body
             size = len(body)
             whole = 0 < size <= conn.protocol.frame_max - 8
+            # a small body is copied into the delivery's one piece: one write, not three
+            inline = whole and size <= INLINE_BODY
             head = delivery_head(
                 self.id, consumer.tag_enc, tag, msg.redelivered, msg.ex_rk, msg.properties,
-                size, whole,
+                size, whole, body if inline else b"",
             )  # fmt: skip
-            if whole:
+            if inline:
+                conn.write(head)
+            elif whole:
                 conn.write_content(head, body)
             else:
                 conn.write(head)
