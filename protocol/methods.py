@@ -382,7 +382,7 @@ def delivery_head(
         w.append(channel >> 8)
         w.append(channel & 0xFF)
         write_i32_be(w, body_size)
-        if body:
+        if len(body) != 0:  # compiled, a bytes' truth is a generic call; its length is not
             w.write(body)
             w.append(0xCE)
     return w.getvalue()

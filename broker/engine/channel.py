@@ -182,6 +182,7 @@ class Channel(ChannelBase):
         if content is not None:
             conn.write(deliver_frame(self.id, consumer.tag_enc, tag, msg.redelivered, msg.ex_rk))
             conn.write(content)
+            size = len(msg.body)
         else:
             body = msg.body
             size = len(body)
@@ -200,7 +201,7 @@ class Channel(ChannelBase):
                 conn.write(head)
                 if size:
                     conn.write_many(body_frames(self.id, body, conn.protocol.frame_max))
-        conn.out_bytes += len(msg.body)
+        conn.out_bytes += size
         if conn.out_bytes > FLUSH_AT:
             conn.flush()  # lets the transport say "stop" (pause_writing) before more piles up
 
