@@ -156,11 +156,34 @@ def _png(fig: Any) -> str:
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
-    # a figure with a layout engine is laid out already; "tight" would draw it twice
-    tight = None if fig.get_layout_engine() is not None else "tight"
-    fig.savefig(buf, format="png", dpi=110, bbox_inches=tight)
+    # margins fixed by _margins: one drawing (a layout engine or "tight" draws it twice)
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _margins(
+    fig: Any, left: float, bottom: float, top: float, hspace: float = 0.0, wspace: float = 0.0
+) -> None:
+    """Fixed margins in inches (``hspace``/``wspace``: between rows and columns): the
+    charts' text is known in advance, so no layout pass measures it."""
+    width, height = fig.get_size_inches()
+    rows, cols = fig.axes[0].get_gridspec().get_geometry()
+    cell_h = (height - top - bottom - hspace * (rows - 1)) / rows
+    cell_w = (width - left - 0.15 - wspace * (cols - 1)) / cols
+    fig.subplots_adjust(
+        left=left / width,
+        right=1 - 0.15 / width,
+        bottom=bottom / height,
+        top=1 - top / height,
+        hspace=hspace / cell_h,
+        wspace=wspace / cell_w,
+    )
+
+
+def _text_width(labels: list[str], fontsize: float) -> float:
+    """About the width in inches of the longest label (DejaVu Sans: about 0.55 em a character)."""
+    return max((len(label) for label in labels), default=0) * fontsize * 0.55 / 72
 
 
 def time_axis(tables: dict[str, list[Row]]) -> tuple[datetime.datetime, datetime.datetime]:
@@ -220,7 +243,7 @@ def _charts(tables: dict[str, list[Row]], queues: list[Row]) -> dict[str, str]:
     start, end = time_axis(tables)
     locator = mdates.AutoDateLocator()  # type: ignore[no-untyped-call]
     n = len(shown)
-    fig, axes = plt.subplots(n, 2, figsize=(12, 2.5 * n), squeeze=False, constrained_layout=True)
+    fig, axes = plt.subplots(n, 2, figsize=(12, 2.5 * n), squeeze=False)
     step = bucket_length(tables)
     for i, queue in enumerate(shown):
         rows = minutes[(queue["vhost"], queue["queue"])]
@@ -256,11 +279,10 @@ def _charts(tables: dict[str, list[Row]], queues: list[Row]) -> dict[str, str]:
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7, loc="upper left")
+    _margins(fig, left=0.45, bottom=0.45, top=0.3, hspace=0.6, wspace=0.5)
     charts["queues"] = _png(fig)
 
-    fig, ax = plt.subplots(
-        figsize=(12, 0.5 + 0.45 * n * len(LATENCY_METRICS)), constrained_layout=True
-    )
+    fig, ax = plt.subplots(figsize=(12, 0.5 + 0.45 * n * len(LATENCY_METRICS)))
     labels, p50, p95, p99 = [], [], [], []
     for queue in reversed(shown):
         for metric in reversed(LATENCY_METRICS):
@@ -282,6 +304,7 @@ def _charts(tables: dict[str, list[Row]], queues: list[Row]) -> dict[str, str]:
         ax.legend(fontsize=8)
         ax.grid(axis="x", alpha=0.3)
         ax.set_title("Latencies per queue", fontsize=10, loc="left")
+        _margins(fig, left=0.2 + _text_width(labels, 8), bottom=0.55, top=0.3)
         charts["latency"] = _png(fig)
     else:
         plt.close(fig)
@@ -293,9 +316,7 @@ def _charts(tables: dict[str, list[Row]], queues: list[Row]) -> dict[str, str]:
         if (c["vhost"], c["queue"]) in {(q["vhost"], q["queue"]) for q in shown}
     ][:30]
     if consumers:
-        fig, (left, right) = plt.subplots(
-            1, 2, figsize=(12, 0.6 + 0.32 * len(consumers)), constrained_layout=True
-        )
+        fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.6 + 0.32 * len(consumers)))
         names = [f"{c['queue']} / {c['consumer']}" for c in consumers]
         ys = range(len(consumers))
         left.barh(ys, [c["processing_p99_ms"] for c in consumers], color="#c44e52", label="p99")
@@ -311,6 +332,7 @@ def _charts(tables: dict[str, list[Row]], queues: list[Row]) -> dict[str, str]:
         for ax in (left, right):
             ax.grid(axis="x", alpha=0.3)
             ax.tick_params(labelsize=7)
+        _margins(fig, left=0.15 + _text_width(names, 7), bottom=0.5, top=0.1, wspace=0.3)
         charts["consumers"] = _png(fig)
     return charts
 
