@@ -187,7 +187,7 @@ def run(
     """The job on an existing session: Parquet tables and report.html in ``out``.
 
     ``phases``, if given, gets the seconds spent planning, running the job and writing
-    its tables, and drawing the report."""
+    its tables (and drawing the charts, meanwhile), and writing the report."""
     from warren.pipeline import job, report
 
     started = time.monotonic()
@@ -196,11 +196,14 @@ def run(
         bucket_seconds = job.known_bucket(trace)
     tables = job.analyse(events, bucket_seconds, max_deliveries)
     planned = time.monotonic()
-    job.write(tables, out, here=job.small(trace, out))
+    charts: list[dict[str, str]] = []
+    # the charts are drawn while the job writes the tables they do not need
+    early = (report.CHART_TABLES, lambda: charts.append(report.chart_images(out)))
+    job.write(tables, out, here=job.small(trace, out), early=early)
     spark.catalog.clearCache()
     job.cleanup()
     written = time.monotonic()
-    report.write_report(out, trace)
+    report.write_report(out, trace, charts[0])
     if phases is not None:
         phases["plan and read"] = planned - started
         phases["job"] = written - planned

@@ -17,7 +17,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -906,26 +906,38 @@ def analyse(
     )
 
 
-def write(tables: Tables, out: str, here: bool = False) -> dict[str, str]:
+def write(
+    tables: Tables,
+    out: str,
+    here: bool = False,
+    early: tuple[Collection[str], Callable[[], object]] | None = None,
+) -> dict[str, str]:
     """Each table as Parquet under ``out``; small ones as a single file.
 
     ``here``: a small trace's tables, collected as Arrow and written by this process (a
     local ``out``): a Spark write job costs a second of commit protocol on the driver,
-    for a table of a few kilobytes."""
-    paths = {name: os.path.join(out, name) for name, _ in tables.items()}
+    for a table of a few kilobytes. ``early``: (names, then): ``then`` runs once those
+    tables are written, while the others are (with ``here``; else after all of them)."""
+    names, then = early or ((), lambda: None)
+    order = sorted(tables.items(), key=lambda item: item[0] not in names)
+    paths = {name: os.path.join(out, name) for name, _ in order}
     if here and hasattr(tables.summary, "toArrow"):  # PySpark 4
         # nine one-task jobs: from three threads, one table's planning (Python and the
         # JVM's driver) overlaps another's execution; each thread is a JVM thread of its
         # own (PySpark's pinned threads), and the session takes concurrent jobs
         with ThreadPoolExecutor(3, thread_name_prefix="warren-table") as pool:
-            done = [pool.submit(_write_here, frame, paths[name]) for name, frame in tables.items()]
-            for future in done:
+            done = {name: pool.submit(_write_here, frame, paths[name]) for name, frame in order}
+            for name in names:
+                done[name].result()
+            then()
+            for future in done.values():
                 future.result()
         return paths
-    for name, frame in tables.items():
+    for name, frame in order:
         if name != "messages":
             frame = frame.coalesce(1)
         frame.write.mode("overwrite").parquet(paths[name])
+    then()
     return paths
 
 

@@ -23,11 +23,24 @@ MAX_PROBLEMS_SHOWN = 200
 LATENCY_METRICS = ("publish_to_first_delivery", "deliver_to_ack", "publish_to_ack")
 
 
-def read_tables(out: str) -> dict[str, list[Row]]:
+# the tables the charts are drawn from (warren-report draws them while the job writes the rest)
+CHART_TABLES = ("queue_minute", "queue_latency", "consumers", "summary")
+
+
+def read_tables(out: str, names: tuple[str, ...] | None = None) -> dict[str, list[Row]]:
+    """The tables the report shows; ``names``: only these of :data:`CHART_TABLES`."""
     tables: dict[str, list[Row]] = {}
-    for name in ("queue_minute", "queue_latency", "consumer_latency", "consumers", "summary"):
+    for name in names or (
+        "queue_minute",
+        "queue_latency",
+        "consumer_latency",
+        "consumers",
+        "summary",
+    ):
         tables[name] = pq.read_table(os.path.join(out, name)).to_pylist()
     tables["queue_minute"].sort(key=lambda r: (r["vhost"], r["queue"], r["minute"]))
+    if names is not None:
+        return tables
     live = os.path.join(out, "queue_consumers")  # absent from tables written before it
     tables["queue_consumers"] = pq.read_table(live).to_pylist() if os.path.exists(live) else []
     groups = os.path.join(out, "problem_groups")  # absent from tables written before it
@@ -404,11 +417,21 @@ def _lat(row: Row | None, key: str) -> float | None:
     return None if row is None else row.get(key)
 
 
-def render_html(tables: dict[str, list[Row]], trace: str) -> str:
+def chart_images(out: str) -> dict[str, str]:
+    """The charts as data: URLs, from the tables of :data:`CHART_TABLES` in ``out``."""
+    tables = read_tables(out, CHART_TABLES)
+    return _charts(tables, queue_rows(tables))
+
+
+def render_html(
+    tables: dict[str, list[Row]], trace: str, charts: dict[str, str] | None = None
+) -> str:
+    """report.html; ``charts``: :func:`chart_images`' of the same tables, if drawn already."""
     summary = tables["summary"][0]
     queues = queue_rows(tables)
     consumers = by_queue(tables["consumers"])
-    charts = _charts(tables, queues)
+    if charts is None:
+        charts = _charts(tables, queues)
     dropped = summary["trace_events_dropped"] or 0
     cards = [
         ("trace events", summary["events"]),
@@ -597,11 +620,13 @@ def render_html(tables: dict[str, list[Row]], trace: str) -> str:
     return "\n".join(parts)
 
 
-def write_report(out: str, trace: str) -> tuple[str, dict[str, list[Row]]]:
+def write_report(
+    out: str, trace: str, charts: dict[str, str] | None = None
+) -> tuple[str, dict[str, list[Row]]]:
     tables = read_tables(out)
     path = os.path.join(out, "report.html")
     with open(path, "w", encoding="utf-8") as f:
-        f.write(render_html(tables, trace))
+        f.write(render_html(tables, trace, charts))
     return path, tables
 
 
