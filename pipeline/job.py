@@ -922,10 +922,10 @@ def write(
     order = sorted(tables.items(), key=lambda item: item[0] not in names)
     paths = {name: os.path.join(out, name) for name, _ in order}
     if here and hasattr(tables.summary, "toArrow"):  # PySpark 4
-        # nine one-task jobs: from three threads, one table's planning (Python and the
-        # JVM's driver) overlaps another's execution; each thread is a JVM thread of its
-        # own (PySpark's pinned threads), and the session takes concurrent jobs
-        with ThreadPoolExecutor(3, thread_name_prefix="warren-table") as pool:
+        # one thread collects the tables while this one runs ``then``; three threads
+        # collecting concurrently (one table's planning during another's job) measured
+        # no faster on 2 cores, and no cheaper (docs/tracing.md)
+        with ThreadPoolExecutor(1, thread_name_prefix="warren-table") as pool:
             done = {name: pool.submit(_write_here, frame, paths[name]) for name, frame in order}
             for name in names:
                 done[name].result()
