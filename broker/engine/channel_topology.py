@@ -54,13 +54,19 @@ def exchange_delete(ch: Channel, method: commands.Exchange.Delete) -> None:
         ch.reply(commands.Exchange.DeleteOk())
 
 
-def exchange_bind(ch: Channel, method: commands.Exchange.Bind) -> None:
+def _exchange_binding_allowed(
+    ch: Channel, method: commands.Exchange.Bind | commands.Exchange.Unbind
+) -> None:
     # RabbitMQ's order: write on the destination, neither end the default, read on the source
     ch.allow("write", "exchange", method.destination)
     ch.vhost.not_default(method.destination)
     ch.vhost.not_default(method.source)
     ch.allow("read", "exchange", method.source)
     _topic_read(ch, method.source, method.routing_key)
+
+
+def exchange_bind(ch: Channel, method: commands.Exchange.Bind) -> None:
+    _exchange_binding_allowed(ch, method)
     destination = ch.vhost.exchange(method.destination)
     ch.vhost.bind(method.source, destination, method.routing_key, method.arguments or {})
     if not method.nowait:
@@ -68,11 +74,7 @@ def exchange_bind(ch: Channel, method: commands.Exchange.Bind) -> None:
 
 
 def exchange_unbind(ch: Channel, method: commands.Exchange.Unbind) -> None:
-    ch.allow("write", "exchange", method.destination)
-    ch.vhost.not_default(method.destination)
-    ch.vhost.not_default(method.source)
-    ch.allow("read", "exchange", method.source)
-    _topic_read(ch, method.source, method.routing_key)
+    _exchange_binding_allowed(ch, method)
     destination = ch.vhost.exchanges.get(method.destination)
     if destination is not None:  # RabbitMQ: unbinding what is not there succeeds
         ch.vhost.unbind(method.source, destination, method.routing_key, method.arguments or {})
