@@ -13,6 +13,7 @@ from pathlib import Path
 import pika
 import pytest
 
+from tests.pika_helpers import drain
 from warren.broker.store import records
 from warren.broker.testkit import run_broker
 
@@ -64,15 +65,7 @@ def test_flipped_bytes_lose_only_the_records_they_touch(
         raw[i] ^= 0xFF
     segment.write_bytes(bytes(raw))
     with caplog.at_level(logging.INFO, logger="warren"), run_broker(data_dir=data) as running:
-        conn = pika.BlockingConnection(pika.URLParameters(running.url))
-        ch = conn.channel()
-        got = []
-        while True:
-            method, _, received = ch.basic_get("corrupt.q", auto_ack=True)
-            if method is None:
-                break
-            got.append(received)
-        conn.close()
+        got = drain(running.url, "corrupt.q")
     numbers = [int(b[:6]) for b in got]
     assert all(b == body(n) for b, n in zip(got, numbers, strict=True))  # none corrupt
     assert numbers == sorted(numbers)

@@ -22,6 +22,8 @@ from pathlib import Path
 import pika
 import pytest
 
+from tests.pika_helpers import watched_publisher
+
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 LIMIT = 256  # the broker's RLIMIT_NOFILE
 
@@ -205,12 +207,7 @@ def test_store_alarm_raised_by_emfile_clears_once_descriptors_are_back(tmp_path:
         "warren.handshake_max = 100000\n"
     )
     with limited_broker(tmp_path, config) as broker:
-        conn = pika.BlockingConnection(pika.URLParameters(broker.url))
-        blocked: list[bool] = []
-        conn.add_on_connection_blocked_callback(lambda *_: blocked.append(True))
-        conn.add_on_connection_unblocked_callback(lambda *_: blocked.append(False))
-        ch = conn.channel()
-        ch.confirm_delivery()
+        conn, ch, blocked = watched_publisher(broker.url)
         ch.queue_declare("emfile.q", durable=True)
         idle = storm(broker.port, LIMIT + 50)
         nacked = 0

@@ -20,6 +20,7 @@ from pathlib import Path
 import pika
 import pytest
 
+from tests.pika_helpers import drain, watched_publisher
 from warren.broker.testkit import RunningBroker, run_broker
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
@@ -47,12 +48,7 @@ def test_a_full_disk_recovers_by_itself_and_keeps_every_ack(tmp_path: Path) -> N
         with run_broker(
             data_dir=data, disk_free_limit_absolute=1, segment_size=256 * 1024
         ) as running:
-            pub = pika.BlockingConnection(pika.URLParameters(running.url))
-            states: list[bool] = []
-            pub.add_on_connection_blocked_callback(lambda *_: states.append(True))
-            pub.add_on_connection_unblocked_callback(lambda *_: states.append(False))
-            ch = pub.channel()
-            ch.confirm_delivery()
+            pub, ch, states = watched_publisher(running.url)
             ch.queue_declare("full.q", durable=True)
             confirmed = []
             for i in range(4000):
@@ -82,15 +78,7 @@ def test_a_full_disk_recovers_by_itself_and_keeps_every_ack(tmp_path: Path) -> N
             ch.basic_publish("", "full.q", b"after", PERSISTENT)  # confirmed: writing again
             pub.close()
             running.restart()
-            conn = pika.BlockingConnection(pika.URLParameters(running.url))
-            rch = conn.channel()
-            back = []
-            while True:
-                method, _, body = rch.basic_get("full.q", auto_ack=True)
-                if method is None:
-                    break
-                back.append(body)
-            conn.close()
+            back = drain(running.url, "full.q")
         numbers = {int(b[:6]) for b in back if b != b"after"}
         assert not numbers & set(acked), "an acked message came back"
         assert set(confirmed) - set(acked) <= numbers, "a confirmed message was lost"
@@ -157,12 +145,7 @@ def test_a_publish_nacked_for_a_full_disk_is_never_delivered(tmp_path: Path) -> 
         with run_broker(
             data_dir=str(disk / "data"), disk_free_limit_absolute=1, segment_size=256 * 1024
         ) as running:
-            pub = pika.BlockingConnection(pika.URLParameters(running.url))
-            states: list[bool] = []
-            pub.add_on_connection_blocked_callback(lambda *_: states.append(True))
-            pub.add_on_connection_unblocked_callback(lambda *_: states.append(False))
-            ch = pub.channel()
-            ch.confirm_delivery()
+            pub, ch, states = watched_publisher(running.url)
             ch.queue_declare("n.q", durable=True)
             confirmed: set[bytes] = set()
             nacked: set[bytes] = set()
@@ -178,16 +161,8 @@ def test_a_publish_nacked_for_a_full_disk_is_never_delivered(tmp_path: Path) -> 
                 raise AssertionError("the disk never filled up")
             assert "message_store" in alarms(running)
             # before the restart: the queue holds exactly the confirmed messages
-            sub = pika.BlockingConnection(pika.URLParameters(running.url))
-            sch = sub.channel()
-            seen = set()
-            while True:
-                method, _, body = sch.basic_get("n.q")  # not acked: back in the queue at close
-                if method is None:
-                    break
-                seen.add(body)
-            sub.close()
-            assert seen == confirmed
+            # not acked: back in the queue when drain's connection closes
+            assert set(drain(running.url, "n.q", auto_ack=False)) == confirmed
             ballast.unlink()
             deadline = time.monotonic() + 20
             while not states or states[-1]:  # connection.unblocked: the alarm cleared
@@ -195,14 +170,6 @@ def test_a_publish_nacked_for_a_full_disk_is_never_delivered(tmp_path: Path) -> 
                 pub.process_data_events(0.1)
             pub.close()
             running.restart()
-            conn = pika.BlockingConnection(pika.URLParameters(running.url))
-            rch = conn.channel()
-            back = set()
-            while True:
-                method, _, body = rch.basic_get("n.q", auto_ack=True)
-                if method is None:
-                    break
-                back.add(body)
-            conn.close()
+            back = set(drain(running.url, "n.q"))
         assert back == confirmed, "a nacked message came back, or a confirmed one was lost"
         assert not back & nacked
