@@ -49,6 +49,7 @@ from warren.protocol.properties import (
 if TYPE_CHECKING:
     from warren.broker.engine.channel import Channel
     from warren.broker.engine.exchange import Exchange
+    from warren.broker.engine.vhost import VirtualHost
 
 
 def basic_publish(ch: Channel, content: Content) -> None:
@@ -73,14 +74,7 @@ def basic_publish(ch: Channel, content: Content) -> None:
         ch.published_to = method.exchange  # allow() brought allowed_version up to date
         access = ch.conn.broker.access
         ch.topic_rule = access.topic_rule(ch.conn.user, ch.vhost.name, method.exchange)
-    exchange = ch.vhost.exchanges.get(method.exchange)
-    if exchange is None:
-        raise ChannelError(NOT_FOUND, f"no exchange '{method.exchange}' in vhost '{ch.vhost.name}'")
-    if exchange.internal:
-        raise ChannelError(
-            ACCESS_REFUSED,
-            f"cannot publish to internal exchange '{exchange.name}' in vhost '{ch.vhost.name}'",
-        )
+    exchange = publish_target(ch.vhost, method.exchange)
     props = content.properties
     flags = (props[0] << 8) | props[1]
     sender_keys = None
@@ -131,6 +125,19 @@ def _check_properties(ch: Channel, props: bytes) -> tuple[int | None, bytes]:
         fields["reply_to"] = encode_shortstr(reply_to.REPLY_TO_PREFIX + ch.reply_token)
         props = join_properties(fields)
     return checked_ttl(fields, ch.conn.user), props
+
+
+def publish_target(vhost: VirtualHost, name: str) -> Exchange:
+    """The exchange a publish names, the management API's publish too: it must exist and
+    not be internal."""
+    exchange = vhost.exchanges.get(name)
+    if exchange is None:
+        raise ChannelError(NOT_FOUND, f"no exchange '{name}' in vhost '{vhost.name}'")
+    if exchange.internal:
+        raise ChannelError(
+            ACCESS_REFUSED, f"cannot publish to internal exchange '{name}' in vhost '{vhost.name}'"
+        )
+    return exchange
 
 
 def checked_ttl(fields: dict[str, bytes], user: str) -> int | None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from warren.broker.engine.channel_publish import checked_ttl
+from warren.broker.engine.channel_publish import checked_ttl, publish_target
 from warren.broker.engine.message import Message, routing_headers
 from warren.broker.engine.queue import fan_out
 from warren.broker.engine.reply_to import REPLY_TO_PREFIX
@@ -16,8 +16,7 @@ from warren.broker.ops.management import auth, operations
 from warren.broker.ops.management.app import Ctx, Router, created, no_content, reply, reply_list
 from warren.broker.ops.management.errors import ApiError, bad_request, not_found
 from warren.broker.ops.management.formats import exchange_json, properties_from_json
-from warren.protocol.constants import ACCESS_REFUSED, NOT_FOUND
-from warren.protocol.errors import AMQPError, ChannelError
+from warren.protocol.errors import AMQPError
 from warren.protocol.properties import split_properties
 
 if TYPE_CHECKING:
@@ -107,14 +106,7 @@ def publish(ctx: Ctx) -> web.StreamResponse:
     stats = ctx.mgmt.broker.stats
     try:
         operations.allow(ctx.mgmt, ctx.user.name, vhost.name, "write", "exchange", name)
-        exchange = vhost.exchanges.get(name)
-        if exchange is None:
-            raise ChannelError(NOT_FOUND, f"no exchange '{name}' in vhost '{vhost.name}'")
-        if exchange.internal:
-            raise ChannelError(
-                ACCESS_REFUSED,
-                f"cannot publish to internal exchange '{name}' in vhost '{vhost.name}'",
-            )
+        exchange = publish_target(vhost, name)
         sender_keys = None
         if properties.find(b"CC") >= 0:  # CC or BCC headers route too, as over AMQP
             properties, sender_keys = routing_headers(properties)
