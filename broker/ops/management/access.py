@@ -12,7 +12,7 @@ from aiohttp import web
 from warren.broker.engine.deprecated import erlang_term
 from warren.broker.engine.users import HASHING_ALGORITHM, hash_password
 from warren.broker.ops.management import auth
-from warren.broker.ops.management.app import Ctx, Router, created, no_content, reply, reply_list
+from warren.broker.ops.management.app import Ctx, Resource, created, no_content, reply, reply_list
 from warren.broker.ops.management.errors import bad_request, not_found
 from warren.broker.ops.management.formats import parse_bool, with_details
 from warren.broker.ops.management.user_limits import checked_limits
@@ -313,20 +313,25 @@ def delete_vhost(ctx: Ctx) -> web.StreamResponse:
     return no_content()
 
 
-def routes(router: Router) -> None:
-    router.add("GET", "users", list_users, auth.admin)
-    router.add("GET", "users/without-permissions", list_users_without_permissions, auth.admin)
-    router.add("POST", "users/bulk-delete", bulk_delete_users, auth.admin)
-    router.add("GET", "users/{user}", get_user, auth.admin)
-    router.add("PUT", "users/{user}", put_user_route, auth.admin)
-    router.add("DELETE", "users/{user}", delete_user, auth.admin)
-    router.add("GET", "users/{user}/permissions", user_permissions, auth.admin)
-    router.add("GET", "permissions", list_permissions, auth.admin)
-    router.add("GET", "permissions/{vhost}/{user}", get_permission, auth.admin)
-    router.add("PUT", "permissions/{vhost}/{user}", put_permission, auth.admin)
-    router.add("DELETE", "permissions/{vhost}/{user}", delete_permission, auth.admin)
-    router.add("GET", "vhosts", list_vhosts, auth.any_user)
-    router.add("GET", "vhosts/{vhost}", get_vhost, auth.admin)
-    router.add("PUT", "vhosts/{vhost}", put_vhost_route, auth.admin)
-    router.add("DELETE", "vhosts/{vhost}", delete_vhost, auth.admin)
-    router.add("GET", "vhosts/{vhost}/permissions", vhost_permissions, auth.admin)
+ROUTES = (
+    Resource("users", check=auth.admin, GET=list_users),
+    Resource("users/without-permissions", check=auth.admin, GET=list_users_without_permissions),
+    Resource("users/bulk-delete", check=auth.admin, POST=bulk_delete_users),
+    Resource(
+        "users/{user}", check=auth.admin, GET=get_user, PUT=put_user_route, DELETE=delete_user
+    ),
+    Resource("users/{user}/permissions", check=auth.admin, GET=user_permissions),
+    Resource("permissions", check=auth.admin, GET=list_permissions),
+    Resource(
+        "permissions/{vhost}/{user}",
+        check=auth.admin,
+        GET=get_permission,
+        PUT=put_permission,
+        DELETE=delete_permission,
+    ),
+    Resource("vhosts", check=auth.any_user, GET=list_vhosts),
+    Resource(
+        "vhosts/{vhost}", check=auth.admin, GET=get_vhost, PUT=put_vhost_route, DELETE=delete_vhost
+    ),
+    Resource("vhosts/{vhost}/permissions", check=auth.admin, GET=vhost_permissions),
+)

@@ -124,9 +124,32 @@ class Route:
         return params
 
 
+class Resource:
+    """The paths of one API resource, its handler for each method and the check that
+    authorises them.
+
+    Each resource family's module declares its resources as a tuple of these, as RabbitMQ's
+    dispatcher maps paths to one resource module (rabbit_mgmt_dispatcher:dispatcher/0 sends
+    ``/queues`` and ``/queues/:vhost`` to rabbit_mgmt_wm_queues); a path whose methods need
+    different checks is declared once per check.
+    """
+
+    __slots__ = ("check", "methods", "paths")
+
+    def __init__(self, *paths: str, check: auth.Check, **methods: Handler) -> None:
+        self.paths = paths
+        self.check = check
+        self.methods = methods
+
+
 class Router:
-    def __init__(self) -> None:
+    def __init__(self, *families: Iterable[Resource]) -> None:
         self.routes: dict[tuple[str, ...], Route] = {}
+        for resources in families:
+            for resource in resources:
+                for path in resource.paths:
+                    for method, handler in resource.methods.items():
+                        self.add(method, path, handler, resource.check)
 
     def add(self, method: str, path: str, handler: Handler, check: auth.Check) -> None:
         segments = tuple(path.strip("/").split("/"))

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from warren.broker.engine.exchange import Exchange
 from warren.broker.ops.management import auth, operations
-from warren.broker.ops.management.app import Ctx, Router, created, no_content, reply, reply_list
+from warren.broker.ops.management.app import Ctx, Resource, created, no_content, reply, reply_list
 from warren.broker.ops.management.errors import bad_request, not_found
 from warren.broker.ops.management.exchanges import exchange_name
 from warren.broker.ops.management.formats import props_key, table_from_json, vhost_bindings
@@ -157,21 +157,29 @@ def exchange_destination_bindings(ctx: Ctx) -> web.StreamResponse:
     return _exchange_bindings(ctx, "destination")
 
 
-def routes(router: Router) -> None:
-    between = "bindings/{vhost}/e/{source}/{dtype}/{destination}"
-    router.add("GET", "bindings", list_bindings, auth.vhost)
-    router.add("GET", "bindings/{vhost}", list_bindings, auth.vhost)
-    router.add("GET", between, get_between, auth.vhost)
-    router.add("POST", between, create_binding, auth.vhost)
-    router.add("GET", between + "/{props}", get_binding, auth.vhost)
-    router.add("DELETE", between + "/{props}", delete_binding, auth.vhost)
-    router.add("GET", "queues/{vhost}/{queue}/bindings", queue_bindings, auth.vhost)
-    router.add(
-        "GET", "exchanges/{vhost}/{exchange}/bindings/source", exchange_source_bindings, auth.vhost
-    )
-    router.add(
-        "GET",
+ROUTES = (
+    Resource("bindings", "bindings/{vhost}", check=auth.vhost, GET=list_bindings),
+    Resource(
+        "bindings/{vhost}/e/{source}/{dtype}/{destination}",
+        check=auth.vhost,
+        GET=get_between,
+        POST=create_binding,
+    ),
+    Resource(
+        "bindings/{vhost}/e/{source}/{dtype}/{destination}/{props}",
+        check=auth.vhost,
+        GET=get_binding,
+        DELETE=delete_binding,
+    ),
+    Resource("queues/{vhost}/{queue}/bindings", check=auth.vhost, GET=queue_bindings),
+    Resource(
+        "exchanges/{vhost}/{exchange}/bindings/source",
+        check=auth.vhost,
+        GET=exchange_source_bindings,
+    ),
+    Resource(
         "exchanges/{vhost}/{exchange}/bindings/destination",
-        exchange_destination_bindings,
-        auth.vhost,
-    )
+        check=auth.vhost,
+        GET=exchange_destination_bindings,
+    ),
+)

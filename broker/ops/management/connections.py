@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from warren.broker.ops.management import auth
-from warren.broker.ops.management.app import Ctx, Router, no_content, reply, reply_list
+from warren.broker.ops.management.app import Ctx, Resource, no_content, reply, reply_list
 from warren.broker.ops.management.errors import not_found
 from warren.broker.ops.management.formats import (
     channel_json,
@@ -117,16 +117,22 @@ def list_consumers(ctx: Ctx) -> web.StreamResponse:
     return reply_list(ctx, out, ("queue.vhost", "queue.name", "consumer_tag"))
 
 
-def routes(router: Router) -> None:
-    router.add("GET", "connections", list_connections, auth.any_user)
-    router.add("GET", "connections/{connection}", get_connection, auth.any_user)
-    router.add("DELETE", "connections/{connection}", close_connection, auth.any_user)
-    router.add("GET", "connections/{connection}/channels", connection_channels, auth.any_user)
-    router.add("GET", "connections/username/{username}", user_connections, auth.any_user)
-    router.add("DELETE", "connections/username/{username}", close_user_connections, auth.any_user)
-    router.add("GET", "vhosts/{vhost}/connections", list_connections, auth.vhost_visible)
-    router.add("GET", "channels", list_channels, auth.any_user)
-    router.add("GET", "channels/{channel}", get_channel, auth.any_user)
-    router.add("GET", "vhosts/{vhost}/channels", list_channels, auth.vhost_visible)
-    router.add("GET", "consumers", list_consumers, auth.any_user)
-    router.add("GET", "consumers/{vhost}", list_consumers, auth.vhost)
+ROUTES = (
+    Resource("connections", check=auth.any_user, GET=list_connections),
+    Resource(
+        "connections/{connection}", check=auth.any_user, GET=get_connection, DELETE=close_connection
+    ),
+    Resource("connections/{connection}/channels", check=auth.any_user, GET=connection_channels),
+    Resource(
+        "connections/username/{username}",
+        check=auth.any_user,
+        GET=user_connections,
+        DELETE=close_user_connections,
+    ),
+    Resource("vhosts/{vhost}/connections", check=auth.vhost_visible, GET=list_connections),
+    Resource("channels", check=auth.any_user, GET=list_channels),
+    Resource("channels/{channel}", check=auth.any_user, GET=get_channel),
+    Resource("vhosts/{vhost}/channels", check=auth.vhost_visible, GET=list_channels),
+    Resource("consumers", check=auth.any_user, GET=list_consumers),
+    Resource("consumers/{vhost}", check=auth.vhost, GET=list_consumers),
+)

@@ -26,7 +26,7 @@ from warren.broker.ops.management.access import (
     set_permissions,
     user_json,
 )
-from warren.broker.ops.management.app import Ctx, Router, json_response, no_content
+from warren.broker.ops.management.app import Ctx, Resource, json_response, no_content
 from warren.broker.ops.management.errors import ApiError, bad_request, from_operation, not_found
 from warren.broker.ops.management.formats import (
     exchange_json,
@@ -387,7 +387,13 @@ def post_definitions(ctx: Ctx) -> web.StreamResponse:
     return no_content()
 
 
-def routes(router: Router) -> None:
-    for path in ("definitions", "all-configuration", "definitions/{vhost}"):
-        router.add("GET", path, get_definitions, auth.admin)
-        router.add("POST", path, post_definitions, auth.admin)
+ROUTES = (
+    Resource(
+        "definitions",
+        "all-configuration",
+        "definitions/{vhost}",
+        check=auth.admin,
+        GET=get_definitions,
+        POST=post_definitions,
+    ),
+)

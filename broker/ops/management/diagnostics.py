@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from warren.broker.ops.management import auth
-from warren.broker.ops.management.app import Ctx, Router, json_response, no_content, reply
+from warren.broker.ops.management.app import Ctx, Resource, json_response, no_content, reply
 from warren.broker.ops.management.errors import bad_request, not_found
 
 if TYPE_CHECKING:
@@ -243,25 +243,34 @@ def start_vhost(ctx: Ctx) -> web.StreamResponse:
     return no_content()  # already started (rabbit_vhost_sup_sup: already_started is ok)
 
 
-def routes(router: Router) -> None:
-    router.add("GET", "feature-flags", feature_flags, auth.any_user)
-    router.add("PUT", "feature-flags/{name}/enable", enable_feature_flag, auth.admin)
-    for path in ("nodes/{node}/memory", "nodes/{node}/memory/relative"):
-        router.add("GET", path, node_memory, auth.monitor)
-    for path in (
+ROUTES = (
+    Resource("feature-flags", check=auth.any_user, GET=feature_flags),
+    Resource("feature-flags/{name}/enable", check=auth.admin, PUT=enable_feature_flag),
+    Resource(
+        "nodes/{node}/memory", "nodes/{node}/memory/relative", check=auth.monitor, GET=node_memory
+    ),
+    Resource(
         "nodes/{node}/memory/ets",
         "nodes/{node}/memory/ets/relative",
         "nodes/{node}/memory/ets/{filter}",
         "nodes/{node}/memory/ets/{filter}/relative",
-    ):
-        router.add("GET", path, node_memory_ets, auth.monitor)
-    for path in ("auth/attempts/{node}", "auth/attempts/{node}/source"):
-        router.add("GET", path, auth_attempts, auth.monitor)
-        router.add("DELETE", path, reset_auth_attempts, auth.admin)
-    router.add("GET", "healthchecks/node", node_healthcheck, auth.any_user)
-    router.add("GET", "healthchecks/node/{node}", node_healthcheck, auth.any_user)
-    router.add("GET", "auth", auth_settings, auth.public)
-    router.add("POST", "rebalance/queues", rebalance, auth.admin)
-    router.add("DELETE", "reset", reset_stats, auth.admin)
-    router.add("DELETE", "reset/{node}", reset_stats, auth.admin)
-    router.add("POST", "vhosts/{vhost}/start/{node}", start_vhost, auth.admin)
+        check=auth.monitor,
+        GET=node_memory_ets,
+    ),
+    Resource(
+        "auth/attempts/{node}", "auth/attempts/{node}/source", check=auth.monitor, GET=auth_attempts
+    ),
+    Resource(
+        "auth/attempts/{node}",
+        "auth/attempts/{node}/source",
+        check=auth.admin,
+        DELETE=reset_auth_attempts,
+    ),
+    Resource(
+        "healthchecks/node", "healthchecks/node/{node}", check=auth.any_user, GET=node_healthcheck
+    ),
+    Resource("auth", check=auth.public, GET=auth_settings),
+    Resource("rebalance/queues", check=auth.admin, POST=rebalance),
+    Resource("reset", "reset/{node}", check=auth.admin, DELETE=reset_stats),
+    Resource("vhosts/{vhost}/start/{node}", check=auth.admin, POST=start_vhost),
+)

@@ -13,7 +13,7 @@ from warren.broker.engine.message import Message, routing_headers
 from warren.broker.engine.queue import fan_out
 from warren.broker.engine.reply_to import REPLY_TO_PREFIX
 from warren.broker.ops.management import auth, operations
-from warren.broker.ops.management.app import Ctx, Router, created, no_content, reply, reply_list
+from warren.broker.ops.management.app import Ctx, Resource, created, no_content, reply, reply_list
 from warren.broker.ops.management.errors import ApiError, bad_request, not_found
 from warren.broker.ops.management.formats import exchange_json, properties_from_json
 from warren.protocol.errors import AMQPError
@@ -134,10 +134,14 @@ def publish(ctx: Ctx) -> web.StreamResponse:
     return reply(ctx, {"routed": True})
 
 
-def routes(router: Router) -> None:
-    router.add("GET", "exchanges", list_exchanges, auth.vhost)
-    router.add("GET", "exchanges/{vhost}", list_exchanges, auth.vhost)
-    router.add("GET", "exchanges/{vhost}/{exchange}", get_exchange, auth.vhost)
-    router.add("PUT", "exchanges/{vhost}/{exchange}", put_exchange, auth.vhost)
-    router.add("DELETE", "exchanges/{vhost}/{exchange}", delete_exchange, auth.vhost)
-    router.add("POST", "exchanges/{vhost}/{exchange}/publish", publish, auth.vhost)
+ROUTES = (
+    Resource("exchanges", "exchanges/{vhost}", check=auth.vhost, GET=list_exchanges),
+    Resource(
+        "exchanges/{vhost}/{exchange}",
+        check=auth.vhost,
+        GET=get_exchange,
+        PUT=put_exchange,
+        DELETE=delete_exchange,
+    ),
+    Resource("exchanges/{vhost}/{exchange}/publish", check=auth.vhost, POST=publish),
+)

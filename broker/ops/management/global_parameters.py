@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from warren.broker.ops.management import auth
-from warren.broker.ops.management.app import Ctx, Router, created, no_content, reply, reply_list
+from warren.broker.ops.management.app import Ctx, Resource, created, no_content, reply, reply_list
 from warren.broker.ops.management.errors import bad_request, not_found
 
 if TYPE_CHECKING:
@@ -73,10 +73,15 @@ def put_cluster_name(ctx: Ctx) -> web.StreamResponse:
     return no_content()
 
 
-def routes(router: Router) -> None:
-    router.add("GET", "global-parameters", list_globals, auth.admin)
-    router.add("GET", "global-parameters/{name}", get_global, auth.admin)
-    router.add("PUT", "global-parameters/{name}", put_global, auth.admin)
-    router.add("DELETE", "global-parameters/{name}", delete_global, auth.admin)
-    router.add("GET", "cluster-name", get_cluster_name, auth.any_user)
-    router.add("PUT", "cluster-name", put_cluster_name, auth.admin)
+ROUTES = (
+    Resource("global-parameters", check=auth.admin, GET=list_globals),
+    Resource(
+        "global-parameters/{name}",
+        check=auth.admin,
+        GET=get_global,
+        PUT=put_global,
+        DELETE=delete_global,
+    ),
+    Resource("cluster-name", check=auth.any_user, GET=get_cluster_name),
+    Resource("cluster-name", check=auth.admin, PUT=put_cluster_name),
+)

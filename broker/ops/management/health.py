@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from warren.broker.ops.management import auth
-from warren.broker.ops.management.app import Ctx, Router, json_response, reply
+from warren.broker.ops.management.app import Ctx, Resource, json_response, reply
 from warren.broker.ops.management.errors import bad_request
 
 
@@ -154,12 +154,21 @@ def certificate_expiration(ctx: Ctx) -> web.StreamResponse:
     return json_response(body, 503)
 
 
-def routes(router: Router) -> None:
-    router.add("GET", "health/checks/virtual-hosts", virtual_hosts, auth.any_user)
-    router.add("GET", "health/checks/node-is-quorum-critical", single_node, auth.any_user)
-    router.add("GET", "health/checks/node-is-mirror-sync-critical", single_node, auth.any_user)
-    router.add("GET", "health/checks/port-listener/{port}", port_listener, auth.any_user)
-    path = "health/checks/protocol-listener/{protocols}"
-    router.add("GET", path, protocol_listener, auth.any_user)
-    path = "health/checks/certificate-expiration/{within}/{unit}"
-    router.add("GET", path, certificate_expiration, auth.any_user)
+ROUTES = (
+    Resource("health/checks/virtual-hosts", check=auth.any_user, GET=virtual_hosts),
+    Resource(
+        "health/checks/node-is-quorum-critical",
+        "health/checks/node-is-mirror-sync-critical",
+        check=auth.any_user,
+        GET=single_node,
+    ),
+    Resource("health/checks/port-listener/{port}", check=auth.any_user, GET=port_listener),
+    Resource(
+        "health/checks/protocol-listener/{protocols}", check=auth.any_user, GET=protocol_listener
+    ),
+    Resource(
+        "health/checks/certificate-expiration/{within}/{unit}",
+        check=auth.any_user,
+        GET=certificate_expiration,
+    ),
+)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from warren.broker.ops.management import auth
-from warren.broker.ops.management.app import Ctx, Router, no_content, reply_list
+from warren.broker.ops.management.app import Ctx, Resource, no_content, reply_list
 from warren.broker.ops.management.parameters import set_parameter
 
 if TYPE_CHECKING:
@@ -54,8 +54,7 @@ def delete_limit(ctx: Ctx) -> web.StreamResponse:
     return no_content()
 
 
-def routes(router: Router) -> None:
-    router.add("GET", "vhost-limits", list_limits, auth.vhost_visible)
-    router.add("GET", "vhost-limits/{vhost}", list_limits, auth.vhost_visible)
-    router.add("PUT", "vhost-limits/{vhost}/{name}", put_limit, auth.admin)
-    router.add("DELETE", "vhost-limits/{vhost}/{name}", delete_limit, auth.admin)
+ROUTES = (
+    Resource("vhost-limits", "vhost-limits/{vhost}", check=auth.vhost_visible, GET=list_limits),
+    Resource("vhost-limits/{vhost}/{name}", check=auth.admin, PUT=put_limit, DELETE=delete_limit),
+)

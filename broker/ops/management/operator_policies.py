@@ -16,7 +16,7 @@ from aiohttp import web
 
 from warren.broker.engine.operator_policy import COMPONENT
 from warren.broker.ops.management import auth
-from warren.broker.ops.management.app import Ctx, Router, created, no_content, reply, reply_list
+from warren.broker.ops.management.app import Ctx, Resource, created, no_content, reply, reply_list
 from warren.broker.ops.management.errors import bad_request, not_found
 from warren.broker.ops.management.parameters import set_parameter
 
@@ -95,10 +95,18 @@ def delete_operator_policy(ctx: Ctx) -> web.StreamResponse:
     return no_content()
 
 
-def routes(router: Router) -> None:
-    router.add("GET", "operator-policies", list_operator_policies, auth.vhost)
-    router.add("GET", "operator-policies/{vhost}", list_operator_policies, auth.vhost)
-    path = "operator-policies/{vhost}/{name}"
-    router.add("GET", path, get_operator_policy, auth.admin)
-    router.add("PUT", path, put_operator_policy, auth.admin)
-    router.add("DELETE", path, delete_operator_policy, auth.admin)
+ROUTES = (
+    Resource(
+        "operator-policies",
+        "operator-policies/{vhost}",
+        check=auth.vhost,
+        GET=list_operator_policies,
+    ),
+    Resource(
+        "operator-policies/{vhost}/{name}",
+        check=auth.admin,
+        GET=get_operator_policy,
+        PUT=put_operator_policy,
+        DELETE=delete_operator_policy,
+    ),
+)

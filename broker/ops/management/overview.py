@@ -15,7 +15,7 @@ from warren import build
 from warren.broker.engine.alarms import descriptor_limit, open_descriptors
 from warren.broker.engine.stats import IOStats
 from warren.broker.ops.management import auth
-from warren.broker.ops.management.app import Ctx, Router, json_response, reply, reply_list
+from warren.broker.ops.management.app import Ctx, Resource, json_response, reply, reply_list
 from warren.broker.ops.management.core import (
     GLOBAL_FIELDS,
     QUEUE_FIELDS,
@@ -340,13 +340,15 @@ def deprecated_features_used(ctx: Ctx) -> web.StreamResponse:
     )
 
 
-def routes(router: Router) -> None:
-    router.add("GET", "nodes", list_nodes, auth.monitor)
-    router.add("GET", "nodes/{node}", get_node, auth.monitor)
-    router.add("GET", "overview", overview, auth.any_user)
-    router.add("GET", "whoami", whoami, auth.any_user)
-    router.add("GET", "health/checks/alarms", health_alarms, auth.any_user)
-    router.add("GET", "health/checks/local-alarms", health_alarms, auth.any_user)
-    router.add("GET", "aliveness-test/{vhost}", aliveness, auth.vhost)
-    router.add("GET", "deprecated-features", deprecated_features, auth.any_user)
-    router.add("GET", "deprecated-features/used", deprecated_features_used, auth.any_user)
+ROUTES = (
+    Resource("nodes", check=auth.monitor, GET=list_nodes),
+    Resource("nodes/{node}", check=auth.monitor, GET=get_node),
+    Resource("overview", check=auth.any_user, GET=overview),
+    Resource("whoami", check=auth.any_user, GET=whoami),
+    Resource(
+        "health/checks/alarms", "health/checks/local-alarms", check=auth.any_user, GET=health_alarms
+    ),
+    Resource("aliveness-test/{vhost}", check=auth.vhost, GET=aliveness),
+    Resource("deprecated-features", check=auth.any_user, GET=deprecated_features),
+    Resource("deprecated-features/used", check=auth.any_user, GET=deprecated_features_used),
+)

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from warren.broker.engine.parameters import Key, ParameterError
 from warren.broker.ops.management import auth
-from warren.broker.ops.management.app import Ctx, Router, created, no_content, reply, reply_list
+from warren.broker.ops.management.app import Ctx, Resource, created, no_content, reply, reply_list
 from warren.broker.ops.management.errors import bad_request, not_found
 from warren.broker.ops.management.policies import validation_failed
 
@@ -78,11 +78,19 @@ def delete_parameter(ctx: Ctx) -> web.StreamResponse:
     return no_content()
 
 
-def routes(router: Router) -> None:
-    router.add("GET", "parameters", list_parameters, auth.policies)
-    router.add("GET", "parameters/{component}", list_parameters, auth.policies)
-    router.add("GET", "parameters/{component}/{vhost}", list_parameters, auth.policies)
-    path = "parameters/{component}/{vhost}/{name}"
-    router.add("GET", path, get_parameter, auth.policies)
-    router.add("PUT", path, put_parameter, auth.policies)
-    router.add("DELETE", path, delete_parameter, auth.policies)
+ROUTES = (
+    Resource(
+        "parameters",
+        "parameters/{component}",
+        "parameters/{component}/{vhost}",
+        check=auth.policies,
+        GET=list_parameters,
+    ),
+    Resource(
+        "parameters/{component}/{vhost}/{name}",
+        check=auth.policies,
+        GET=get_parameter,
+        PUT=put_parameter,
+        DELETE=delete_parameter,
+    ),
+)

@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from warren.broker.ops.management import auth
-from warren.broker.ops.management.app import Ctx, Router, no_content, reply, reply_list
+from warren.broker.ops.management.app import Ctx, Resource, no_content, reply, reply_list
 from warren.broker.ops.management.errors import not_found
 from warren.broker.ops.management.parameters import parameter_json
 from warren.broker.ops.shovel.definition import UriError, parse_uri
@@ -100,17 +100,24 @@ def restart_shovel(ctx: Ctx) -> web.StreamResponse:
     return no_content()
 
 
-def routes(router: Router) -> None:
-    router.add("GET", "extensions", extensions, auth.any_user)
-    for path in ("federation-links", "federation-links/{vhost}"):
-        router.add("GET", path, federation_links, auth.vhost)
-    for path in ("shovels", "shovels/{vhost}"):
-        router.add("GET", path, shovels, auth.vhost)
-    for path in ("federation-links/state/down", "federation-links/{vhost}/state/down"):
-        router.add("GET", path, federation_links, auth.vhost)
-    restart = "federation-links/vhost/{vhost}/{id}/{node}/restart"
-    router.add("GET", restart, no_link, auth.vhost)
-    router.add("DELETE", restart, no_link, auth.vhost)
-    router.add("GET", "shovels/vhost/{vhost}/{name}", get_shovel, auth.monitor)
-    router.add("DELETE", "shovels/vhost/{vhost}/{name}", delete_shovel, auth.policies)
-    router.add("DELETE", "shovels/vhost/{vhost}/{name}/restart", restart_shovel, auth.policies)
+ROUTES = (
+    Resource("extensions", check=auth.any_user, GET=extensions),
+    Resource(
+        "federation-links",
+        "federation-links/{vhost}",
+        "federation-links/state/down",
+        "federation-links/{vhost}/state/down",
+        check=auth.vhost,
+        GET=federation_links,
+    ),
+    Resource("shovels", "shovels/{vhost}", check=auth.vhost, GET=shovels),
+    Resource(
+        "federation-links/vhost/{vhost}/{id}/{node}/restart",
+        check=auth.vhost,
+        GET=no_link,
+        DELETE=no_link,
+    ),
+    Resource("shovels/vhost/{vhost}/{name}", check=auth.monitor, GET=get_shovel),
+    Resource("shovels/vhost/{vhost}/{name}", check=auth.policies, DELETE=delete_shovel),
+    Resource("shovels/vhost/{vhost}/{name}/restart", check=auth.policies, DELETE=restart_shovel),
+)

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from warren.broker.engine.policy import Policy, PolicyError
 from warren.broker.ops.management import auth
-from warren.broker.ops.management.app import Ctx, Router, created, no_content, reply, reply_list
+from warren.broker.ops.management.app import Ctx, Resource, created, no_content, reply, reply_list
 from warren.broker.ops.management.errors import bad_request, not_found
 
 if TYPE_CHECKING:
@@ -96,9 +96,13 @@ def delete_policy(ctx: Ctx) -> web.StreamResponse:
     return no_content()
 
 
-def routes(router: Router) -> None:
-    router.add("GET", "policies", list_policies, auth.vhost)
-    router.add("GET", "policies/{vhost}", list_policies, auth.vhost)
-    router.add("GET", "policies/{vhost}/{name}", get_policy, auth.policies)
-    router.add("PUT", "policies/{vhost}/{name}", put_policy, auth.policies)
-    router.add("DELETE", "policies/{vhost}/{name}", delete_policy, auth.policies)
+ROUTES = (
+    Resource("policies", "policies/{vhost}", check=auth.vhost, GET=list_policies),
+    Resource(
+        "policies/{vhost}/{name}",
+        check=auth.policies,
+        GET=get_policy,
+        PUT=put_policy,
+        DELETE=delete_policy,
+    ),
+)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from warren.broker.ops.management import auth
-from warren.broker.ops.management.app import Ctx, Router
+from warren.broker.ops.management.app import Ctx, Resource
 from warren.broker.ops.management.errors import bad_request, not_found
 
 
@@ -25,5 +25,4 @@ def queue_action(ctx: Ctx) -> web.StreamResponse:
     raise bad_request(["unknown", action])
 
 
-def routes(router: Router) -> None:
-    router.add("POST", "queues/{vhost}/{queue}/actions", queue_action, auth.admin)
+ROUTES = (Resource("queues/{vhost}/{queue}/actions", check=auth.admin, POST=queue_action),)

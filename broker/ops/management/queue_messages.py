@@ -22,7 +22,7 @@ from warren.broker.engine import queue_browse
 from warren.broker.engine.message import Message
 from warren.broker.engine.queue import fan_out
 from warren.broker.ops.management import auth, operations
-from warren.broker.ops.management.app import Ctx, Router, reply
+from warren.broker.ops.management.app import Ctx, Resource, reply
 from warren.broker.ops.management.errors import ApiError, bad_request, from_channel, not_found
 from warren.broker.ops.management.formats import properties_json
 from warren.protocol.errors import AMQPError
@@ -252,8 +252,9 @@ def _destination(
     return None, exchange, routing_key
 
 
-def routes(router: Router) -> None:
-    router.add("GET", "queues/{vhost}/{queue}/messages", browse, auth.vhost)
-    router.add("POST", "queues/{vhost}/{queue}/messages/delete", delete, auth.vhost)
-    router.add("POST", "queues/{vhost}/{queue}/messages/move", move, auth.vhost)
-    router.add("POST", "queues/{vhost}/{queue}/messages/to-tail", to_tail, auth.vhost)
+ROUTES = (
+    Resource("queues/{vhost}/{queue}/messages", check=auth.vhost, GET=browse),
+    Resource("queues/{vhost}/{queue}/messages/delete", check=auth.vhost, POST=delete),
+    Resource("queues/{vhost}/{queue}/messages/move", check=auth.vhost, POST=move),
+    Resource("queues/{vhost}/{queue}/messages/to-tail", check=auth.vhost, POST=to_tail),
+)

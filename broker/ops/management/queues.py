@@ -14,7 +14,7 @@ from warren.broker.ops.management import auth, operations, replay
 from warren.broker.ops.management.app import (
     Ctx,
     Lazy,
-    Router,
+    Resource,
     created,
     no_content,
     reply,
@@ -188,12 +188,16 @@ def get_messages(ctx: Ctx) -> web.StreamResponse:
     return reply(ctx, out)
 
 
-def routes(router: Router) -> None:
-    router.add("GET", "queues", list_queues, auth.vhost)
-    router.add("GET", "queues/{vhost}", list_queues, auth.vhost)
-    router.add("GET", "queues/{vhost}/{queue}", get_queue, auth.vhost)
-    router.add("PUT", "queues/{vhost}/{queue}", put_queue, auth.vhost)
-    router.add("DELETE", "queues/{vhost}/{queue}", delete_queue, auth.vhost)
-    router.add("DELETE", "queues/{vhost}/{queue}/contents", purge, auth.vhost)
-    router.add("POST", "queues/{vhost}/{queue}/get", get_messages, auth.vhost)
-    router.add("POST", "queues/{vhost}/{queue}/replay", replay.replay, auth.vhost)
+ROUTES = (
+    Resource("queues", "queues/{vhost}", check=auth.vhost, GET=list_queues),
+    Resource(
+        "queues/{vhost}/{queue}",
+        check=auth.vhost,
+        GET=get_queue,
+        PUT=put_queue,
+        DELETE=delete_queue,
+    ),
+    Resource("queues/{vhost}/{queue}/contents", check=auth.vhost, DELETE=purge),
+    Resource("queues/{vhost}/{queue}/get", check=auth.vhost, POST=get_messages),
+    Resource("queues/{vhost}/{queue}/replay", check=auth.vhost, POST=replay.replay),
+)

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from warren.broker.engine.timers import ManualTimers, Timers
 from warren.broker.ops.management import auth
-from warren.broker.ops.management.app import Ctx, Router, json_response
+from warren.broker.ops.management.app import Ctx, Resource, json_response
 from warren.broker.ops.management.errors import bad_request, not_found
 from warren.broker.testkit.recorder import Recording, recording_of, reset_vhost
 
@@ -99,9 +99,10 @@ def outcomes(ctx: Ctx) -> web.StreamResponse:
     )
 
 
-def routes(router: Router) -> None:
-    router.add("POST", "warren/reset", reset, auth.admin)
-    router.add("GET", "warren/clock", clock_status, auth.admin)
-    router.add("POST", "warren/clock/advance", clock_advance, auth.admin)
-    router.add("GET", "warren/published", published, auth.admin)
-    router.add("GET", "warren/outcomes/{vhost}/{queue}", outcomes, auth.admin)
+ROUTES = (
+    Resource("warren/reset", check=auth.admin, POST=reset),
+    Resource("warren/clock", check=auth.admin, GET=clock_status),
+    Resource("warren/clock/advance", check=auth.admin, POST=clock_advance),
+    Resource("warren/published", check=auth.admin, GET=published),
+    Resource("warren/outcomes/{vhost}/{queue}", check=auth.admin, GET=outcomes),
+)

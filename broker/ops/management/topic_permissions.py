@@ -18,7 +18,7 @@ from aiohttp import web
 
 from warren.broker.engine.topic_permissions import TopicPermission, validate_pattern
 from warren.broker.ops.management import auth
-from warren.broker.ops.management.app import Ctx, Router, created, no_content, reply, reply_list
+from warren.broker.ops.management.app import Ctx, Resource, created, no_content, reply, reply_list
 from warren.broker.ops.management.errors import bad_request, not_found
 
 if TYPE_CHECKING:
@@ -116,15 +116,23 @@ def delete_exchange(ctx: Ctx) -> web.StreamResponse:
     return no_content()
 
 
-def routes(router: Router) -> None:
-    router.add("GET", "topic-permissions", list_all, auth.admin)
-    router.add("GET", "users/{user}/topic-permissions", list_for_user, auth.admin)
-    router.add("GET", "vhosts/{vhost}/topic-permissions", list_for_vhost, auth.admin)
-    path = "topic-permissions/{vhost}/{user}"
-    router.add("GET", path, get_pair, auth.admin)
-    router.add("PUT", path, put_pair, auth.admin)
-    router.add("DELETE", path, delete_pair, auth.admin)
+ROUTES = (
+    Resource("topic-permissions", check=auth.admin, GET=list_all),
+    Resource("users/{user}/topic-permissions", check=auth.admin, GET=list_for_user),
+    Resource("vhosts/{vhost}/topic-permissions", check=auth.admin, GET=list_for_vhost),
+    Resource(
+        "topic-permissions/{vhost}/{user}",
+        check=auth.admin,
+        GET=get_pair,
+        PUT=put_pair,
+        DELETE=delete_pair,
+    ),
     # one exchange's: GET shows the pair's (RabbitMQ's resource reads no exchange), DELETE
     # clears that exchange's only (clear_topic_permissions/4)
-    router.add("GET", path + "/{exchange}", get_pair, auth.admin)
-    router.add("DELETE", path + "/{exchange}", delete_exchange, auth.admin)
+    Resource(
+        "topic-permissions/{vhost}/{user}/{exchange}",
+        check=auth.admin,
+        GET=get_pair,
+        DELETE=delete_exchange,
+    ),
+)

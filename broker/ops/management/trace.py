@@ -10,7 +10,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from warren.broker.ops.management import auth
-from warren.broker.ops.management.app import Ctx, Router, created, no_content, reply
+from warren.broker.ops.management.app import Ctx, Resource, created, no_content, reply
 
 
 def trace_status(ctx: Ctx) -> web.StreamResponse:
@@ -26,7 +26,7 @@ def trace_off(ctx: Ctx) -> web.StreamResponse:
     return no_content()
 
 
-def routes(router: Router) -> None:
-    router.add("GET", "trace", trace_status, auth.admin)
-    router.add("PUT", "trace/{vhost}", trace_on, auth.admin)
-    router.add("DELETE", "trace/{vhost}", trace_off, auth.admin)
+ROUTES = (
+    Resource("trace", check=auth.admin, GET=trace_status),
+    Resource("trace/{vhost}", check=auth.admin, PUT=trace_on, DELETE=trace_off),
+)

@@ -16,7 +16,7 @@ from aiohttp import web
 from warren.broker.engine.limits import validate_limits
 from warren.broker.engine.parameters import ParameterError
 from warren.broker.ops.management import auth
-from warren.broker.ops.management.app import Ctx, Router, no_content, reply_list
+from warren.broker.ops.management.app import Ctx, Resource, no_content, reply_list
 from warren.broker.ops.management.errors import bad_request, not_authorised, not_found
 
 if TYPE_CHECKING:
@@ -81,8 +81,8 @@ def delete_limit(ctx: Ctx) -> web.StreamResponse:
     return no_content()
 
 
-def routes(router: Router) -> None:
-    router.add("GET", "user-limits", list_all, auth.admin)
-    router.add("GET", "user-limits/{user}", list_user, _own_or_monitor)
-    router.add("PUT", "user-limits/{user}/{name}", put_limit, auth.admin)
-    router.add("DELETE", "user-limits/{user}/{name}", delete_limit, auth.admin)
+ROUTES = (
+    Resource("user-limits", check=auth.admin, GET=list_all),
+    Resource("user-limits/{user}", check=_own_or_monitor, GET=list_user),
+    Resource("user-limits/{user}/{name}", check=auth.admin, PUT=put_limit, DELETE=delete_limit),
+)
