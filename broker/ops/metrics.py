@@ -145,6 +145,71 @@ def _head_message_timestamp(q: Queue, scope: Scope) -> float | None:
     return math.nan if stamp is None else stamp
 
 
+# The counters RabbitMQ keeps both per queue and per channel (queue_delivery_metrics and
+# channel_queue_metrics), and both per exchange and per channel (exchange_metrics and
+# channel_exchange_metrics): each declared once, the name after the subject's prefix and
+# the HELP text with the subject's words in the braces.
+DELIVERY_COUNTERS = (
+    (
+        "get_ack_total",
+        "Total number of messages fetched{from_queue} with basic.get in manual acknowledgement "
+        "mode",
+    ),
+    (
+        "get_total",
+        "Total number of messages fetched{from_queue} with basic.get in automatic "
+        "acknowledgement mode",
+    ),
+    (
+        "messages_delivered_ack_total",
+        "Total number of messages delivered{from_queue} to consumers in manual acknowledgement "
+        "mode",
+    ),
+    (
+        "messages_delivered_total",
+        "Total number of messages delivered{from_queue} to consumers in automatic "
+        "acknowledgement mode",
+    ),
+    (
+        "messages_redelivered_total",
+        "Total number of messages redelivered{from_queue} to consumers",
+    ),
+    ("messages_acked_total", "Total number of messages acknowledged by consumers{on_queue}"),
+    ("get_empty_total", "Total number of times basic.get operations fetched no message{on_queue}"),
+)
+PUBLISH_COUNTERS = (
+    ("messages_published_total", "Total number of messages published into an exchange{on_a}"),
+    (
+        "messages_confirmed_total",
+        "Total number of messages published into an exchange and confirmed{on_the}",
+    ),
+    (
+        "messages_unroutable_returned_total",
+        "Total number of messages published as mandatory into an exchange and returned to "
+        "the publisher as unroutable",
+    ),
+    (
+        "messages_unroutable_dropped_total",
+        "Total number of messages published as non-mandatory into an exchange and dropped "
+        "as unroutable",
+    ),
+)
+
+
+def _counters(
+    prefix: str,
+    declared: tuple[tuple[str, str], ...],
+    words: dict[str, str],
+    reads: dict[str, Callable[[Any, Scope], float]],
+) -> tuple[Family, ...]:
+    """``declared``'s counter families for one subject, read by ``reads`` (one per name)."""
+    assert reads.keys() == {name for name, _ in declared}
+    return tuple(
+        Family(prefix + name, "counter", text.format(**words), reads[name])
+        for name, text in declared
+    )
+
+
 QUEUE_GROUPS: dict[str, tuple[Family, ...]] = {
     "queue_coarse_metrics": (
         Family(
@@ -278,54 +343,22 @@ QUEUE_GROUPS: dict[str, tuple[Family, ...]] = {
     ),
     # rabbit_core_metrics:channel_stats(queue_stats, ...): a delivery counts in the
     # branch of its ack mode; the queue's own counts give the manual-ack ones
-    "queue_delivery_metrics": (
-        Family(
-            "queue_get_ack_total",
-            "counter",
-            "Total number of messages fetched from a queue with basic.get in manual "
-            "acknowledgement mode",
-            lambda q, _: q.stats.get_manual,
-        ),
-        Family(
-            "queue_get_total",
-            "counter",
-            "Total number of messages fetched from a queue with basic.get in automatic "
-            "acknowledgement mode",
-            lambda q, _: q.stats.get_auto,
-        ),
-        Family(
-            "queue_messages_delivered_ack_total",
-            "counter",
-            "Total number of messages delivered from a queue to consumers in manual "
-            "acknowledgement mode",
-            lambda q, _: _delivered_consume_manual(q),
-        ),
-        Family(
-            "queue_messages_delivered_total",
-            "counter",
-            "Total number of messages delivered from a queue to consumers in automatic "
-            "acknowledgement mode",
-            lambda q, _: q.stats.delivered_auto,
-        ),
-        Family(
-            "queue_messages_redelivered_total",
-            "counter",
-            "Total number of messages redelivered from a queue to consumers",
-            lambda q, _: q.stats.redeliveries,
-        ),
-        Family(
-            "queue_messages_acked_total",
-            "counter",
-            "Total number of messages acknowledged by consumers on a queue",
+    "queue_delivery_metrics": _counters(
+        "queue_",
+        DELIVERY_COUNTERS,
+        {"from_queue": " from a queue", "on_queue": " on a queue"},
+        {
+            "get_ack_total": lambda q, _: q.stats.get_manual,
+            "get_total": lambda q, _: q.stats.get_auto,
+            "messages_delivered_ack_total": lambda q, _: _delivered_consume_manual(q),
+            "messages_delivered_total": lambda q, _: q.stats.delivered_auto,
+            "messages_redelivered_total": lambda q, _: q.stats.redeliveries,
             # the queue settles a no-ack delivery as it settles an ack: those are not acks
-            lambda q, _: q.stats.acked - q.stats.delivered_auto - q.stats.get_auto,
-        ),
-        Family(
-            "queue_get_empty_total",
-            "counter",
-            "Total number of times basic.get operations fetched no message on a queue",
-            lambda q, _: q.stats.get_empty,
-        ),
+            "messages_acked_total": (
+                lambda q, _: q.stats.acked - q.stats.delivered_auto - q.stats.get_auto
+            ),
+            "get_empty_total": lambda q, _: q.stats.get_empty,
+        },
     ),
     "channel_queue_exchange_metrics": (
         Family(
@@ -337,33 +370,16 @@ QUEUE_GROUPS: dict[str, tuple[Family, ...]] = {
     ),
 }
 EXCHANGE_GROUPS: dict[str, tuple[Family, ...]] = {
-    "exchange_metrics": (
-        Family(
-            "exchange_messages_published_total",
-            "counter",
-            "Total number of messages published into an exchange",
-            lambda e, _: e[1].published,
-        ),
-        Family(
-            "exchange_messages_confirmed_total",
-            "counter",
-            "Total number of messages published into an exchange and confirmed",
-            lambda e, _: e[1].confirmed,
-        ),
-        Family(
-            "exchange_messages_unroutable_returned_total",
-            "counter",
-            "Total number of messages published as mandatory into an exchange and returned to "
-            "the publisher as unroutable",
-            lambda e, _: e[1].unroutable_returned,
-        ),
-        Family(
-            "exchange_messages_unroutable_dropped_total",
-            "counter",
-            "Total number of messages published as non-mandatory into an exchange and dropped "
-            "as unroutable",
-            lambda e, _: e[1].unroutable_dropped,
-        ),
+    "exchange_metrics": _counters(
+        "exchange_",
+        PUBLISH_COUNTERS,
+        {"on_a": "", "on_the": ""},
+        {
+            "messages_published_total": lambda e, _: e[1].published,
+            "messages_confirmed_total": lambda e, _: e[1].confirmed,
+            "messages_unroutable_returned_total": lambda e, _: e[1].unroutable_returned,
+            "messages_unroutable_dropped_total": lambda e, _: e[1].unroutable_dropped,
+        },
     ),
 }
 
@@ -409,77 +425,30 @@ CHANNEL_GROUPS: dict[str, tuple[Family, ...]] = {
             lambda c, _: c.limiter.prefetch_global,
         ),
     ),
-    "channel_exchange_metrics": (
-        Family(
-            "channel_messages_published_total",
-            "counter",
-            "Total number of messages published into an exchange on a channel",
-            lambda c, _: c.stats.received,
-        ),
-        Family(
-            "channel_messages_confirmed_total",
-            "counter",
-            "Total number of messages published into an exchange and confirmed on the channel",
-            lambda c, _: c.stats.confirmed,
-        ),
-        Family(
-            "channel_messages_unroutable_returned_total",
-            "counter",
-            "Total number of messages published as mandatory into an exchange and returned to "
-            "the publisher as unroutable",
-            lambda c, _: c.stats.unroutable_returned,
-        ),
-        Family(
-            "channel_messages_unroutable_dropped_total",
-            "counter",
-            "Total number of messages published as non-mandatory into an exchange and dropped "
-            "as unroutable",
-            lambda c, _: c.stats.unroutable_dropped,
-        ),
+    "channel_exchange_metrics": _counters(
+        "channel_",
+        PUBLISH_COUNTERS,
+        {"on_a": " on a channel", "on_the": " on the channel"},
+        {
+            "messages_published_total": lambda c, _: c.stats.received,
+            "messages_confirmed_total": lambda c, _: c.stats.confirmed,
+            "messages_unroutable_returned_total": lambda c, _: c.stats.unroutable_returned,
+            "messages_unroutable_dropped_total": lambda c, _: c.stats.unroutable_dropped,
+        },
     ),
-    "channel_queue_metrics": (
-        Family(
-            "channel_get_ack_total",
-            "counter",
-            "Total number of messages fetched with basic.get in manual acknowledgement mode",
-            lambda c, _: c.stats.delivered_get_manual,
-        ),
-        Family(
-            "channel_get_total",
-            "counter",
-            "Total number of messages fetched with basic.get in automatic acknowledgement mode",
-            lambda c, _: c.stats.delivered_get_auto,
-        ),
-        Family(
-            "channel_messages_delivered_ack_total",
-            "counter",
-            "Total number of messages delivered to consumers in manual acknowledgement mode",
-            lambda c, _: c.stats.delivered_consume_manual,
-        ),
-        Family(
-            "channel_messages_delivered_total",
-            "counter",
-            "Total number of messages delivered to consumers in automatic acknowledgement mode",
-            lambda c, _: c.stats.delivered_consume_auto,
-        ),
-        Family(
-            "channel_messages_redelivered_total",
-            "counter",
-            "Total number of messages redelivered to consumers",
-            lambda c, _: c.stats.redelivered,
-        ),
-        Family(
-            "channel_messages_acked_total",
-            "counter",
-            "Total number of messages acknowledged by consumers",
-            lambda c, _: c.stats.acked,
-        ),
-        Family(
-            "channel_get_empty_total",
-            "counter",
-            "Total number of times basic.get operations fetched no message",
-            lambda c, _: c.stats.get_empty,
-        ),
+    "channel_queue_metrics": _counters(
+        "channel_",
+        DELIVERY_COUNTERS,
+        {"from_queue": "", "on_queue": ""},
+        {
+            "get_ack_total": lambda c, _: c.stats.delivered_get_manual,
+            "get_total": lambda c, _: c.stats.delivered_get_auto,
+            "messages_delivered_ack_total": lambda c, _: c.stats.delivered_consume_manual,
+            "messages_delivered_total": lambda c, _: c.stats.delivered_consume_auto,
+            "messages_redelivered_total": lambda c, _: c.stats.redelivered,
+            "messages_acked_total": lambda c, _: c.stats.acked,
+            "get_empty_total": lambda c, _: c.stats.get_empty,
+        },
     ),
 }
 
