@@ -17,7 +17,7 @@ from pamqp import commands
 from tests.amqp_raw import RawClient, build, frame_bytes, header_payload, method_payload
 from tests.http_api import HttpApi, q
 from warren.broker.ops.management import auth
-from warren.broker.ops.management.app import Ctx, HttpSite, ManagementApp, Router
+from warren.broker.ops.management.app import Ctx, HttpSite, ManagementApp, Resource, Router
 from warren.broker.testkit import RunningBroker, run_broker
 
 GUEST_HASH_FROM_RABBITMQ = "bLDJCFT+RRW/IWLG0pNfWcaTbisQwjt5u24TLKjMA6r/NM6/"  # "guest"
@@ -136,6 +136,18 @@ async def test_a_bug_answers_500_json_not_a_trace() -> None:
         finally:
             await site.stop()
     assert body == {"error": "internal_server_error", "reason": "internal error"}  # no detail
+
+
+def test_a_method_declared_twice_for_a_path_is_refused_when_the_routes_are_built() -> None:
+    # two resource modules' tables naming the same path and method: no silent winner
+    def handler(ctx: Ctx) -> web.StreamResponse:
+        return web.Response()
+
+    first = (Resource("queues/{vhost}", check=auth.vhost, GET=handler),)
+    second = (Resource("queues", "queues/{vhost}", check=auth.admin, GET=handler),)
+    with pytest.raises(ValueError, match=r"GET /queues/\{vhost\} is declared twice"):
+        Router(first, second)
+    Router(first, (Resource("queues/{vhost}", check=auth.admin, PUT=handler),))  # another method
 
 
 def test_options_answers_allow_without_auth(api: HttpApi) -> None:

@@ -154,6 +154,8 @@ class Router:
     def add(self, method: str, path: str, handler: Handler, check: auth.Check) -> None:
         segments = tuple(path.strip("/").split("/"))
         route = self.routes.setdefault(segments, Route(segments))
+        if method in route.handlers:  # two modules' tables would otherwise shadow silently
+            raise ValueError(f"{method} /{path} is declared twice")
         route.handlers[method] = (handler, check)
 
     def find(self, parts: list[str]) -> tuple[Route, dict[str, str]] | None:
