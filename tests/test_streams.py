@@ -440,6 +440,23 @@ def test_publish_confirms_come_once_on_disk(broker: Any, name: str) -> None:
     conn.close()
 
 
+def test_publish_confirms_wait_for_the_chunk_without_a_data_directory(name: str) -> None:
+    """A broker without a data directory keeps streams in a private temporary store; a
+    confirm still comes only once the chunk holding the publish is written there, so each
+    confirmed message is already counted (and readable) when the next command arrives."""
+    with run_broker(record=False) as running:
+        conn = pika.BlockingConnection(pika.URLParameters(running.url))
+        ch = conn.channel()
+        declare(ch, name)
+        ch.confirm_delivery()
+        counted = []
+        for _ in range(50):
+            ch.basic_publish("", name, b"x" * 10)
+            counted.append(ch.queue_declare(name, passive=True).method.message_count)
+        assert counted == list(range(1, 51))
+        conn.close()
+
+
 # ---- durability ----
 
 

@@ -196,8 +196,9 @@ def route(
             tracer.delayed(msg, exchange.name, delay)
         if tracer.firehose.bindings:
             firehose.published(tracer.firehose, ch, msg, queues)
-    # the token the store counts this publish's stored copies on (broker/engine/confirms.py)
-    confirm = ch.confirms.route(seq) if seq and store is not None else None
+    # the token the store counts this publish's stored copies on (broker/engine/confirms.py);
+    # without a store of the broker's, a stream's private store still counts its chunks on it
+    confirm = ch.confirms.route(seq) if seq else None
     if delay:
         exchange.hold(msg, ttl, delay, confirm)
     accepted = True

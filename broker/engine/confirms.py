@@ -66,6 +66,7 @@ class Confirms(ConfirmToken):
         "_out",
         "_synced",
         "batch",
+        "chunk_store",
         "confirmed",
         "copies",
         "gone",
@@ -85,11 +86,12 @@ class Confirms(ConfirmToken):
         self._nacked: list[int] = []  # nacked ahead of publishes waiting for the disk
         self._out: list[tuple[bool, int, int]] = []  # frames owed ahead of the acks, in order
         # the publish being routed (0: none), the copies the store took to write for it, those
-        # of them gone unwritten since, and whether a stream chunk holds it
+        # of them gone unwritten since, and whether a stream chunk holds it (in which store)
         self.routing = 0
         self.copies = 0
         self.gone = 0
         self.batch = False
+        self.chunk_store: MessageStore | None = None
         self.on_due: Callable[[], None] | None = None  # acks or nacks became due (the channel)
 
     def published(self) -> int:
@@ -112,15 +114,20 @@ class Confirms(ConfirmToken):
         self.copies += 1
         return self.routing
 
-    def chunk(self) -> None:
-        """A stream's chunk in the store's open batch holds the publish being routed."""
+    def chunk(self, store: MessageStore) -> None:
+        """A stream's chunk in ``store``'s open batch holds the publish being routed: the
+        broker's store, or without a data directory the streams' private one (the broker
+        then has no store of its own, so a publish never waits for two)."""
         self.batch = True
+        self.chunk_store = store
 
     def routed(self, seq: int, accepted: bool, store: MessageStore | None) -> int:
         """Every queue has seen ``seq`` (``accepted``: all took it): NACKED, DUE or WAITING,
         for the disk's batch (a chunk) and the copies that neither were written nor left."""
         self.routing = 0
         copies, batch = self.copies, self.batch
+        if batch:
+            store = self.chunk_store
         if accepted and store is not None and store.error is not None:
             accepted = not (copies or batch)  # never on disk now: a nack
         if not accepted:

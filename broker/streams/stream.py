@@ -345,10 +345,10 @@ class StreamQueue(Queue):
         log.append(msg)
         self.stats.published += 1
         store = log.store
-        if store is self.message_store:  # written with the store's batch: confirmed once it is
-            store.published += 1  # a tx.commit-ok waits for it
-            if confirm is not None:
-                confirm.chunk()  # and so does a confirm
+        if store is self.message_store:  # written with the store's batch: a tx.commit-ok
+            store.published += 1  # waits for it
+        if confirm is not None:
+            confirm.chunk(store)  # and so does a confirm, whichever store writes the chunk
         return True
 
     def _committed(self) -> None:
