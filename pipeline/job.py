@@ -14,14 +14,17 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
+import struct
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
-from pyspark import StorageLevel
+from pyspark import SparkConf, StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -142,10 +145,7 @@ def class_archive_options() -> str:
     in the background after the report: Python does not wait for it) to a file of its own;
     a later run takes that file once it is complete. ``WARREN_REPORT_CACHE`` names the
     directory (default ``~/.cache/warren``); set to the empty string, no archive is used."""
-    cache = os.environ.get("WARREN_REPORT_CACHE")
-    if cache is None:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-        cache = os.path.join(base, "warren")
+    cache = _cache_dir()
     key = _archive_key() if cache else None
     if key is None:
         return ""
@@ -178,6 +178,147 @@ def class_archive_options() -> str:
     except OSError:
         return ""
     return f"-XX:ArchiveClassesAtExit={part} {quiet}"
+
+
+def _cache_dir() -> str:
+    """Where the driver's class archive and launch command are kept ('' for nowhere)."""
+    cache = os.environ.get("WARREN_REPORT_CACHE")
+    if cache is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        cache = os.path.join(base, "warren")
+    return cache
+
+
+# what pyspark's scripts and Spark's launcher read: a change makes a new launch command
+_LAUNCH_ENV = ("SPARK_", "PYSPARK_", "HADOOP_", "YARN_", "JAVA_", "JDK_JAVA_OPTIONS", "CLASSPATH")
+# set for each launch by pyspark itself, not by its scripts
+_LAUNCH_OWN_ENV = ("_PYSPARK_DRIVER_CONN_INFO_PATH", "SPARK_CONNECT_MODE")
+
+
+def _launch_file(conf: SparkConf) -> str | None:
+    """The file that keeps the driver JVM's command line for this Spark, Java, environment
+    and configuration; None where it cannot be kept safely."""
+    import hashlib
+    import shlex
+
+    import pyspark
+    from pyspark.find_spark_home import _find_spark_home
+
+    cache = _cache_dir()
+    if not cache or not sys.platform.startswith("linux") or os.environ.get("SPARK_TESTING"):
+        return None
+    home = _find_spark_home()
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or os.path.join(home, "conf")
+    if os.path.exists(os.path.join(conf_dir, "spark-env.sh")):
+        return None  # a script that may set anything on each launch
+    java_home = os.environ.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    if java is None:
+        return None
+    java = os.path.realpath(java)
+    parts = [home, pyspark.__version__, java, str(os.stat(java).st_mtime_ns)]
+    defaults = os.path.join(conf_dir, "spark-defaults.conf")
+    if os.path.exists(defaults):
+        parts += [defaults, str(os.stat(defaults).st_mtime_ns)]
+    parts += [f"{k}={v}" for k, v in conf.getAll()]
+    parts += shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", "pyspark-shell"))
+    parts += sorted(
+        f"{k}={v}"
+        for k, v in os.environ.items()
+        if k.startswith(_LAUNCH_ENV) and k not in _LAUNCH_OWN_ENV
+    )
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+    return os.path.join(cache, f"launch-{key}.json")
+
+
+def start_gateway(conf: SparkConf) -> Any:
+    """The driver's JVM and pyspark's gateway to it, started without Spark's launcher.
+
+    pyspark starts the driver through ``bin/spark-submit``: shell scripts, a Python that
+    finds Spark's home, and a first JVM (``org.apache.spark.launcher.Main``) that only
+    builds the second one's command line. That line depends only on Spark, Java, the
+    environment the scripts read and the configuration, so the first launch on a machine
+    keeps it (read from ``/proc``, with the variables the scripts set) in the cache
+    directory, and a later one with the same inputs runs it directly. Anything unusual
+    (another OS, a ``spark-env.sh`` that may set anything, a JVM that does not start)
+    takes pyspark's way."""
+    import json
+    import subprocess
+
+    from pyspark import java_gateway
+
+    path = _launch_file(conf)
+    saved = None
+    if path is not None and os.path.exists(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                saved = json.load(f)
+        except (OSError, ValueError):
+            saved = None
+    if saved is not None:
+        scratch = tempfile.mkdtemp(prefix="warren-gateway-")
+        info = os.path.join(scratch, "info")
+        env = {**os.environ, **saved["env"]}
+        env["SPARK_CONNECT_MODE"] = "0"
+        env["_PYSPARK_DRIVER_CONN_INFO_PATH"] = info
+        try:
+            # stdin a pipe: the JVM exits when this process does, as with pyspark's launch
+            proc = subprocess.Popen(
+                saved["argv"],
+                stdin=subprocess.PIPE,
+                env=env,
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+            )
+            while proc.poll() is None and not os.path.isfile(info):
+                time.sleep(0.01)
+            if os.path.isfile(info):
+                with open(info, "rb") as f:  # as pyspark reads it: port, secret's length, secret
+                    port, length = struct.unpack("!ii", f.read(8))
+                    secret = f.read(length).decode()
+                # pyspark's own gateway (its imports, its thread pinning) on this JVM
+                os.environ["PYSPARK_GATEWAY_PORT"] = str(port)
+                os.environ["PYSPARK_GATEWAY_SECRET"] = secret
+                try:
+                    gateway = java_gateway.launch_gateway()  # type: ignore[no-untyped-call]
+                finally:
+                    del os.environ["PYSPARK_GATEWAY_PORT"], os.environ["PYSPARK_GATEWAY_SECRET"]
+                gateway.proc = proc
+                return gateway
+            os.unlink(str(path))  # the kept line no longer starts a JVM: pyspark's way, kept anew
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    gateway = java_gateway.launch_gateway(conf)  # type: ignore[no-untyped-call]
+    if path is not None:
+        _keep_launch(path, gateway.proc.pid)
+    return gateway
+
+
+def _keep_launch(path: str, pid: int) -> None:
+    """The running driver JVM's command line and the variables pyspark's scripts added."""
+    import json
+
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            pairs = [e.decode().partition("=") for e in f.read().split(b"\0") if e]
+    except (OSError, UnicodeDecodeError):
+        return
+    if (
+        not argv
+        or os.path.basename(argv[0]) != "java"
+        or "org.apache.spark.deploy.SparkSubmit" not in argv
+    ):
+        return
+    added = {k: v for k, _, v in pairs if os.environ.get(k) != v and k not in _LAUNCH_OWN_ENV}
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        part = f"{path}.{os.getpid()}.part"
+        with open(part, "w", encoding="utf-8") as f:
+            json.dump({"argv": argv, "env": added}, f)
+        os.replace(part, path)
+    except OSError:
+        pass
 
 
 def spark_session(
@@ -225,6 +366,13 @@ def spark_session(
     for key, value in settings.items():
         builder = builder.config(key, value)
     builder = builder.config("spark.sql.session.timeZone", "UTC")
+    if not submitted and SparkContext._gateway is None:
+        # the driver's JVM started from its kept command line (start_gateway), with the
+        # configuration getOrCreate passes to spark-submit
+        launch = SparkConf()
+        for key, value in builder._options.items():
+            launch.set(key, value)
+        SparkContext._ensure_initialized(gateway=start_gateway(launch))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     if not (spark.sparkContext.master or "").startswith("local"):

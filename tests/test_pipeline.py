@@ -570,3 +570,45 @@ def test_class_archive_is_taken_only_when_complete(
     assert not stale.exists()
     monkeypatch.setenv("WARREN_REPORT_CACHE", "")
     assert job.class_archive_options() == ""
+
+
+LAUNCH_PROBE = """
+import json, sys
+from pyspark import SparkContext
+from warren.pipeline import job
+
+job.class_archive_options = lambda: ""  # this test is about the command line, not the archive
+spark = job.spark_session("local[1]", "512m", 1, conf={"spark.ui.enabled": "false"})
+print(json.dumps([SparkContext._gateway.proc.args[0], spark.range(5).count()]))
+spark.stop()
+"""
+
+
+def test_the_driver_jvm_starts_from_its_kept_command_line(tmp_path: Path) -> None:
+    """job.start_gateway: the first session on a machine starts through spark-submit (and
+    Spark's launcher JVM) and keeps the driver JVM's command line; the next starts that
+    java directly; a kept line that no longer starts a JVM is replaced, through spark-submit."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "WARREN_REPORT_CACHE": str(tmp_path)}
+
+    def session() -> tuple[str, int]:
+        out = subprocess.run(
+            [sys.executable, "-c", LAUNCH_PROBE], env=env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        started, count = json.loads(out.stdout.splitlines()[-1])
+        return os.path.basename(started), count
+
+    assert session() == ("spark-submit", 5)
+    (kept,) = tmp_path.glob("launch-*.json")
+    line = json.loads(kept.read_text())
+    assert os.path.basename(line["argv"][0]) == "java"
+    assert "org.apache.spark.deploy.SparkSubmit" in line["argv"]
+    assert line["env"]["SPARK_HOME"]
+    assert session() == ("java", 5)
+    kept.write_text(json.dumps({"argv": ["/bin/false"], "env": {}}))
+    assert session() == ("spark-submit", 5)
+    assert json.loads(kept.read_text())["argv"] == line["argv"]
