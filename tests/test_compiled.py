@@ -58,22 +58,36 @@ def test_tracing_writes_records_as_the_build_does_best() -> None:
 
 
 def test_deliveries_are_encoded_as_the_build_does_best() -> None:
-    """Compiled, a delivery's head is written field by field into one buffer; interpreted,
-    packed with struct. Both give the same octets, whichever build runs them."""
+    """Compiled, a delivery's head is written into one buffer; interpreted, packed with
+    struct. Both give the same octets, whichever build runs them, written field by field
+    (a consumer's first delivery of an exchange and routing key) or from the consumer's
+    prefix (built at the second, used from then on)."""
     methods = warren.protocol.methods
     assert methods.INTERPRETED != COMPILED
     for channel in (1, 255, 256, 40000, 65535):
         for tag in (1, 2**32 + 5, 2**63 - 1):
             for body_size, one_frame in ((0, False), (16, True), (2**31 - 1, True), (2**40, False)):
-                args = (channel, b"\x04ctag", tag, tag % 2 == 0, b"\x00\x01q", b"\x90\x00\x01x",
-                        body_size, one_frame)  # fmt: skip
-                written = methods.delivery_head(*args, packed=False)
-                assert written == methods.delivery_head(*args, packed=True)
-                assert written == methods.delivery_head(*args)
-                if one_frame:  # a small body copied in: the head, the body, the frame's end
-                    whole = methods.delivery_head(*args, b"0123", packed=False)
-                    assert whole == written + b"0123\xce"
-                    assert whole == methods.delivery_head(*args, b"0123", packed=True)
+                for packed in (False, True):
+                    fields = (channel, b"\x04ctag", tag, tag % 2 == 0, b"\x00\x01q",
+                              b"\x90\x00\x01x", body_size, one_frame)  # fmt: skip
+                    args = fields[2:]
+                    written = methods.delivery_head_fields(*fields, packed=False)
+                    assert written == methods.delivery_head_fields(*fields, packed=True)
+                    assert written == methods.delivery_head_fields(*fields)
+                    prefix = methods.DeliveryPrefix(channel, b"\x04ctag")
+                    for _ in range(3):  # by field, then the prefix built, then used
+                        assert methods.delivery_head(prefix, *args, packed=packed) == written
+                    assert prefix.ex_rk == b"\x00\x01q"
+                    if one_frame:  # a small body copied in: the head, the body, the frame's end
+                        whole = methods.delivery_head(prefix, *args, b"0123", packed=packed)
+                        assert whole == written + b"0123\xce"
+                        first = methods.DeliveryPrefix(channel, b"\x04ctag")
+                        assert methods.delivery_head(first, *args, b"0123", packed=packed) == whole
+                    # another exchange and routing key: by field again, the prefix kept
+                    other = (*args[:2], b"\x03amq\x00", *args[3:])
+                    again = methods.delivery_head(prefix, *other, packed=packed)
+                    assert again == methods.delivery_head_fields(channel, b"\x04ctag", *other)
+                    assert prefix.ex_rk == b"\x00\x01q" and prefix.seen == b"\x03amq\x00"
 
 
 def test_version_names_the_build() -> None:

@@ -190,8 +190,8 @@ class Channel(ChannelBase):
             # a small body is copied into the delivery's one piece: one write, not three
             inline = whole and size <= INLINE_BODY
             head = delivery_head(
-                self.id, consumer.tag_enc, tag, msg.redelivered, msg.ex_rk, msg.properties,
-                size, whole, body if inline else b"",
+                consumer.prefix, tag, msg.redelivered, msg.ex_rk, msg.properties, size, whole,
+                body if inline else b"",
             )  # fmt: skip
             if inline:
                 conn.write(head)

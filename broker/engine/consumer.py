@@ -7,7 +7,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from warren.broker.engine.message import ConsumerBase
-from warren.protocol.methods import shortstr
+from warren.protocol.methods import DeliveryPrefix, shortstr
 
 if TYPE_CHECKING:
     from warren.broker.engine.channel import Channel
@@ -26,6 +26,7 @@ class Consumer(ConsumerBase):
         "exclusive",
         "no_ack",
         "prefetch",
+        "prefix",
         "priority",
         "queue",
         "tag_enc",
@@ -46,6 +47,8 @@ class Consumer(ConsumerBase):
     ) -> None:
         self.tag = tag
         self.tag_enc = shortstr(tag)  # encoded once, sent in every basic.deliver
+        # its basic.deliver's octets around the delivery tag (protocol/methods.py)
+        self.prefix = DeliveryPrefix(channel.id, self.tag_enc)
         self.channel = channel
         self.queue = queue
         self.no_ack = no_ack
