@@ -49,7 +49,7 @@ from warren.protocol.errors import (
     LocalProtocolError,
     erlang_binary,
 )
-from warren.protocol.methods import BasicPublish, Method, decode_method, method_frame
+from warren.protocol.methods import INTERPRETED, BasicPublish, Method, decode_method, method_frame
 from warren.protocol.properties import PropertiesError, check_properties
 
 
@@ -153,7 +153,16 @@ class _OutOfTurn(ConnectionError_):
 class ChannelRecord(Generic[OwnerT]):
     """One channel number: its state, its content being assembled, and the broker's owner."""
 
-    __slots__ = ("body_size", "owner", "parts", "pending", "properties", "received", "state")
+    __slots__ = (
+        "body_size",
+        "checked",
+        "owner",
+        "parts",
+        "pending",
+        "properties",
+        "received",
+        "state",
+    )
 
     def __init__(self) -> None:
         self.state = _CH_OPENING
@@ -163,6 +172,9 @@ class ChannelRecord(Generic[OwnerT]):
         self.body_size = 0
         self.received = 0
         self.parts: list[bytes] = []
+        # the properties of the channel's last content header, checked: a publisher mostly
+        # repeats them, and the next header that carries the same octets reuses them
+        self.checked = b""
 
     def drop_content(self) -> None:
         self.pending = None
@@ -324,7 +336,7 @@ class ProtocolConnection(Generic[OwnerT]):
     def next_event(self) -> Event:
         if self.failed:
             return NEED_DATA
-        if self._more:
+        if len(self._more):  # compiled, a bytearray's truth is a generic call; its length is not
             if len(self._more) < self._want:
                 return NEED_DATA
             self._buf = self._buf[self._off :] + self._more
@@ -505,11 +517,16 @@ class ProtocolConnection(Generic[OwnerT]):
         if rk_end <= size:
             rk_end += buf[start + rk_end - 1]
             if rk_end + 1 == size:  # the bits end the payload: decode_method's own test
-                key = buf[start + 6 : start + rk_end]
                 bits = buf[start + rk_end]
                 last = self._publish
-                if last is not None and bits == self._publish_bits and key == self._publish_key:
-                    return last
+                if last is not None and bits == self._publish_bits:
+                    known = self._publish_key
+                    if INTERPRETED:  # a slice costs less than a comparison in place
+                        if buf[start + 6 : start + rk_end] == known:
+                            return last
+                    elif rk_end - 6 == len(known) and _same(buf, start + 6, known):
+                        return last
+                key = buf[start + 6 : start + rk_end]
                 method = _decode(buf[start:end])
                 if isinstance(method, BasicPublish):
                     self._publish = method
@@ -540,7 +557,7 @@ class ProtocolConnection(Generic[OwnerT]):
         if state is None or state.pending is None:
             _check_no_publish(state)
             return None
-        if state.properties:
+        if len(state.properties):
             raise _content_error(state)
         if end - start < 14:
             raise ConnectionError_(
@@ -582,13 +599,23 @@ class ProtocolConnection(Generic[OwnerT]):
             )
             error.channel = channel
             raise error
-        properties = buf[start + 12 : end]
-        try:
-            check_properties(properties)
-        except PropertiesError as exc:
-            raise ConnectionError_(
-                SYNTAX_ERROR, f"content header properties: {exc}", 60, 40
-            ) from None
+        checked = state.checked
+        if INTERPRETED:  # a slice costs less than a comparison in place, interpreted
+            properties = buf[start + 12 : end]
+            if properties == checked:
+                properties = checked
+        elif end - start - 12 == len(checked) and _same(buf, start + 12, checked):
+            properties = checked  # the previous header's: no slice, nor a check again
+        else:
+            properties = buf[start + 12 : end]
+        if properties is not checked:
+            try:
+                check_properties(properties)
+            except PropertiesError as exc:
+                raise ConnectionError_(
+                    SYNTAX_ERROR, f"content header properties: {exc}", 60, 40
+                ) from None
+            state.checked = properties
         state.properties = properties
         self.content_seen = True
         if body_size == 0:
@@ -603,7 +630,7 @@ class ProtocolConnection(Generic[OwnerT]):
         if state is None or state.pending is None:
             _check_no_publish(state)
             return None
-        if not state.properties:
+        if not len(state.properties):
             raise _content_error(state)
         received = state.received + len(payload)
         if received > state.body_size:
@@ -635,6 +662,29 @@ class ProtocolConnection(Generic[OwnerT]):
         state.received = 0
         state.body_size = 0
         return (channel, content)
+
+
+def _same(buf: bytes, pos: int, known: bytes) -> bool:
+    """``buf[pos : pos + len(known)] == known`` without the slice (which the caller has
+    checked is within ``buf``). Compiled, each of librt's reads is one load."""
+    n = len(known)
+    if n >= 8:
+        last = n - 8  # the last 8 octets are read whole, overlapping the ones before
+        i = 0
+        while i < last:
+            if read_i64_be(buf, pos + i) != read_i64_be(known, i):
+                return False
+            i += 8
+        return read_i64_be(buf, pos + last) == read_i64_be(known, last)
+    if n >= 4:  # the first 4 octets and the last 4, overlapping
+        if read_i32_be(buf, pos) != read_i32_be(known, 0):
+            return False
+        return read_i32_be(buf, pos + n - 4) == read_i32_be(known, n - 4)
+    if n >= 2:
+        if read_i16_be(buf, pos) != read_i16_be(known, 0):
+            return False
+        return read_i16_be(buf, pos + n - 2) == read_i16_be(known, n - 2)
+    return n == 0 or buf[pos] == known[0]
 
 
 def _check_no_publish(state: ChannelRecord[OwnerT] | None) -> None:

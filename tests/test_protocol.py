@@ -390,3 +390,53 @@ def test_is_persistent_reads_delivery_mode_from_the_raw_bytes(
 ) -> None:
     raw = ContentHeader(0, 0, props).marshal()[12:]  # after class id, weight and body size
     assert is_persistent(raw) is persistent
+
+
+def test_publishes_that_repeat_one_another_are_read_as_sent() -> None:
+    """The reader reuses the previous publish's method and the previous header's checked
+    properties when their octets repeat (compared in place): every message still carries
+    exactly what was sent, whatever length and position the difference has."""
+    conn = opened()
+    long = "abcdefghijklmnopq"  # 17 octets: read 8 at a time, the last 8 overlapping
+    keys = ["q", "abc", "abcdefg", "abcdefgh", long, long[:-1] + "r", "b" + long[1:]]
+    props = [
+        b"\x00\x00",
+        b"\x80\x00" + shortstr("text/plain"),
+        b"\x80\x00" + shortstr("text/plaim"),
+        b"\x80\x00" + shortstr("uext/plain"),
+        b"\x80\x00" + shortstr("t"),
+        b"\x80\x00" + shortstr("u"),
+        b"\x10\x00\x02",
+        b"\x10\x00\x01",
+    ]
+    sent = []
+    for key in keys:
+        for mandatory in (False, True):
+            for prop in props:
+                for _ in range(2):
+                    sent.append((key, mandatory, prop))
+    stream = b"".join(
+        frame(1, 1, publish_payload("ex", key, mandatory))
+        + frame(2, 1, header_payload(1, prop))
+        + frame(3, 1, b"x")
+        for key, mandatory, prop in sent
+    )
+    conn.receive_data(stream)
+    got = [content for _, content in events(conn)]  # type: ignore[misc]
+    assert [(c.method.routing_key, c.method.mandatory, c.properties) for c in got] == sent
+
+
+def test_malformed_properties_after_good_ones_of_their_length_are_refused() -> None:
+    """Properties the same length as the previous header's, and not the same octets, are
+    checked: a broken headers table is a SYNTAX_ERROR."""
+    good = b"\x20\x00\x00\x00\x00\x04\x01kt\x01"  # headers {"k": true}
+    bad = b"\x20\x00\x00\x00\x00\x04\x01kZ\x01"  # no such field type as Z
+    conn = opened()
+    message = frame(1, 1, publish_payload("", "q")) + frame(2, 1, header_payload(1, good))
+    conn.receive_data(message + frame(3, 1, b"x") + message + frame(3, 1, b"y"))
+    assert [c.properties for _, c in events(conn)] == [good, good]  # type: ignore[misc]
+    conn.receive_data(frame(1, 1, publish_payload("", "q")) + frame(2, 1, header_payload(1, bad)))
+    with pytest.raises(ConnectionError_) as info:
+        conn.next_event()
+    assert info.value.code == 502
+    assert info.value.text.startswith("SYNTAX_ERROR - content header properties")
