@@ -757,3 +757,31 @@ def test_headers_binding_with_invalid_x_match_refused(client: RawClient, name: s
         50,
         20,
     )
+
+
+def test_a_publish_repeated_after_its_exchange_went_or_came_back(
+    amqp_addr: tuple[str, int], janitor: Janitor, name: str
+) -> None:
+    """The same publish again and again on one channel (exchange, routing key and flags
+    unchanged) finds the exchange anew each time: once it is declared again, its new
+    bindings route; once it is gone, a 404 (RabbitMQ 4.3: rabbit_channel.erl,
+    handle_method/3 for basic.publish, looks the exchange up on every publish with
+    rabbit_exchange:lookup_or_die/1)."""
+    ex = janitor.exchange(name)
+    first, second = janitor.queue(f"{name}.1"), janitor.queue(f"{name}.2")
+    with RawClient.connect(amqp_addr) as c:
+        c.channel_open(2)
+        for q in (first, second):
+            c.declare_queue(2, q, durable=True)
+        c.declare_exchange(2, ex, "direct")
+        c.bind_queue(2, first, ex, "k")
+        c.publish(1, b"a", ex, "k")
+        c.publish(1, b"b", ex, "k")
+        c.delete_exchange(2, ex)
+        c.declare_exchange(2, ex, "direct")
+        c.bind_queue(2, second, ex, "k")
+        c.publish(1, b"c", ex, "k")
+        c.delete_exchange(2, ex)
+        c.publish(1, b"d", ex, "k")
+        assert c.expect_channel_close(1) == (404, not_found("exchange", ex), 60, 40)
+        assert c.drain(2, first) == [b"a", b"b"] and c.drain(2, second) == [b"c"]

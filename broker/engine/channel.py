@@ -42,6 +42,7 @@ from warren.protocol.methods import (
     AccessRequest,
     BasicAck,
     BasicNack,
+    BasicPublish,
     BasicReject,
     access_request_ok_frame,
     ack_frame,
@@ -90,6 +91,11 @@ class Channel(ChannelBase):
         self._allowed: set[tuple[str, str, str]] = set()  # permission checks that passed
         self.allowed_version = -1
         self.published_to: str | None = None  # the exchange of the last publish allowed
+        # the last publish routed, while the protocol hands the same (read-only) method
+        # again: the exchange it named and whether it was a direct reply-to
+        self.last_publish: BasicPublish | None = None
+        self.publish_exchange: Exchange | None = None
+        self.publish_reply = False
         # its topic permission, when the user has one (broker/engine/topic_permissions.py)
         self.topic_rule: TopicRule | None = None
         # direct reply-to: the no-ack consumer of the pseudo-queue amq.rabbitmq.reply-to

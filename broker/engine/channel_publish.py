@@ -67,14 +67,29 @@ def basic_publish(ch: Channel, content: Content) -> None:
     buckets[bucket] = buckets[bucket] + 1  # typed: ``+= 1`` on an item is a generic add, compiled
     stats.size_sum += size
     if (
-        method.exchange != ch.published_to
+    exchange = ch.publish_exchange
+        method is not ch.last_publish
         or ch.allowed_version != ch.conn.access_changes.n
-    ):  # fmt: skip
-        ch.allow("write", "exchange", method.exchange or "amq.default")
-        ch.published_to = method.exchange  # allow() brought allowed_version up to date
-        access = ch.conn.broker.access
-        ch.topic_rule = access.topic_rule(ch.conn.user, ch.vhost.name, method.exchange)
-    exchange = publish_target(ch.vhost, method.exchange)
+        or exchange is None
+        or exchange.deleted
+    ):
+        if (
+            method.exchange != ch.published_to
+            or ch.allowed_version != ch.conn.access_changes.n
+        ):  # fmt: skip
+            ch.allow("write", "exchange", method.exchange or "amq.default")
+            ch.published_to = method.exchange  # allow() brought allowed_version up to date
+            access = ch.conn.broker.access
+            ch.topic_rule = access.topic_rule(ch.conn.user, ch.vhost.name, method.exchange)
+        exchange = publish_target(ch.vhost, method.exchange)
+        # the next publish with this method (the protocol's, while the exchange, routing
+        # key and bits repeat) skips the look-ups while the exchange is not deleted and
+        # the permissions have not changed
+        ch.publish_exchange = exchange
+        ch.last_publish = method
+        ch.publish_reply = not method.exchange and method.routing_key.startswith(
+            reply_to.REPLY_TO_PREFIX
+        )
     props = content.properties
     flags = (props[0] << 8) | props[1]
     sender_keys = None
@@ -88,11 +103,13 @@ def basic_publish(ch: Channel, content: Content) -> None:
         ttl, props = _check_properties(ch, props)
     if (intercept := ch.conn.intercept) is not None:
         props = intercept(props)  # rabbit_msg_interceptor:intercept_incoming/2
-    ex_rk = method.ex_rk or None  # the short strings as received: never encoded again
+    # the short strings as received: never encoded again (compiled, the length of bytes
+    # is read in place; their truth is a generic call)
+    ex_rk = method.ex_rk if len(method.ex_rk) else None
     msg = Message(method.exchange, method.routing_key, props, content.body, ex_rk)
     if sender_keys is not None:
         msg.sender_keys = sender_keys
-    if not method.exchange and method.routing_key.startswith(reply_to.REPLY_TO_PREFIX):
+    if ch.publish_reply:  # to the default exchange, a routing key amq.rabbitmq.reply-to.*
         exchange.published += 1
         reply_to.publish(ch, exchange, msg)
         return

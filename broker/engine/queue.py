@@ -232,7 +232,13 @@ class Queue(QueueBase):
                 else:
                     store.pager.page_later(msg)
         if not packed:
-            (self.tail or self.ready).append(msg)
+            tail = self.tail
+            if len(tail):
+                tail.append(msg)
+            elif self.max_priority:
+                self.ready.append(msg)
+            else:  # a deque: its append held as a constant is a direct call compiled
+                _append(self.ready, msg)
         self.ready_count += 1
         self.ready_bytes += len(msg.body)
         if self.consumers:
@@ -568,6 +574,7 @@ class Queue(QueueBase):
 
 
 _popleft: Final = deque.popleft
+_append: Final = deque.append
 
 
 def fan_out(

@@ -61,6 +61,10 @@ def _no_headers() -> dict[str, Any]:
     return {}  # what an exchange that ignores headers is given (VirtualHost.route)
 
 
+# compiled, a constant: the function's name is looked up in the module's dict otherwise
+_NO_HEADERS: Final = _no_headers
+
+
 class DefaultExchange(DirectExchange):
     """The nameless exchange: routes to the queue named by the routing key."""
 
@@ -463,7 +467,7 @@ class VirtualHost:
         """The queues a message published to ``exchange`` reaches."""
         if msg.sender_keys is None:
             # a bound method costs an allocation: only for an exchange that reads headers
-            headers = msg.get_headers if exchange.reads_headers else _no_headers
+            headers = msg.get_headers if exchange.reads_headers else _NO_HEADERS
             dests = exchange.route(msg.routing_key, headers)
             if not exchange.has_exchange_destinations and (
                 dests or not exchange.alternate_exchange
