@@ -63,11 +63,12 @@ def basic_publish(ch: Channel, content: Content) -> None:
     bucket = SIZE_BUCKET_BY_BITS[size.bit_length()]
     if bucket and size <= SIZE_BOUNDS[bucket - 1]:
         bucket -= 1
-    buckets = stats.size_buckets
-    buckets[bucket] = buckets[bucket] + 1  # typed: ``+= 1`` on an item is a generic add, compiled
+    if bucket != stats.run_bucket:
+        stats.switch_bucket(bucket)
+    stats.run += 1
     stats.size_sum += size
-    if (
     exchange = ch.publish_exchange
+    if (
         method is not ch.last_publish
         or ch.allowed_version != ch.conn.access_changes.n
         or exchange is None

@@ -52,7 +52,7 @@ class ChannelStats:
     per message, and per-channel samples for free. A closing channel adds its counts to
     the broker's BrokerStats, so the node's totals never go down."""
 
-    __slots__ = (*CHANNEL_COUNTERS, "size_buckets", "size_sum")
+    __slots__ = (*CHANNEL_COUNTERS, "_buckets", "run", "run_bucket", "size_sum")
 
     acked: int
     confirmed: int
@@ -72,9 +72,28 @@ class ChannelStats:
     def __init__(self) -> None:
         for name in CHANNEL_COUNTERS:
             setattr(self, name, 0)
-        # rabbitmq_message_size_bytes: published messages by body size, and the sizes' sum
-        self.size_buckets = [0] * (len(SIZE_BOUNDS) + 1)
+        # rabbitmq_message_size_bytes: published messages by body size, and the sizes' sum.
+        # The publishes in a row of one bucket are counted in ``run`` (a native int
+        # compiled; an item of the list is an object, a new one at each increment), and
+        # added to the list when another bucket comes.
+        self._buckets = [0] * (len(SIZE_BOUNDS) + 1)
+        self.run_bucket = 0
+        self.run = 0
         self.size_sum = 0
+
+    def switch_bucket(self, bucket: int) -> None:
+        """The next publishes are of ``bucket``: the run so far goes into the list."""
+        buckets = self._buckets
+        buckets[self.run_bucket] = buckets[self.run_bucket] + self.run
+        self.run_bucket = bucket
+        self.run = 0
+
+    @property
+    def size_buckets(self) -> list[int]:
+        """Published messages by body size, one count per SIZE_BOUNDS bucket and +Inf."""
+        buckets = list(self._buckets)
+        buckets[self.run_bucket] = buckets[self.run_bucket] + self.run
+        return buckets
 
     @property
     def delivered(self) -> int:
@@ -90,7 +109,8 @@ class ChannelStats:
         for name in CHANNEL_COUNTERS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         mine, theirs = self.size_buckets, other.size_buckets
-        self.size_buckets = [a + b for a, b in zip(mine, theirs, strict=True)]
+        self._buckets = [a + b for a, b in zip(mine, theirs, strict=True)]
+        self.run = 0
         self.size_sum += other.size_sum
 
 
