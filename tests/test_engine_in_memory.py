@@ -196,6 +196,49 @@ def test_a_publisher_gets_its_share_of_a_turn_then_waits_for_the_next(
     assert client.transport.reading
 
 
+def test_a_stream_of_deliveries_is_written_once_for_the_publishers_turns(
+    engine: MemoryBroker,
+) -> None:
+    publisher, consumer = engine.connect(), engine.connect()
+    publisher.channel_open(1)
+    declare(publisher, "q")
+    consumer.channel_open(1)
+    method = make(commands.Basic.Consume, queue="q", consumer_tag="c", no_ack=True)
+    assert isinstance(consumer.call(1, method), commands.Basic.ConsumeOk)
+    publisher.publish(1, "", "q", b"first")
+    assert bodies(consumer.received()) == [b"first"]
+    writes = consumer.transport.writes
+    # ten turns of publishes in one read: their deliveries wait while the publisher has
+    # events left for the next turn, then go out together, in order
+    batch = b"".join(publish_bytes(1, "", "q", b"%d" % n) for n in range(10 * 64))
+    publisher.connection.data_received(batch)
+    engine.run()
+    assert consumer.transport.writes == writes + 1
+    assert bodies(consumer.received()) == [b"%d" % n for n in range(10 * 64)]
+
+
+def test_a_consumer_with_a_full_prefetch_window_is_written_at_once_during_a_backlog(
+    engine: MemoryBroker,
+) -> None:
+    publisher, consumer = engine.connect(), engine.connect()
+    publisher.channel_open(1)
+    declare(publisher, "q")
+    consumer.channel_open(1)
+    assert isinstance(
+        consumer.call(1, make(commands.Basic.Qos, prefetch_count=10)), commands.Basic.QosOk
+    )
+    consume(consumer, 1, "q", "c")
+    publisher.publish(1, "", "q", b"first")  # a publisher from now on: the smaller share
+    assert len(bodies(consumer.received())) == 1
+    writes = consumer.transport.writes
+    batch = b"".join(publish_bytes(1, "", "q", b"m") for _ in range(10 * 64))
+    publisher.connection.data_received(batch)
+    engine.clock.turn()  # the next turn: the window's 9 other deliveries go out in it
+    assert flow(publisher).describe() == ["turn"]  # while the publisher has more to do
+    assert consumer.transport.writes == writes + 1
+    assert len(bodies(consumer.received())) == 9
+
+
 def test_reading_resumes_only_when_the_alarm_and_the_writer_are_both_gone(
     engine: MemoryBroker,
 ) -> None:

@@ -61,6 +61,9 @@ class Broker:
         # seconds a publishing connection's reads wait to take several segments at once
         # (server/amqp_connection.py); the test kit's recording turns it off
         self.read_coalescing = self.settings.read_coalescing_interval / 1000
+        # connections with events left for the next loop turn (server/amqp_connection.py):
+        # while there are any, a stream of deliveries is written once for several turns
+        self.backlog = 0
         self.log: Any = structlog.get_logger("warren")
         self.deprecated = DeprecatedFeatures(self.settings.deprecated_features_permit, self.log)
         self.vhosts: dict[str, VirtualHost] = {}

@@ -4,7 +4,8 @@ The server feeds it bytes (``data_received``) and gives it a transport to
 write to. The handshake (start, start-ok, tune, open) and the heartbeats are
 broker/server/handshake.py's; channel methods go to the handlers channel.py's
 HANDLERS names. Output is collected and written once per event-loop turn, so a
-burst of deliveries costs one transport write.
+burst of deliveries costs one transport write; a stream of them, while a publisher
+has events left for the next turn, one write for several turns (``_flush_later``).
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ PUBLISH_EVENTS_PER_TURN: Final = 64
 # large already carries hundreds of messages, and reading it sooner keeps TCP's window open.
 QUICK_READ: Final = 0.0001
 SMALL_READ: Final = 65536
+# Output held over turns (``_flush_later``): a connection given at least STREAM_PARTS pieces
+# of output since its last look is fed a stream, and while another connection has events
+# left for the next turn its output waits for that turn too, at most HOLD_TURNS turns and
+# HOLD_PARTS pieces.
+STREAM_PARTS: Final = 32
+HOLD_PARTS: Final = 2048
+HOLD_TURNS: Final = 16
 # after close-ok the client closes the socket, within the heartbeat interval or this many
 # seconds, whichever is shorter (rabbit_reader:close_connection's ?CLOSING_TIMEOUT)
 CLOSING_TIMEOUT: Final = 30.0
@@ -104,6 +112,9 @@ class Connection:
         # increment per read or per flush, not per message
         self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
         self._flush_scheduled = False
+        # pieces of _out at the previous _flush_later that held it, and how many turns it has
+        self._held_parts = 0
+        self._held_turns = 0
         self.flow = FlowControl(transport)  # why the socket is not read (broker/server/flow.py)
         self._coalescing = broker.read_coalescing  # seconds, 0 = off
         self._last_read = -1.0  # broker.timers.instant() of the previous read
@@ -166,13 +177,13 @@ class Connection:
         self._out.append(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self.broker.timers.call_soon(self.flush)
+            self.broker.timers.call_soon(self._flush_later)
 
     def write_many(self, parts: list[bytes]) -> None:
         self._out.extend(parts)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self.broker.timers.call_soon(self.flush)
+            self.broker.timers.call_soon(self._flush_later)
 
     def write_content(self, head: bytes, body: bytes) -> None:
         """A message whose body fits in one frame: ``head`` ends with the body frame's head."""
@@ -182,19 +193,47 @@ class Connection:
         out.append(b"\xce")
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self.broker.timers.call_soon(self.flush)
+            self.broker.timers.call_soon(self._flush_later)
 
     def schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self.broker.timers.call_soon(self.flush)
+            self.broker.timers.call_soon(self._flush_later)
 
     def send_method(self, channel: int, method: Any) -> None:
         """A method off the message path: the protocol encodes it and applies its state change."""
         self.write(self.protocol.send(channel, method))
 
+    def _flush_later(self) -> None:
+        """The scheduled write of what this connection was given during a turn (deliveries).
+
+        Under a publisher past its share of a turn, written at every turn, its consumer's
+        deliveries cost a socket write for each 64 messages: on loopback, one of the
+        largest costs of a message in the broker's CPU. So while that stream goes on (at
+        least STREAM_PARTS new pieces since the previous turn) and some connection has
+        events left for the next turn, the output waits for that turn, up to HOLD_TURNS
+        turns and HOLD_PARTS pieces; then one write carries it all. A consumer that gets
+        little (a prefetch window filled, a reply) is written at once, as are confirms.
+        """
+        if not self._flush_scheduled:  # written since (a direct flush)
+            return
+        parts = len(self._out)
+        if (
+            self.broker.backlog
+            and parts - self._held_parts >= STREAM_PARTS
+            and parts < HOLD_PARTS
+            and self._held_turns < HOLD_TURNS
+            and not self.pending_confirms
+        ):
+            self._held_parts = parts
+            self._held_turns += 1
+            self.broker.timers.call_soon(self._flush_later)  # _flush_scheduled stays True
+            return
+        self.flush()
+
     def flush(self) -> None:
         self._flush_scheduled = False
+        self._held_parts = self._held_turns = 0
         self.out_bytes = 0
         if self.pending_confirms:
             pending = self.pending_confirms
@@ -257,7 +296,9 @@ class Connection:
         budget the socket is paused and the rest waits for the next turn, which also
         pushes back on the publisher through TCP.
         """
-        self._continue_scheduled = False
+        if self._continue_scheduled:
+            self._continue_scheduled = False
+            self.broker.backlog -= 1
         proto = self.protocol
         budget = PUBLISH_EVENTS_PER_TURN if self.publisher else EVENTS_PER_TURN
         flow = self.flow
@@ -305,6 +346,7 @@ class Connection:
             if not budget:
                 flow.pause(TURN)
                 self._continue_scheduled = True
+                self.broker.backlog += 1
                 self.broker.timers.call_soon(self._process)
                 break
         self.flush()
@@ -313,6 +355,7 @@ class Connection:
         """Handle, next turn, what was read while handling was stopped."""
         if not self._continue_scheduled and self.protocol.state is not CLOSED:
             self._continue_scheduled = True
+            self.broker.backlog += 1
             self.broker.timers.call_soon(self._process)
 
     # ---- resource alarms (connection.blocked) ----

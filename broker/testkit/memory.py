@@ -134,6 +134,22 @@ class ManualLoop(ManualTimers):
         self.raise_errors()
         return ran
 
+    def turn(self) -> int:
+        """One loop turn: the callbacks ready now, not those they schedule."""
+        ran = 0
+        ready = self._ready
+        for _ in range(len(ready)):
+            handle = ready.popleft()
+            if handle.cancelled:
+                continue
+            ran += 1
+            try:
+                handle.callback(*handle.args)
+            except Exception as exc:
+                self.errors.append(exc)
+        self.raise_errors()
+        return ran
+
     def raise_errors(self) -> None:
         """An exception in a callback is a test failure, not something to log and forget."""
         if self.errors:
@@ -170,17 +186,20 @@ class ManualLoop(ManualTimers):
 class MemoryTransport:
     """What the broker writes to, and what it pauses (uvicorn's MockTransport).
 
-    ``written`` gathers the bytes not yet read by the client; ``reading`` is False
-    while the broker paused reading, and ``pauses`` counts how often it did.
+    ``written`` gathers the bytes not yet read by the client, ``writes`` counts the
+    broker's writes; ``reading`` is False while the broker paused reading, and
+    ``pauses`` counts how often it did.
     """
 
     def __init__(self) -> None:
         self.written = bytearray()
+        self.writes = 0
         self.reading = True
         self.pauses = 0
         self.closed = False
 
     def write(self, data: bytes) -> None:
+        self.writes += 1
         self.written += data  # after close() too: asyncio still sends what was written before
 
     def close(self) -> None:
