@@ -112,6 +112,7 @@ class Connection:
         # increment per read or per flush, not per message
         self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
         self._flush_scheduled = False
+        self._soon = broker.timers.soon()  # the loop's call_soon: a turn's writes and events
         # pieces of _out at the previous _flush_later that held it, and how many turns it has
         self._held_parts = 0
         self._held_turns = 0
@@ -177,13 +178,13 @@ class Connection:
         self._out.append(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self.broker.timers.call_soon(self._flush_later)
+            self._soon(self._flush_later)
 
     def write_many(self, parts: list[bytes]) -> None:
         self._out.extend(parts)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self.broker.timers.call_soon(self._flush_later)
+            self._soon(self._flush_later)
 
     def write_content(self, head: bytes, body: bytes) -> None:
         """A message whose body fits in one frame: ``head`` ends with the body frame's head."""
@@ -193,12 +194,12 @@ class Connection:
         out.append(b"\xce")
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self.broker.timers.call_soon(self._flush_later)
+            self._soon(self._flush_later)
 
     def schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self.broker.timers.call_soon(self._flush_later)
+            self._soon(self._flush_later)
 
     def send_method(self, channel: int, method: Any) -> None:
         """A method off the message path: the protocol encodes it and applies its state change."""
@@ -227,7 +228,7 @@ class Connection:
         ):
             self._held_parts = parts
             self._held_turns += 1
-            self.broker.timers.call_soon(self._flush_later)  # _flush_scheduled stays True
+            self._soon(self._flush_later)  # _flush_scheduled stays True
             return
         self.flush()
 
@@ -347,7 +348,7 @@ class Connection:
                 flow.pause(TURN)
                 self._continue_scheduled = True
                 self.broker.backlog += 1
-                self.broker.timers.call_soon(self._process)
+                self._soon(self._process)
                 break
         self.flush()
 
@@ -356,7 +357,7 @@ class Connection:
         if not self._continue_scheduled and self.protocol.state is not CLOSED:
             self._continue_scheduled = True
             self.broker.backlog += 1
-            self.broker.timers.call_soon(self._process)
+            self._soon(self._process)
 
     # ---- resource alarms (connection.blocked) ----
 
