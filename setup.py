@@ -45,6 +45,7 @@ COMPILED = [
     "warren/broker/engine/channel_publish.py",
     "warren/broker/engine/channel_topology.py",
     "warren/broker/engine/channel_tx.py",
+    "warren/broker/engine/unacked.py",
     "warren/broker/engine/reply_to.py",
     "warren/broker/engine/consumer.py",
     "warren/broker/server/amqp_connection.py",

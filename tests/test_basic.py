@@ -519,6 +519,47 @@ def test_ack_on_another_channel_is_unknown(client: RawClient, queue: str) -> Non
     assert client.expect_channel_close(2) == (406, unknown_tag(1), 60, 80)
 
 
+PASSING = 3000  # deliveries: more than the channel keeps slots for (broker/engine/unacked.py)
+
+
+def hold_while_others_pass(c: RawClient, queue: str, held: set[int]) -> None:
+    """Consume PASSING messages (bodies "0".."2999", tag = body + 1) with prefetch 20,
+    acking each at once except those with a tag in ``held``."""
+    fill(c, queue, PASSING)
+    c.qos(1, 20)
+    c.consume(1, queue, "c")
+    for _ in range(PASSING):
+        tag = c.read_delivery(1).method.delivery_tag
+        if tag not in held:
+            c.ack(1, tag)
+
+
+def test_deliveries_held_while_thousands_pass_are_still_settled_by_tag(
+    client: RawClient, queue: str
+) -> None:
+    """The oldest deliveries outlive thousands acked after them: a multiple ack still
+    settles them, and then their tags are unknown (RabbitMQ 4.3, rabbit_channel.erl
+    collect_acks/5: the unacked queue, oldest first, up to the tag; else
+    precondition_failed "unknown delivery tag ~w")."""
+    hold_while_others_pass(client, queue, {1, 2, 1500})
+    client.send_method(1, commands.Basic.Nack(delivery_tag=2, requeue=False))
+    client.ack(1, 1500, multiple=True)  # 1 and 1500
+    client.ack(1, 1)
+    assert client.expect_channel_close(1) == (406, unknown_tag(1), 60, 80)
+    client.channel_open(1)
+    assert client.get(1, queue) is None  # nothing left to requeue
+
+
+def test_deliveries_held_while_thousands_pass_go_back_in_order_on_close(
+    client: RawClient, queue: str
+) -> None:
+    hold_while_others_pass(client, queue, {1, 1500, PASSING})
+    client.channel_close(1)
+    client.channel_open(1)
+    bodies = [(d.body, d.method.redelivered) for d in iter_get(client, queue)]
+    assert bodies == [(b"0", True), (b"1499", True), (f"{PASSING - 1}".encode(), True)]
+
+
 def test_reject_and_nack_without_requeue_discard(client: RawClient, queue: str) -> None:
     fill(client, queue, 4)
     got = [client.get(1, queue) for _ in range(4)]

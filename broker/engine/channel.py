@@ -29,6 +29,7 @@ from warren.broker.engine.stats import (
     ChannelStats,
     ConfirmedByExchange,
 )
+from warren.broker.engine.unacked import Unacked
 from warren.broker.tracing import firehose
 from warren.protocol.connection import Content
 from warren.protocol.constants import (
@@ -75,8 +76,7 @@ class Channel(ChannelBase):
         self.stats = ChannelStats()  # added to the broker's when the channel closes
         connection.broker.stats.channels_opened += 1
         self.consumers: dict[str, Consumer] = {}
-        self.unacked: dict[int, Message] = {}
-        self.low_tag = 1  # every tag below is settled: where a multiple ack starts looking
+        self.unacked = Unacked()  # delivery tag -> message, for deliveries not yet settled
         # tags of deliveries returned on a consumer timeout: settling them is a no-op
         self.timed_out: dict[int, Consumer] = {}
         self.next_tag = 0
@@ -180,7 +180,7 @@ class Channel(ChannelBase):
             msg.tag = tag
             msg.channel = self
             msg.consumer = consumer
-            self.unacked[tag] = msg
+            self.unacked.put(tag, msg)
             consumer.unacked += 1
             if consumer.timeout is not None:
                 consumer.queue.lock(msg, self, tag, consumer.timeout)
@@ -232,7 +232,7 @@ class Channel(ChannelBase):
             return
         tags = [msg.tag for msg in msgs]
         for tag in tags:
-            del self.unacked[tag]
+            self.unacked.pop(tag)
         registered = consumer is not None and self.consumers.get(consumer.tag) is consumer
         if consumer is not None:
             consumer.unacked -= len(msgs)
@@ -335,8 +335,7 @@ class Channel(ChannelBase):
         self.consumers.clear()
         for consumer in consumers:
             consumer.queue.remove_consumer(consumer)
-        msgs = list(self.unacked.values())
-        self.unacked.clear()
+        msgs = self.unacked.pop_all()
         for _, settled, _ in self.tx_settles:  # never committed: still unacked
             msgs.extend(settled)
         self.tx_publishes = []

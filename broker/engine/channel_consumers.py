@@ -144,7 +144,7 @@ def basic_get(ch: Channel, method: commands.Basic.Get) -> None:
         msg.tag = tag
         msg.channel = ch
         msg.consumer = None
-        ch.unacked[tag] = msg
+        ch.unacked.put(tag, msg)
         timeout = queue.consumer_timeout_for({})
         if timeout is not None:
             queue.lock(msg, ch, tag, timeout)
@@ -195,9 +195,7 @@ def basic_recover_async(ch: Channel, method: commands.Basic.RecoverAsync) -> Non
 def _recover(ch: Channel, requeue: bool) -> None:
     if not requeue:
         raise ConnectionError_(NOT_IMPLEMENTED, "requeue=false", 60, 110)
-    msgs = list(ch.unacked.values())
-    ch.unacked.clear()
-    reject(ch, msgs, True)
+    reject(ch, ch.unacked.pop_all(), True)
 
 
 def _take(ch: Channel, tag: int, multiple: bool) -> list[Message]:
@@ -207,44 +205,31 @@ def _take(ch: Channel, tag: int, multiple: bool) -> list[Message]:
         return _take_with_timed_out(ch, tag, multiple)
     if multiple:
         if tag == 0:
-            taken = list(unacked.values())
-            unacked.clear()
-            return taken
+            return unacked.pop_all()
         if tag not in unacked:
             raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-        # tags from the lowest that may be unacked up: iterating the dict instead would
-        # step over every entry popped from its front since it was last rebuilt
-        taken = []
-        for t in range(ch.low_tag, tag + 1):
-            msg = _pop(unacked, t, None)
-            if msg is not None:
-                taken.append(msg)
-        ch.low_tag = tag + 1
-        return taken
-    msg = _pop(unacked, tag, None)
+        return unacked.pop_upto(tag)
+    msg = unacked.pop(tag)
     if msg is None:
         raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
     return [msg]
 
 
-# Compiled, ``unacked.pop(t, None)`` is a method call looked up by name for each tag (mypyc
-# has no native dict.pop); the method itself, held here, is called directly.
-_pop: Final = dict.pop
-
-
 def _take_with_timed_out(ch: Channel, tag: int, multiple: bool) -> list[Message]:
     """As ``_take``, where some tags belong to deliveries returned on a timeout."""
-    known = tag in ch.unacked or tag in ch.timed_out or (multiple and tag == 0)
+    unacked = ch.unacked
+    known = tag in unacked or tag in ch.timed_out or (multiple and tag == 0)
     if not known:
         raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
     if multiple:
         stale = [t for t in ch.timed_out if tag == 0 or t <= tag]
-        live = [t for t in ch.unacked if tag == 0 or t <= tag]
     else:
         stale = [tag] if tag in ch.timed_out else []
-        live = [tag] if tag in ch.unacked else []
     _settle_timed_out(ch, stale)
-    return [ch.unacked.pop(t) for t in live]
+    if multiple:
+        return unacked.pop_all() if tag == 0 else unacked.pop_upto(tag)
+    msg = unacked.pop(tag)
+    return [] if msg is None else [msg]
 
 
 def _settle_timed_out(ch: Channel, tags: list[int]) -> None:

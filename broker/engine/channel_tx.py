@@ -72,7 +72,5 @@ def tx_rollback(ch: Channel, method: commands.Tx.Rollback) -> None:
     if settles:
         for _, msgs, _ in settles:
             for msg in msgs:
-                ch.unacked[msg.tag] = msg
-        ch.unacked = dict(sorted(ch.unacked.items()))
-        ch.low_tag = min(ch.unacked)
+                ch.unacked.put(msg.tag, msg)
     ch.reply(commands.Tx.RollbackOk())

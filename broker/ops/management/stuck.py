@@ -38,18 +38,18 @@ class UnackedAges:
                 seen = self._marks.get(channel) or deque()
                 if not seen or seen[-1][0] != channel.next_tag:
                     seen.append((channel.next_tag, now))
-                oldest = next(iter(unacked))
+                oldest = next(iter(unacked)).tag
                 while seen[0][0] < oldest:  # marks before the oldest delivery: not needed
                     seen.popleft()
                 marks[channel] = seen
                 waiting = {c for c in channel.consumers.values() if c.unacked}
-                for tag, msg in unacked.items():  # oldest first
+                for msg in unacked:  # oldest first
                     if not waiting:
                         break
                     consumer = msg.consumer
                     if consumer in waiting:
                         waiting.discard(consumer)
-                        since[consumer] = next(t for mark, t in seen if mark >= tag)
+                        since[consumer] = next(t for mark, t in seen if mark >= msg.tag)
         self._marks = marks
         self._since = since
 
