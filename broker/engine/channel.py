@@ -29,7 +29,7 @@ from warren.broker.engine.stats import (
     ChannelStats,
     ConfirmedByExchange,
 )
-from warren.broker.engine.unacked import Unacked
+from warren.broker.engine.unacked import new_unacked
 from warren.broker.tracing import firehose
 from warren.protocol.connection import Content
 from warren.protocol.constants import (
@@ -76,7 +76,7 @@ class Channel(ChannelBase):
         self.stats = ChannelStats()  # added to the broker's when the channel closes
         connection.broker.stats.channels_opened += 1
         self.consumers: dict[str, Consumer] = {}
-        self.unacked = Unacked()  # delivery tag -> message, for deliveries not yet settled
+        self.unacked = new_unacked()  # delivery tag -> message, for deliveries not yet settled
         # tags of deliveries returned on a consumer timeout: settling them is a no-op
         self.timed_out: dict[int, Consumer] = {}
         self.next_tag = 0
@@ -156,7 +156,7 @@ class Channel(ChannelBase):
         return (
             self.conn.writable
             and not consumer.timed_out
-            and self.limiter.may_take(consumer, len(self.unacked))
+            and self.limiter.may_take(consumer, self.unacked)
         )
 
     def deliver(self, consumer: Consumer, msg: Message, content: bytes | None = None) -> None:
@@ -180,7 +180,7 @@ class Channel(ChannelBase):
             msg.tag = tag
             msg.channel = self
             msg.consumer = consumer
-            self.unacked.put(tag, msg)
+            self.unacked[tag] = msg
             consumer.unacked += 1
             if consumer.timeout is not None:
                 consumer.queue.lock(msg, self, tag, consumer.timeout)
@@ -232,7 +232,7 @@ class Channel(ChannelBase):
             return
         tags = [msg.tag for msg in msgs]
         for tag in tags:
-            self.unacked.pop(tag)
+            self.unacked.pop(tag, None)
         registered = consumer is not None and self.consumers.get(consumer.tag) is consumer
         if consumer is not None:
             consumer.unacked -= len(msgs)

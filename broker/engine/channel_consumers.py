@@ -144,7 +144,7 @@ def basic_get(ch: Channel, method: commands.Basic.Get) -> None:
         msg.tag = tag
         msg.channel = ch
         msg.consumer = None
-        ch.unacked.put(tag, msg)
+        ch.unacked[tag] = msg
         timeout = queue.consumer_timeout_for({})
         if timeout is not None:
             queue.lock(msg, ch, tag, timeout)
@@ -209,7 +209,7 @@ def _take(ch: Channel, tag: int, multiple: bool) -> list[Message]:
         if tag not in unacked:
             raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
         return unacked.pop_upto(tag)
-    msg = unacked.pop(tag)
+    msg = unacked.pop(tag, None)
     if msg is None:
         raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
     return [msg]
@@ -223,12 +223,14 @@ def _take_with_timed_out(ch: Channel, tag: int, multiple: bool) -> list[Message]
         raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
     if multiple:
         stale = [t for t in ch.timed_out if tag == 0 or t <= tag]
+        # 0: every delivery so far, not those the settle below may dispatch
+        upto = ch.next_tag if tag == 0 else tag
     else:
         stale = [tag] if tag in ch.timed_out else []
     _settle_timed_out(ch, stale)
     if multiple:
-        return unacked.pop_all() if tag == 0 else unacked.pop_upto(tag)
-    msg = unacked.pop(tag)
+        return unacked.pop_upto(upto)
+    msg = unacked.pop(tag, None)
     return [] if msg is None else [msg]
 
 

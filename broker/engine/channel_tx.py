@@ -70,7 +70,5 @@ def tx_rollback(ch: Channel, method: commands.Tx.Rollback) -> None:
     ch.tx_publishes = []
     settles, ch.tx_settles = ch.tx_settles, []
     if settles:
-        for _, msgs, _ in settles:
-            for msg in msgs:
-                ch.unacked.put(msg.tag, msg)
+        ch.unacked.restore([msg for _, msgs, _ in settles for msg in msgs])
     ch.reply(commands.Tx.RollbackOk())

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from warren.broker.engine.consumer import Consumer
+    from warren.broker.engine.unacked import Unacked
 
 
 class Limiter:
@@ -35,11 +36,11 @@ class Limiter:
         """The limit of a consumer created now: none without acks."""
         return 0 if no_ack else self.prefetch_count
 
-    def may_take(self, consumer: Consumer, channel_unacked: int) -> bool:
-        """``consumer`` may take one more delivery, with ``channel_unacked`` deliveries
-        unacked on its channel."""
+    def may_take(self, consumer: Consumer, channel_unacked: Unacked) -> bool:
+        """``consumer`` may take one more delivery, with ``channel_unacked`` the deliveries
+        unacked on its channel (counted only under a channel-wide limit)."""
         prefetch = consumer.prefetch
         if prefetch and consumer.unacked >= prefetch:
             return False
         limit = self.prefetch_global
-        return not limit or consumer.no_ack or channel_unacked < limit
+        return not limit or consumer.no_ack or len(channel_unacked) < limit

@@ -1,24 +1,32 @@
-"""A channel's unsettled deliveries by delivery tag (``Unacked``), oldest first.
+"""A channel's unsettled deliveries by delivery tag, oldest first (``Unacked``).
 
 A channel gives out delivery tags 1, 2, 3... (no-ack deliveries and basic.get use tags
-too), so the deliveries waiting for a settle sit in a list indexed by ``tag - base``:
-a delivery appends, an ack is an index and a store of None. A dict keyed by tag cost
-more (the tag a client sends is a new int, so the lookup compares by value, then hashes
-it again to pop).
+too), so the compiled build keeps the deliveries waiting for a settle in a list indexed
+by ``tag - base``: a delivery appends, an ack is an index and a store of None. A dict
+keyed by tag cost more there (the tag a client sends is a new int, so the lookup
+compares by value, then hashes it again to pop).
 
 Settled slots stay as None holes. Those before the oldest live one are dropped from the
 front, once the list has doubled since it was last trimmed (one slice, amortised over
-that many deliveries). One delivery left unsettled while millions pass would pin
-every hole after it, so when live deliveries are under a quarter of the list, they move
-to a side dict (``_old``, tags below ``base``) and the list starts again empty: the list
-is never more than eight slots for each live delivery (or ``MIN_LIMIT``), and the
+that many deliveries). One delivery left unsettled while millions pass would pin every
+hole after it, so when live deliveries are under a quarter of the list, they move to a
+side dict (``_old``, tags below ``base``) and the list starts again empty: the list is
+never more than eight slots for each live delivery (or ``MIN_LIMIT``), and the
 stragglers cost a dict look-up each when they are settled.
+
+Interpreted, every call of a Python method costs a frame, and a dict's own operations
+are C: the pure build keeps the dict (``DictUnacked``, what the channel held before),
+behind the same interface. ``new_unacked`` picks; tests/test_unacked.py holds both to
+the same model.
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Iterator
-from typing import Final
+from typing import Final, cast
+
+from mypy_extensions import mypyc_attr
 
 from warren.broker.engine.message import Message
 
@@ -26,7 +34,9 @@ MIN_LIMIT: Final = 1024  # the list's length that makes a delivery trim it
 
 
 class Unacked:
-    """Delivery tag -> the message delivered with it, for a channel's unsettled deliveries."""
+    """Delivery tag -> the message delivered with it, for a channel's unsettled deliveries:
+    ``unacked[tag] = msg``, ``pop(tag, None)``, ``pop_upto``, ``pop_all``, ``restore``,
+    ``values()`` in tag order, ``tag in``, ``len``."""
 
     __slots__ = ("_base", "_count", "_head", "_limit", "_old", "_slots")
 
@@ -51,7 +61,7 @@ class Unacked:
             return i < len(self._slots) and self._slots[i] is not None
         return tag in self._old
 
-    def __iter__(self) -> Iterator[Message]:
+    def values(self) -> Iterator[Message]:
         """The messages in tag order (the caller must not change the map meanwhile)."""
         yield from self._old.values()
         slots = self._slots
@@ -60,9 +70,8 @@ class Unacked:
             if msg is not None:
                 yield msg
 
-    def put(self, tag: int, msg: Message) -> None:
-        """``msg`` was delivered with ``tag``: a tag above every other, except for a tx
-        rollback, which puts settled deliveries back under their tags."""
+    def __setitem__(self, tag: int, msg: Message) -> None:
+        """``msg`` was delivered with ``tag``, above every tag before it."""
         slots = self._slots
         n = len(slots)
         if tag - self._base == n and n < self._limit:
@@ -78,7 +87,7 @@ class Unacked:
         if i >= n:
             if i > n:  # tags given to no-ack deliveries between: holes
                 if self._count == len(self._old):  # nothing live on the list: start it here
-                    self._base += n + (i - n)
+                    self._base = tag
                     slots.clear()
                     self._head = 0
                     i = n = 0
@@ -126,7 +135,12 @@ class Unacked:
             n = 0
         self._limit = max(MIN_LIMIT, 2 * n)
 
-    def pop(self, tag: int) -> Message | None:
+    def restore(self, msgs: list[Message]) -> None:
+        """Settled deliveries come back under their own tags (tx.rollback)."""
+        for msg in msgs:
+            self[msg.tag] = msg
+
+    def pop(self, tag: int, default: None) -> Message | None:
         """The message delivered with ``tag``, no longer unsettled; None if it is not."""
         i = tag - self._base
         slots = self._slots
@@ -194,3 +208,49 @@ class Unacked:
         self._count = 0
         self._limit = MIN_LIMIT
         return taken
+
+
+@mypyc_attr(native_class=False)  # the pure build's only: a plain class in the compiled one
+class DictUnacked(dict[int, Message]):
+    """``Unacked``'s interface on a dict, whose insertion order is tag order: the pure
+    build's (its settling, lookups and inserts are C calls there)."""
+
+    __slots__ = ("low_tag",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.low_tag = 1  # every tag below is settled: where pop_upto starts looking
+
+    def restore(self, msgs: list[Message]) -> None:
+        for msg in msgs:
+            self[msg.tag] = msg
+        entries = sorted(self.items())
+        self.clear()
+        self.update(entries)
+        self.low_tag = entries[0][0] if entries else self.low_tag
+
+    def pop_upto(self, tag: int) -> list[Message]:
+        # tags from the lowest that may be unsettled up: iterating the dict instead would
+        # step over every entry popped from its front since it was last rebuilt
+        taken = []
+        for t in range(self.low_tag, tag + 1):
+            msg = self.pop(t, None)
+            if msg is not None:
+                taken.append(msg)
+        self.low_tag = max(self.low_tag, tag + 1)
+        return taken
+
+    def pop_all(self) -> list[Message]:
+        taken = list(self.values())
+        self.clear()
+        return taken
+
+
+def new_unacked() -> Unacked:
+    """A channel's map: ``Unacked`` compiled, ``DictUnacked`` interpreted."""
+    if INTERPRETED:
+        return cast(Unacked, DictUnacked())
+    return Unacked()
+
+
+INTERPRETED: Final = isinstance(new_unacked, types.FunctionType)

@@ -270,7 +270,7 @@ def oldest_unacked(mgmt: Management) -> dict[Queue, Message]:
     found: dict[Queue, Message] = {}
     for conn in mgmt.connections():
         for channel in conn.channels.values():
-            for msg in channel.unacked:
+            for msg in channel.unacked.values():
                 queue = cast("Queue | None", msg.queue)
                 if queue is not None:
                     oldest = found.get(queue)

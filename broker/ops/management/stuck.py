@@ -38,12 +38,12 @@ class UnackedAges:
                 seen = self._marks.get(channel) or deque()
                 if not seen or seen[-1][0] != channel.next_tag:
                     seen.append((channel.next_tag, now))
-                oldest = next(iter(unacked)).tag
+                oldest = next(iter(unacked.values())).tag
                 while seen[0][0] < oldest:  # marks before the oldest delivery: not needed
                     seen.popleft()
                 marks[channel] = seen
                 waiting = {c for c in channel.consumers.values() if c.unacked}
-                for msg in unacked:  # oldest first
+                for msg in unacked.values():  # oldest first
                     if not waiting:
                         break
                     consumer = msg.consumer
