@@ -355,3 +355,28 @@ def test_cancel_ok_from_client_removes_the_timed_out_consumer(engine: MemoryBrok
     client.send(2, commands.Basic.CancelOk(consumer_tag="c"))
     ok = client.call(1, make(commands.Queue.Declare, queue="q", durable=True, arguments=QUORUM))
     assert ok.consumer_count == 0
+
+
+def test_ack_multiple_zero_of_a_timed_out_consumer_settles_only_what_came_before(
+    engine: MemoryBroker,
+) -> None:
+    """basic.ack multiple=true, tag 0, settles the timed-out tag: the consumer leaves its
+    timeout state and gets messages again, and those are new deliveries, not acked by it
+    (RabbitMQ 4.3 takes the channel's unacked as they are when the ack arrives,
+    rabbit_channel.erl collect_acks/5; deliveries that follow come after)."""
+    client = mem_client(engine)
+    mem_declare(client, "q", [b"first"])
+    client.channel_open(2)
+    mem_consume(client, 2, "q", "c", 100)
+    assert [d.method.delivery_tag for d in deliveries(client, 2)] == [1]
+    engine.advance(0.1)
+    assert client.names() == ["2 Basic.Cancel c"]
+    client.publish(1, "", "q", b"second")
+    assert deliveries(client, 2) == []  # in the timeout state
+    client.send(2, make(commands.Basic.Ack, delivery_tag=0, multiple=True))
+    again = deliveries(client, 2)
+    assert [(d.body, d.method.delivery_tag) for d in again] == [(b"first", 2), (b"second", 3)]
+    queue = engine.vhost.queues["q"]
+    assert (queue.ready_count, queue.unacked_count) == (0, 2)
+    client.send(2, make(commands.Basic.Ack, delivery_tag=3, multiple=True))
+    assert client.received() == [] and queue.unacked_count == 0
