@@ -123,7 +123,8 @@ MESSAGE_PATH_TESTS := tests/test_compiled.py tests/test_protocol.py tests/test_f
 	tests/test_queues.py tests/test_dead_letter.py tests/test_alarms_and_limits.py \
 	tests/test_protocol_state.py tests/test_engine_in_memory.py tests/test_streams.py \
 	tests/test_paged_backlog.py tests/test_dispatch.py tests/test_durability.py \
-	tests/test_store_failure.py tests/test_tracing.py tests/test_long_purge.py
+	tests/test_store_failure.py tests/test_tracing.py tests/test_long_purge.py \
+	tests/test_unacked.py
 # build/compiled comes before the repository on the path: its warren is the one imported.
 # test_routing_scale.py counts the interpreted lines routing runs (and binds stand-in
 # destinations the compiled exchange refuses): it runs on pure Python only.
