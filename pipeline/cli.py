@@ -275,6 +275,8 @@ def serve(spark: SparkSession, lines: Iterable[str], out: TextIO) -> int:
         if (spark.sparkContext.master or "").startswith("local"):
             partitions = args.partitions or auto_partitions(args.trace)
             spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+            for key, value in job.codegen_settings(trace_bytes(args.trace)).items():
+                spark.conf.set(key, value)
         stdout, sys.stdout = sys.stdout, out
         try:
             report_once(spark, args, started, {})
@@ -315,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=report.preload, daemon=True).start()
     if args.serve:
         # tuned for the small traces a warm session is for (SHORT_RUN)
-        spark = job.spark_session(args.master, args.driver_memory, 2, short=True)
+        spark = job.spark_session(args.master, args.driver_memory, 2, short=True, trace_size=0)
         try:
             serve(spark, sys.stdin, sys.stdout)
         finally:
@@ -324,7 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     partitions = args.partitions or auto_partitions(args.trace)
     size = trace_bytes(args.trace)
     short = size is not None and size < job.SHORT_RUN_BYTES
-    spark = job.spark_session(args.master, args.driver_memory, partitions, short=short)
+    spark = job.spark_session(
+        args.master, args.driver_memory, partitions, short=short, trace_size=size
+    )
     phases = {"session": time.monotonic() - started}
     try:
         report_once(spark, args, started, phases)

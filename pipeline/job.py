@@ -75,19 +75,37 @@ class Tables:
         )
 
 
-# A short run: the JVM's optimising compiler, whole-stage code generation and adaptive
-# re-planning cost more than they save on a few hundred thousand events
+# A short run: the JVM's optimising compiler and adaptive re-planning cost more than they
+# save on up to a million events
 SHORT_RUN = {
     "spark.sql.adaptive.enabled": "false",
-    "spark.sql.codegen.wholeStage": "false",
-    # expressions interpreted, not compiled by Janino: each compiled class costs more CPU
-    # than evaluating it on a few thousand rows
-    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
     # one compiler thread and one GC thread: on a busy 2-core machine the JVM's helper
     # threads only compete with its own work
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 "
     "-XX:+UseSerialGC",
 }
+# and, with a driver of 2 GB or more, a young generation of 512 MB and an old one of 512 MB
+# from the start: the default heap (a 64th of the machine's memory, grown as it fills) took
+# 53 collections on 104,789 events, two of them full ones to grow the heap and one for
+# class metadata; 9 s of pauses on a busy machine, against 2 s in 16 collections
+SHORT_HEAP = "-Xms1g -Xmn512m -XX:MetaspaceSize=256m"
+# below this much trace, expressions are interpreted, not compiled by Janino (whole-stage
+# or one by one): each compiled class costs more CPU than evaluating it on a few thousand
+# rows, while on 100,000 events the compiled plan takes a third less CPU
+# (docs/tracing.md); these settings may change in a running session
+CODEGEN_BYTES = 4 << 20  # about 25,000 events
+INTERPRETED = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+COMPILED = {"spark.sql.codegen.wholeStage": "true", "spark.sql.codegen.factoryMode": "FALLBACK"}
+
+
+def codegen_settings(size: int | None) -> dict[str, str]:
+    """How expressions are evaluated for ``size`` bytes of trace (None: not known here)."""
+    return INTERPRETED if size is not None and size < CODEGEN_BYTES else COMPILED
+
+
 SHORT_RUN_BYTES = 64 << 20  # of trace files: up to about a million events
 
 # A dynamic class-data sharing archive's first four bytes (little-endian); the JVM writes
@@ -327,10 +345,12 @@ def spark_session(
     partitions: int = 8,
     conf: dict[str, str] | None = None,
     short: bool = False,
+    trace_size: int | None = None,
 ) -> SparkSession:
     """A session for the job: ``local[*]`` unless ``master`` or spark-submit says otherwise.
 
-    ``short``: an embedded run on a small trace, tuned for start-up (SHORT_RUN)."""
+    ``short``: an embedded run on a small trace, tuned for start-up (SHORT_RUN), and for
+    ``trace_size`` bytes of trace (codegen_settings)."""
     from pyspark import SparkContext
 
     builder = SparkSession.builder.appName("warren-report")
@@ -357,6 +377,10 @@ def spark_session(
         builder = builder.config("spark.default.parallelism", str(partitions))
         if short:
             settings.update(SHORT_RUN)
+            settings.update(codegen_settings(trace_size))
+            if _megabytes(driver_memory) >= 2048:
+                options = settings["spark.driver.extraJavaOptions"]
+                settings["spark.driver.extraJavaOptions"] = f"{options} {SHORT_HEAP}"
         # the Python workers decode the trace files: they need warren, as this one has it
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if not submitted and SparkContext._gateway is None:  # this starts the driver's JVM
@@ -380,6 +404,15 @@ def spark_session(
         # worker needs only PySpark (docs/tracing.md "On a cluster")
         spark.sparkContext.addPyFile(package_zip())
     return spark
+
+
+def _megabytes(size: str) -> int:
+    """A JVM memory size as Spark takes it ("4g", "512m"; a plain number is MB), in MB."""
+    units = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1 << 20}
+    size = size.strip().lower().removesuffix("b")
+    if size[-1:] in units:
+        return int(float(size[:-1]) * units[size[-1]])
+    return int(float(size))
 
 
 _zip_dir: list[str] = []  # package_zip()'s directory, removed at exit
