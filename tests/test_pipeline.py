@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -344,7 +345,14 @@ def test_events_that_share_a_time_keep_the_stream_order(spark: Any, tmp_path: Pa
     ]
 
 
-def test_the_job_against_plain_python(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("parsed_by", ["spark", "pyarrow"])
+def test_the_job_against_plain_python(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parsed_by: str
+) -> None:
+    from warren.pipeline import job
+
+    if parsed_by == "pyarrow":  # as a trace of ARROW_BYTES or more is read
+        monkeypatch.setattr(job, "ARROW_BYTES", 0)
     trace = tmp_path / "trace"
     generate.generate(str(trace), 3000, seed=7, per_file=4000)
     assert len(list(trace.glob("warren-trace-*"))) > 2
@@ -404,6 +412,42 @@ def test_the_job_against_plain_python(spark: Any, tmp_path: Path) -> None:
     summary = tables["summary"][0]
     assert summary["messages"] == ref["messages"] == 3000
     assert summary["messages_unroutable"] == ref["unroutable"]
+
+
+def test_pyarrow_reads_the_events_spark_reads(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From ARROW_BYTES of trace the driver parses the lines with pyarrow into Parquet: the
+    same events as Spark's JSON reader, a line cut short by a live broker dropped by both,
+    and a line pyarrow cannot take as Spark does leaves the trace to Spark."""
+    from warren.pipeline import job
+
+    trace = tmp_path / "trace"
+    generate.generate(str(trace), 300, seed=5, per_file=500)
+    last = sorted(trace.glob("warren-trace-*"))[-1]
+    with last.open("a") as f:
+        f.write('{"ts":1767225600000001,"ev":"delivered","vhost":"/","queue":"or')
+
+    def read() -> tuple[set[str], list[tuple[Any, ...]]]:
+        events = job.load_events(spark, str(trace))
+        rows = sorted(tuple(r) for r in events.collect())
+        scratch = job._scratch[-1]
+        forms = {name.rsplit(".", 1)[-1] for name in os.listdir(scratch)}
+        job.cleanup()
+        return forms, rows
+
+    forms, by_spark = read()
+    assert forms == {"json"}
+    monkeypatch.setattr(job, "ARROW_BYTES", 0)
+    forms, by_pyarrow = read()
+    assert forms == {"parquet"}
+    assert by_pyarrow == by_spark
+    assert len(by_spark) == sum(len(f.read_text().splitlines()) for f in trace.iterdir()) - 1
+    with last.open("a") as f:  # a number where a string belongs: Spark's reader decides
+        f.write('\n{"ts":1767225600000002,"ev":"published","vhost":"/","rk":5}\n')
+    forms, mixed = read()
+    assert forms == {"json"}
+    assert len(mixed) == len(by_spark) + 1
 
 
 def test_render_and_queue_diagnosis(
