@@ -61,9 +61,6 @@ SMALL_READ: Final = 65536
 STREAM_PARTS: Final = 32
 HOLD_PARTS: Final = 2048
 HOLD_TURNS: Final = 16
-# after close-ok the client closes the socket, within the heartbeat interval or this many
-# seconds, whichever is shorter (rabbit_reader:close_connection's ?CLOSING_TIMEOUT)
-CLOSING_TIMEOUT: Final = 30.0
 
 
 class Transport(Protocol):
@@ -131,7 +128,7 @@ class Connection:
         self.sent = False
         self.silent_ticks = 0
         self.heartbeat_handle: TimerHandle | None = None
-        self._close_timer: TimerHandle | None = None
+        self.close_timer: TimerHandle | None = None
         self.handshake_timer: TimerHandle | None = broker.timers.call_later(
             settings.handshake_timeout / 1000, lambda: handshake.timed_out(self)
         )
@@ -310,7 +307,7 @@ class Connection:
                     # partial bodies count: they too fill memory while an alarm is on
                     self.publisher = True
                     if self.broker.alarms:
-                        self._block()  # this publish goes through, the next waits
+                        handshake.block(self)  # this publish goes through, the next waits
                 if event is Sentinel.NEED_DATA:
                     flow.drained()
                     break
@@ -319,7 +316,7 @@ class Connection:
                     if channel_id:
                         self._channel_event(channel_id, method)
                     else:
-                        self._connection_method(method)
+                        handshake.connection_method(self, method)
                 elif event is Sentinel.PROTOCOL_HEADER:
                     handshake.send_start(self)
                 elif event is Sentinel.BAD_PROTOCOL_HEADER:
@@ -352,7 +349,7 @@ class Connection:
                 break
         self.flush()
 
-    def _continue(self) -> None:
+    def resume(self) -> None:
         """Handle, next turn, what was read while handling was stopped."""
         if not self._continue_scheduled and self.protocol.state is not CLOSED:
             self._continue_scheduled = True
@@ -363,24 +360,9 @@ class Connection:
 
     def alarms_changed(self) -> None:
         if self.broker.alarms and self.publisher and not self.blocked:
-            self._block()
+            handshake.block(self)
         elif not self.broker.alarms and self.blocked:
-            self._unblock()
-
-    def _block(self) -> None:
-        """Stop reading a publishing connection while an alarm is on (RabbitMQ's blocking)."""
-        self.blocked = True
-        if self.capabilities.get("connection.blocked") is True and self.protocol.state is OPEN:
-            reason = "low on memory" if "memory" in self.broker.alarms else "low on disk"
-            self.send_method(0, commands.Connection.Blocked(reason=reason))
-        self.flow.pause(ALARM)
-
-    def _unblock(self) -> None:
-        self.blocked = False
-        if self.capabilities.get("connection.blocked") is True and self.protocol.state is OPEN:
-            self.send_method(0, commands.Connection.Unblocked())
-        if self.flow.clear(ALARM):
-            self._continue()  # what was read before the block
+            handshake.unblock(self)
 
     # ---- too many unconfirmed publishes (max_unconfirmed_per_channel) ----
 
@@ -400,7 +382,7 @@ class Connection:
             return
         self.held.discard(channel)
         if not self.held and self.flow.clear(UNCONFIRMED):
-            self._continue()
+            self.resume()
 
     def _channel_event(self, channel_id: int, method: Any) -> None:
         kind = type(method)
@@ -505,7 +487,7 @@ class Connection:
         if not report and state is not OPENING and state is not OPEN:
             # RabbitMQ says nothing before the connection is tuned: it just closes the socket
             self.protocol.abort()
-            self._release()
+            self.release_all()
             self.close_transport()
             return
         self.send_method(
@@ -517,45 +499,9 @@ class Connection:
                 method_id=exc.method_id,
             ),
         )
-        self._release()
+        self.release_all()
         # a client that never answers close-ok loses its socket anyway
-        self._close_timer = self.broker.timers.call_later(1.0, self.close_transport)
-
-    # ---- connection class ----
-
-    def _connection_method(self, method: Any) -> None:
-        # the protocol lets each handshake step through once, in order, and refuses the rest
-        if isinstance(method, commands.Connection.StartOk):
-            handshake.start_ok(self, method)
-        elif isinstance(method, commands.Connection.TuneOk):
-            if self.protocol.heartbeat:  # the protocol has checked and applied the tuning
-                handshake.schedule_heartbeat(self)
-        elif isinstance(method, commands.Connection.Open):
-            handshake.connection_open(self, method)
-        elif isinstance(method, commands.Connection.Close):
-            self.close_reason = f"client closed: {method.reply_code} {method.reply_text}"
-            for channel in self.channels.values():
-                channel.flush_confirms()  # owed confirms go before close-ok
-            self.send_method(0, commands.Connection.CloseOk())
-            self._release()
-            self.flush()
-            self._await_client_close()
-        elif isinstance(method, commands.Connection.CloseOk):
-            self.close_transport()
-        elif isinstance(method, commands.Connection.UpdateSecret):
-            self.send_method(0, commands.Connection.UpdateSecretOk())
-
-    def _await_client_close(self) -> None:
-        """Leave closing the socket to the client, as RabbitMQ does after close-ok.
-
-        A client that closes one connection from several threads at once then sees no
-        reset or EOF error. Only connection.close (answered again) and close-ok are
-        read meanwhile; a client that never closes loses the socket after the bound.
-        """
-        if self._close_timer is None:
-            beat = self.heartbeat
-            bound = beat if 0 < beat < CLOSING_TIMEOUT else CLOSING_TIMEOUT
-            self._close_timer = self.broker.timers.call_later(bound, self.close_transport)
+        self.close_timer = self.broker.timers.call_later(1.0, self.close_transport)
 
     # ---- flow control from the transport ----
 
@@ -569,7 +515,7 @@ class Connection:
         for channel in list(self.channels.values()):
             channel.dispatch_all()
         if self.flow.clear(WRITER):
-            self._continue()  # resumes reading once caught up
+            self.resume()  # resumes reading once caught up
 
     # ---- shutdown ----
 
@@ -580,7 +526,7 @@ class Connection:
         self.connection_error(ConnectionError_(CONNECTION_FORCED, text))
         self.flush()
 
-    def _release(self) -> None:
+    def release_all(self) -> None:
         """Give back what the connection held: unacked messages, consumers, exclusive queues."""
         channels = list(self.channels.values())
         for channel in channels:
@@ -606,7 +552,7 @@ class Connection:
         handshake.authenticated(self)  # it no longer counts as one in its handshake
         if self.protocol.state is CLOSED:
             return
-        self._release()
+        self.release_all()
         self.protocol.connection_lost()  # CLOSED; its channel table, with our Channels, empties
         if self.opened_at is not None:
             self.broker.log.info(
@@ -616,8 +562,8 @@ class Connection:
                 **self.describe(),
             )
         self._out.clear()
-        if self._close_timer is not None:
-            self._close_timer.cancel()
+        if self.close_timer is not None:
+            self.close_timer.cancel()
         self.broker.connection_closed(self)
 
 

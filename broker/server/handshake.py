@@ -1,10 +1,11 @@
-"""A connection's handshake, as the server side of AMQP 0-9-1 runs it: connection.start,
-start-ok (authentication: PLAIN and AMQPLAIN, loopback users, the delayed refusal), tune,
-open (the vhost; the node's, the vhost's and the user's connection limits; access), the handshake
-timeout, the heartbeats at the interval tune settled, and the user's max-channels limit
-that each channel.open is checked against. ``Connection``
-(broker/server/amqp_connection.py) calls in here for those methods; the protocol
-(protocol/connection.py) has checked their order and applied the tuning.
+"""The connection class of AMQP 0-9-1 as the server runs it (rabbit_reader's
+handle_method0): connection.start, start-ok (authentication: PLAIN and AMQPLAIN, loopback
+users, the delayed refusal), tune, open (the vhost; the node's, the vhost's and the user's
+connection limits; access), the handshake timeout, the heartbeats at the interval tune
+settled, the user's max-channels limit that each channel.open is checked against, the
+client's connection.close and close-ok, and connection.blocked while a resource alarm is on.
+``Connection`` (broker/server/amqp_connection.py) calls in here for those methods; the
+protocol (protocol/connection.py) has checked their order and applied the tuning.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Final
 from pamqp import commands
 
 from warren.broker.engine.users import INTERNAL_USER
+from warren.broker.server.flow import ALARM
 from warren.protocol.connection import CLOSED, OPEN
 from warren.protocol.constants import ACCESS_REFUSED, NOT_ALLOWED
 from warren.protocol.errors import ConnectionError_
@@ -26,6 +28,9 @@ if TYPE_CHECKING:
 
 VERSION: Final = "0.1.0"
 LOGIN_REFUSAL_DELAY: Final = 1.0  # seconds before a refused login is answered (RabbitMQ waits too)
+# after close-ok the client closes the socket, within the heartbeat interval or this many
+# seconds, whichever is shorter (rabbit_reader:close_connection's ?CLOSING_TIMEOUT)
+CLOSING_TIMEOUT: Final = 30.0
 
 
 def server_properties(product: str = "Warren", version: str | None = None) -> dict[str, Any]:
@@ -279,3 +284,59 @@ def _as_bytes(value: Any) -> bytes:
     if isinstance(value, bytes):
         return value
     return str(value or "").encode()
+
+
+# ---- the rest of the connection class ----
+
+
+def connection_method(conn: Connection, method: Any) -> None:
+    # the protocol lets each handshake step through once, in order, and refuses the rest
+    if isinstance(method, commands.Connection.StartOk):
+        start_ok(conn, method)
+    elif isinstance(method, commands.Connection.TuneOk):
+        if conn.protocol.heartbeat:  # the protocol has checked and applied the tuning
+            schedule_heartbeat(conn)
+    elif isinstance(method, commands.Connection.Open):
+        connection_open(conn, method)
+    elif isinstance(method, commands.Connection.Close):
+        conn.close_reason = f"client closed: {method.reply_code} {method.reply_text}"
+        for channel in conn.channels.values():
+            channel.flush_confirms()  # owed confirms go before close-ok
+        conn.send_method(0, commands.Connection.CloseOk())
+        conn.release_all()
+        conn.flush()
+        _await_client_close(conn)
+    elif isinstance(method, commands.Connection.CloseOk):
+        conn.close_transport()
+    elif isinstance(method, commands.Connection.UpdateSecret):
+        conn.send_method(0, commands.Connection.UpdateSecretOk())
+
+
+def _await_client_close(conn: Connection) -> None:
+    """Leave closing the socket to the client, as RabbitMQ does after close-ok.
+
+    A client that closes one connection from several threads at once then sees no
+    reset or EOF error. Only connection.close (answered again) and close-ok are
+    read meanwhile; a client that never closes loses the socket after the bound.
+    """
+    if conn.close_timer is None:
+        beat = conn.heartbeat
+        bound = beat if 0 < beat < CLOSING_TIMEOUT else CLOSING_TIMEOUT
+        conn.close_timer = conn.broker.timers.call_later(bound, conn.close_transport)
+
+
+def block(conn: Connection) -> None:
+    """Stop reading a publishing connection while an alarm is on (RabbitMQ's blocking)."""
+    conn.blocked = True
+    if conn.capabilities.get("connection.blocked") is True and conn.protocol.state is OPEN:
+        reason = "low on memory" if "memory" in conn.broker.alarms else "low on disk"
+        conn.send_method(0, commands.Connection.Blocked(reason=reason))
+    conn.flow.pause(ALARM)
+
+
+def unblock(conn: Connection) -> None:
+    conn.blocked = False
+    if conn.capabilities.get("connection.blocked") is True and conn.protocol.state is OPEN:
+        conn.send_method(0, commands.Connection.Unblocked())
+    if conn.flow.clear(ALARM):
+        conn.resume()  # what was read before the block
