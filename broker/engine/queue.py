@@ -34,7 +34,7 @@ from warren.broker.engine.queue_consumers import ConsumerUse, QueueConsumers
 from warren.broker.engine.queue_restore import restore_messages
 from warren.broker.engine.queue_settings import resolve_settings
 from warren.broker.engine.ready import PriorityReady, merge_in_order
-from warren.broker.engine.reaper import EVERYTHING, let_go
+from warren.broker.engine.reaper import purge_queue
 from warren.broker.engine.retry import (
     RetryPolicy,
     count_failed_delivery,
@@ -424,31 +424,9 @@ class Queue(QueueBase):
             self.requeue(live, why)
 
     def purge(self) -> int:
-        """Drop the ready messages and those waiting for a retry; unacked ones stay.
-
-        The queue is empty at once. A long one's messages are let go of by the reaper, a
-        slice a loop turn (broker/engine/reaper.py), so that nobody else waits for that."""
-        count = self.ready_count + self.delayed_count
-        if count and (tracer := self.vhost.tracer) is not None:
-            tracer.purged(self)
-        delayed = self.deadlines.delayed
-        for _, _, msg in delayed:
-            self.gone(msg)
-        delayed.clear()
-        self.delayed_count = 0
-        expiring = self.deadlines.expiry.take()
-        if self.ready or self.tail or expiring:
-            held: deque[Any] = deque((self.ready, self.tail, expiring))
-            self.ready = PriorityReady(self.max_priority) if self.max_priority else deque()
-            self.tail = deque()
-            reaper = self.vhost.reaper
-            if self.ready_count > reaper.slice:
-                reaper.add(self, held)
-            else:
-                let_go(self, held, EVERYTHING)
-        self.ready_count = 0
-        self.ready_bytes = 0
-        return count
+        """Drop the ready messages and those waiting for a retry; unacked ones stay. The queue
+        is empty at once; the reaper lets go of its messages (broker/engine/reaper.py)."""
+        return purge_queue(self)
 
     # ---- consumers ----
 

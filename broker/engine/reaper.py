@@ -7,7 +7,7 @@ done inside one queue.purge or queue.delete it would hold up every connection of
 broker for as long. RabbitMQ does that work in the queue's own process, where nobody else
 waits for it.
 
-So a queue that empties hands what it held to the reaper (``Queue.purge``): the queue is
+So a queue that empties hands what it held to the reaper (``purge_queue``): the queue is
 empty at once (counts, purge-ok, delete-ok), and the reaper lets go of REAP_SLICE messages
 a loop turn until nothing is left, in the order the queue held them. A clean shutdown lets
 go of the rest before the store closes (``finish``), so that every removal record is
@@ -21,6 +21,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from warren.broker.engine.message import unpage
+from warren.broker.engine.ready import PriorityReady
 from warren.broker.engine.timers import TimerHandle, Timers
 from warren.broker.store.paged import PagedRun
 
@@ -75,6 +76,32 @@ class Reaper:
             self._handle.cancel()
             self._handle = None
         self._reap(EVERYTHING)
+
+
+def purge_queue(queue: Queue) -> int:
+    """``Queue.purge``: empty ``queue`` of its ready messages and those waiting for a retry
+    (unacked ones stay) at once; a long one's messages are let go of a slice a loop turn."""
+    count = queue.ready_count + queue.delayed_count
+    if count and (tracer := queue.vhost.tracer) is not None:
+        tracer.purged(queue)
+    delayed = queue.deadlines.delayed
+    for _, _, msg in delayed:
+        queue.gone(msg)
+    delayed.clear()
+    queue.delayed_count = 0
+    expiring = queue.deadlines.expiry.take()
+    if queue.ready or queue.tail or expiring:
+        held: deque[Any] = deque((queue.ready, queue.tail, expiring))
+        queue.ready = PriorityReady(queue.max_priority) if queue.max_priority else deque()
+        queue.tail = deque()
+        reaper = queue.vhost.reaper
+        if queue.ready_count > reaper.slice:
+            reaper.add(queue, held)
+        else:
+            let_go(queue, held, EVERYTHING)
+    queue.ready_count = 0
+    queue.ready_bytes = 0
+    return count
 
 
 def let_go(queue: Queue, held: deque[Any], budget: int) -> int:
