@@ -121,8 +121,22 @@ class ManualLoop(ManualTimers):
     def run(self) -> int:
         """Run the ready callbacks, and those they schedule, until none is left."""
         ran = 0
+        while self._ready:
+            ran += self._call(len(self._ready))
+        self.raise_errors()
+        return ran
+
+    def turn(self) -> int:
+        """One loop turn: the callbacks ready now, not those they schedule."""
+        ran = self._call(len(self._ready))
+        self.raise_errors()
+        return ran
+
+    def _call(self, count: int) -> int:
+        """The next ``count`` ready callbacks; an exception is kept, as the loop reports it."""
+        ran = 0
         ready = self._ready
-        while ready:
+        for _ in range(count):
             handle = ready.popleft()
             if handle.cancelled:
                 continue
@@ -131,23 +145,6 @@ class ManualLoop(ManualTimers):
                 handle.callback(*handle.args)
             except Exception as exc:  # as the loop does: report it, go on with the others
                 self.errors.append(exc)
-        self.raise_errors()
-        return ran
-
-    def turn(self) -> int:
-        """One loop turn: the callbacks ready now, not those they schedule."""
-        ran = 0
-        ready = self._ready
-        for _ in range(len(ready)):
-            handle = ready.popleft()
-            if handle.cancelled:
-                continue
-            ran += 1
-            try:
-                handle.callback(*handle.args)
-            except Exception as exc:
-                self.errors.append(exc)
-        self.raise_errors()
         return ran
 
     def raise_errors(self) -> None:
