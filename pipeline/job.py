@@ -334,9 +334,11 @@ def _keep_launch(path: str, pid: int) -> None:
         return
     added = {k: v for k, _, v in pairs if os.environ.get(k) != v and k not in _LAUNCH_OWN_ENV}
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         part = f"{path}.{os.getpid()}.part"
-        with open(part, "w", encoding="utf-8") as f:
+        # the user's only: it holds the driver's environment (the variables the scripts set)
+        fd = os.open(part, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
+        with open(fd, "w", encoding="utf-8") as f:
             json.dump({"argv": argv, "env": added}, f)
         os.replace(part, path)
     except OSError:
