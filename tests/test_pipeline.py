@@ -650,6 +650,7 @@ def test_the_driver_jvm_starts_from_its_kept_command_line(tmp_path: Path) -> Non
 
     assert session() == ("spark-submit", 5)
     (kept,) = tmp_path.glob("launch-*.json")
+    assert kept.stat().st_mode & 0o777 == 0o600  # the driver's environment: the user's only
     line = json.loads(kept.read_text())
     assert os.path.basename(line["argv"][0]) == "java"
     assert "org.apache.spark.deploy.SparkSubmit" in line["argv"]
