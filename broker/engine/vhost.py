@@ -71,10 +71,25 @@ class DefaultExchange(DirectExchange):
     def __init__(self, vhost: VirtualHost) -> None:
         super().__init__(Declared("", durable=True))
         self._queues = vhost.queues
+        # the answer for the queue found last: publishes mostly repeat their queue, and a
+        # new list a message is an allocation and a free. Read-only, as DirectExchange's
+        # kept answers; ``forget`` lets go of a deleted queue.
+        self._last: Queue | None = None
+        self._last_answer: list[Destination] = []
 
     def route(self, routing_key: str, headers: Any) -> list[Destination]:
         queue = self._queues.get(routing_key)
-        return [queue] if queue is not None else []
+        if queue is None:
+            return []
+        if queue is not self._last:
+            self._last = queue
+            self._last_answer = [queue]
+        return self._last_answer
+
+    def forget(self, queue: Queue) -> None:
+        if queue is self._last:
+            self._last = None
+            self._last_answer = []
 
 
 class VirtualHost:
@@ -107,7 +122,8 @@ class VirtualHost:
         # firehose copies waiting for the current event to end (broker/tracing/firehose.py)
         self.firehose_pending: list[tuple[list[Queue], Message]] = []
         self.queues: dict[str, Queue] = {}
-        self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self)}
+        self.default_exchange = DefaultExchange(self)
+        self.exchanges: dict[str, Exchange] = {"": self.default_exchange}
         for ex_name, kind in STANDARD_EXCHANGES:
             self.exchanges[ex_name] = EXCHANGE_TYPES[kind](Declared(ex_name, durable=True))
         # RabbitMQ's firehose target (broker/tracing/firehose.py): internal, so clients only
@@ -349,6 +365,7 @@ class VirtualHost:
         if self.stats is not None:
             self.stats.queues_deleted += 1
         self.queues.pop(queue.name, None)
+        self.default_exchange.forget(queue)
         if self.persistence is not None:
             self.persistence.queue_deleted(self.name, queue)
         for exchange in list(queue.sources):
