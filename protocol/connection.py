@@ -689,9 +689,10 @@ def _same(buf: bytes, pos: int, known: bytes) -> bool:
             return False
         return read_i32_be(buf, pos + n - 4) == read_i32_be(known, n - 4)
     if n >= 2:
-        if read_i16_be(buf, pos) != read_i16_be(known, 0):
-            return False
-        return read_i16_be(buf, pos + n - 2) == read_i16_be(known, n - 2)
+        first = read_i16_be(buf, pos) == read_i16_be(known, 0)
+        if n == 2 or not first:  # 2 octets: a content header's flags, no property set
+            return first
+        return read_i16_be(buf, pos + 1) == read_i16_be(known, 1)  # 3: overlapping
     return n == 0 or buf[pos] == known[0]
 
 
