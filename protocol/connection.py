@@ -64,21 +64,29 @@ NEED_DATA: Final = Sentinel.NEED_DATA
 
 
 class Content:
-    """A complete basic.publish: method, raw property bytes, body, and its channel's record
-    (whose owner the broker hands it to, without looking the channel up again)."""
+    """A complete basic.publish: its channel's number, method, raw property bytes, body,
+    and its channel's record (whose owner the broker hands it to, without looking the
+    channel up again). An event of its own, not in a (channel, method) tuple: a message
+    costs no tuple."""
 
-    __slots__ = ("body", "method", "properties", "record")
+    __slots__ = ("body", "channel", "method", "properties", "record")
 
     def __init__(
-        self, method: BasicPublish, properties: bytes, body: bytes, record: ChannelRecord[Any]
+        self,
+        channel: int,
+        method: BasicPublish,
+        properties: bytes,
+        body: bytes,
+        record: ChannelRecord[Any],
     ) -> None:
+        self.channel = channel
         self.method = method
         self.properties = properties
         self.body = body
         self.record = record
 
 
-Event = tuple[int, Method | Content] | Sentinel
+Event = tuple[int, Method] | Content | Sentinel
 
 OwnerT = TypeVar("OwnerT")  # what the broker keeps per open channel (its Channel)
 
@@ -656,12 +664,12 @@ class ProtocolConnection(Generic[OwnerT]):
     def _complete(channel: int, state: ChannelRecord[OwnerT], body: bytes) -> Event:
         method = state.pending
         assert method is not None
-        content = Content(method, state.properties, body, state)
+        content = Content(channel, method, state.properties, body, state)
         state.pending = None
         state.properties = b""
         state.received = 0
         state.body_size = 0
-        return (channel, content)
+        return content
 
 
 def _same(buf: bytes, pos: int, known: bytes) -> bool:
@@ -681,9 +689,10 @@ def _same(buf: bytes, pos: int, known: bytes) -> bool:
             return False
         return read_i32_be(buf, pos + n - 4) == read_i32_be(known, n - 4)
     if n >= 2:
-        if read_i16_be(buf, pos) != read_i16_be(known, 0):
-            return False
-        return read_i16_be(buf, pos + n - 2) == read_i16_be(known, n - 2)
+        first = read_i16_be(buf, pos) == read_i16_be(known, 0)
+        if n == 2 or not first:  # 2 octets: a content header's flags, no property set
+            return first
+        return read_i16_be(buf, pos + 1) == read_i16_be(known, 1)  # 3: overlapping
     return n == 0 or buf[pos] == known[0]
 
 

@@ -332,7 +332,18 @@ class DeliveryPrefix:
     for ``ex_rk`` at its second delivery in a row: a consumer fed many routing keys in turn
     builds none and has its deliveries written field by field."""
 
-    __slots__ = ("body_head", "channel", "ctag_enc", "ex_rk", "head", "mid", "seen")
+    __slots__ = (
+        "body_head",
+        "channel",
+        "ctag_enc",
+        "ex_rk",
+        "head",
+        "header",
+        "header_for",
+        "header_size",
+        "mid",
+        "seen",
+    )
 
     def __init__(self, channel: int, ctag_enc: bytes) -> None:
         self.channel = channel
@@ -343,6 +354,12 @@ class DeliveryPrefix:
         self.seen = b""  # the previous delivery's
         self.head = b""
         self.mid = b""
+        # the content header frame's octets after its type and channel, and the body frame's
+        # head, for the properties object and body size of the previous delivery of one body
+        # frame: built at the second delivery in a row of both (b"": none yet)
+        self.header_for = b""
+        self.header_size = -1
+        self.header = b""
 
     def build(self, ex_rk: bytes) -> None:
         ctag_enc = self.ctag_enc
@@ -397,17 +414,35 @@ def delivery_head(
     write_i64_be(w, tag)
     w.append(1 if redelivered else 0)
     w.write(prefix.mid)
-    write_i32_be(w, 12 + len(properties))
-    w.write(b"\x00\x3c\x00\x00")  # class 60, weight 0
-    write_i64_be(w, body_size)
-    w.write(properties)
-    if body_frame:
+    if not body_frame:
+        write_i32_be(w, 12 + len(properties))
+        w.write(b"\x00\x3c\x00\x00")  # class 60, weight 0
+        write_i64_be(w, body_size)
+        w.write(properties)
+        w.append(0xCE)
+        return w.getvalue()
+    # the same properties object (the reader hands on the previous header's when its octets
+    # repeat) and size as the consumer's previous delivery: its content header kept whole
+    if properties is prefix.header_for and body_size == prefix.header_size:
+        header = prefix.header
+        if not len(header):
+            header = prefix.header = (
+                _content_size.pack(12 + len(properties), 60, 0, body_size)
+                + properties + prefix.body_head + _u32.pack(body_size)
+            )  # fmt: skip
+        w.write(header)
+    else:
+        prefix.header_for = properties
+        prefix.header_size = body_size
+        prefix.header = b""
+        write_i32_be(w, 12 + len(properties))
+        w.write(b"\x00\x3c\x00\x00")  # class 60, weight 0
+        write_i64_be(w, body_size)
+        w.write(properties)
         w.write(prefix.body_head)
         write_i32_be(w, body_size)
-        if len(body) != 0:  # compiled, a bytes' truth is a generic call; its length is not
-            w.write(body)
-            w.append(0xCE)
-    else:
+    if len(body) != 0:  # compiled, a bytes' truth is a generic call; its length is not
+        w.write(body)
         w.append(0xCE)
     return w.getvalue()
 

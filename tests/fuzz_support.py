@@ -461,8 +461,11 @@ class Driver:
         if event is Sentinel.BAD_PROTOCOL_HEADER:
             self.events.append("bad-header")
             raise Finished
-        assert isinstance(event, tuple), event
-        channel, item = event
+        if isinstance(event, Content):
+            channel, item = event.channel, event
+        else:
+            assert isinstance(event, tuple), event
+            channel, item = event
         assert 0 <= channel <= 65535
         if isinstance(item, Content):
             assert channel in self.opened, "content on a channel that was never opened"

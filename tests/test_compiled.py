@@ -91,6 +91,30 @@ def test_deliveries_are_encoded_as_the_build_does_best() -> None:
                     assert prefix.ex_rk == b"\x00\x01q" and prefix.seen == b"\x03amq\x00"
 
 
+def test_a_consumers_repeated_content_header_is_kept_whole() -> None:
+    """A consumer's deliveries of one properties object and body size in a row write the
+    content header and the body frame's head kept whole from the second on (compiled);
+    another size, other properties (even of equal octets) or a body of several frames are
+    written by field: every way gives the octets of ``delivery_head_fields``."""
+    methods = warren.protocol.methods
+    props = b"\x90\x00\x01x"
+    equal = bytes(bytearray(props))  # the same octets, another object
+    assert equal is not props
+    prefix = methods.DeliveryPrefix(300, b"\x04ctag")
+    steps = [(props, 16, True), (props, 16, True), (props, 16, True), (props, 17, True),
+             (props, 17, True), (equal, 17, True), (props, 17, True), (props, 2**40, False),
+             (props, 17, True), (props, 17, True)]  # fmt: skip
+    for tag, (properties, size, one_frame) in enumerate(steps, 1):
+        args = (tag, False, b"\x00\x01q", properties, size, one_frame)
+        expected = methods.delivery_head_fields(300, b"\x04ctag", *args, packed=True)
+        assert methods.delivery_head(prefix, *args) == expected, (tag, size)
+        if one_frame:
+            whole = methods.delivery_head(prefix, *args, b"x" * 4)
+            assert whole == expected + b"xxxx\xce"
+    if not methods.INTERPRETED:  # interpreted, heads are packed with struct: none kept
+        assert prefix.header_for is props and prefix.header_size == 17
+
+
 def test_version_names_the_build() -> None:
     out = subprocess.run(
         [sys.executable, "-c", "from warren.broker.server.main import main; main(['--version'])"],

@@ -668,3 +668,19 @@ def test_a_deleted_queue_is_freed_without_the_cyclic_collector() -> None:
             gc.enable()
             conn.close()
     assert ours == []
+
+
+def test_a_queue_declared_again_gets_the_default_exchanges_messages(
+    client: RawClient, janitor: Janitor, name: str
+) -> None:
+    """The default exchange keeps its answer for the queue it routed to last: a queue
+    deleted and declared again under that name gets the next publish, not the old one."""
+    q = janitor.queue(name)
+    client.declare_queue(1, q)
+    publish_confirmed(client, q, b"first")
+    client.delete_queue(1, q)
+    client.declare_queue(1, q)
+    publish_confirmed(client, q, b"second")
+    got = client.get(1, q, no_ack=True)
+    assert got is not None and got.body == b"second"
+    assert client.get(1, q, no_ack=True) is None

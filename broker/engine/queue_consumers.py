@@ -135,8 +135,12 @@ class QueueConsumers:
             self._dispatch_ordered(queue)
             return
         turns = self.turns
-        while queue.ready_count and turns:
-            consumer = turns[0]
+        consumers = self.consumers
+        while queue.ready_count and len(turns):
+            # The queue's only consumer, not waiting aside, is the one in turn (each is in
+            # exactly one of ``turns`` and ``blocked`` here): read from the list, natively
+            # compiled, where indexing the deque is a generic call.
+            consumer = consumers[0] if len(consumers) == 1 and not self.blocked else turns[0]
             if not consumer.channel.can_deliver(consumer):
                 turns.popleft()
                 self.blocked[consumer] = None
@@ -146,7 +150,9 @@ class QueueConsumers:
             msg = queue.pop_ready()
             if msg is None:
                 return
-            if len(turns) > 1:  # its turn is over (before the delivery, which may cancel it)
+            # its turn is over (before the delivery, which may cancel it); one consumer
+            # alone has the only turn
+            if len(consumers) > 1 and len(turns) > 1:
                 turns.rotate(-1)
             consumer.channel.deliver(consumer, msg)
         if queue.ready_count and self.consumers and not turns:

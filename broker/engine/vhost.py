@@ -71,10 +71,27 @@ class DefaultExchange(DirectExchange):
     def __init__(self, vhost: VirtualHost) -> None:
         super().__init__(Declared("", durable=True))
         self._queues = vhost.queues
+        # the answer for the routing key routed last: publishes mostly repeat their queue
+        # with the routing key object the protocol kept (protocol/methods.py), and a look-up
+        # and a new list a message cost an allocation and a free. Read-only, as
+        # DirectExchange's kept answers. The vhost calls ``forget`` wherever its table of
+        # queues changes (a queue deleted, or restored over another).
+        self._last_key: str | None = None
+        self._last_answer: list[Destination] = []
 
     def route(self, routing_key: str, headers: Any) -> list[Destination]:
+        if routing_key is self._last_key:
+            return self._last_answer
         queue = self._queues.get(routing_key)
-        return [queue] if queue is not None else []
+        if queue is None:
+            return []
+        self._last_key = routing_key
+        self._last_answer = [queue]
+        return self._last_answer
+
+    def forget(self) -> None:
+        self._last_key = None
+        self._last_answer = []
 
 
 class VirtualHost:
@@ -107,7 +124,8 @@ class VirtualHost:
         # firehose copies waiting for the current event to end (broker/tracing/firehose.py)
         self.firehose_pending: list[tuple[list[Queue], Message]] = []
         self.queues: dict[str, Queue] = {}
-        self.exchanges: dict[str, Exchange] = {"": DefaultExchange(self)}
+        self.default_exchange = DefaultExchange(self)
+        self.exchanges: dict[str, Exchange] = {"": self.default_exchange}
         for ex_name, kind in STANDARD_EXCHANGES:
             self.exchanges[ex_name] = EXCHANGE_TYPES[kind](Declared(ex_name, durable=True))
         # RabbitMQ's firehose target (broker/tracing/firehose.py): internal, so clients only
@@ -216,6 +234,7 @@ class VirtualHost:
         cls = StreamQueue if arguments.get("x-queue-type") == "stream" else Queue
         queue = cls(self, name, durable=True, auto_delete=auto_delete, arguments=arguments)
         self.queues[name] = queue
+        self.default_exchange.forget()
         self._apply_policy(queue)
         return queue
 
@@ -324,6 +343,7 @@ class VirtualHost:
             arguments=arguments,
         )
         self.queues[name] = queue
+        self.default_exchange.forget()
         self._apply_policy(queue)
         if self.persistence is not None:
             self.persistence.queue_declared(self.name, queue)
@@ -349,6 +369,7 @@ class VirtualHost:
         if self.stats is not None:
             self.stats.queues_deleted += 1
         self.queues.pop(queue.name, None)
+        self.default_exchange.forget()
         if self.persistence is not None:
             self.persistence.queue_deleted(self.name, queue)
         for exchange in list(queue.sources):

@@ -311,7 +311,9 @@ class Connection:
                 if event is Sentinel.NEED_DATA:
                     flow.drained()
                     break
-                if isinstance(event, tuple):
+                if isinstance(event, Content):
+                    self._content(event)
+                elif isinstance(event, tuple):
                     channel_id, method = event
                     if channel_id:
                         self._channel_event(channel_id, method)
@@ -384,20 +386,21 @@ class Connection:
         if not self.held and self.flow.clear(UNCONFIRMED):
             self.resume()
 
+    def _content(self, content: Content) -> None:
+        """A message: its record came with it (no look-up of the handler or the channel)."""
+        owner: Channel | None = content.record.owner
+        if owner is None:
+            self._channel_event(content.channel, content)
+            return
+        try:
+            basic_publish(owner, content)
+        except ChannelError as exc:
+            self.channel_error(owner, exc.at(60, 40))
+        except ConnectionError_ as conn_exc:
+            raise conn_exc.at(60, 40) from None
+
     def _channel_event(self, channel_id: int, method: Any) -> None:
         kind = type(method)
-        if kind is Content:
-            # a message: its record came with it (no look-up of the handler or the channel)
-            content: Content = method
-            owner: Channel | None = content.record.owner
-            if owner is not None:
-                try:
-                    basic_publish(owner, content)
-                except ChannelError as exc:
-                    self.channel_error(owner, exc.at(60, 40))
-                except ConnectionError_ as conn_exc:
-                    raise conn_exc.at(60, 40) from None
-                return
         handler = HANDLERS.get(kind)
         if handler is not None:
             # the protocol passes such methods only on open channels, which have their owner

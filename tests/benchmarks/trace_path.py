@@ -1,7 +1,7 @@
 """The message path's own cost with tracing off and on, without sockets or other processes.
 
     python tests/benchmarks/trace_path.py [--messages 200000] [--rounds 5] [--callgrind]
-        [--confirm] [--ack-each] [--persistent] [--modes off,on]
+        [--confirm] [--ack-each] [--autoack] [--persistent] [--modes off,on]
 
 One broker ``Connection`` on a uvloop loop is fed bytes as a socket would feed it:
 publishes (one 16-byte message per frame set), and the acks of a consumer with prefetch
@@ -13,6 +13,7 @@ other processes on the machine cancels out of the ratio better than it does out 
 throughput test, where a publisher and a consumer compete with the broker for the CPUs.
 ``--callgrind`` counts instructions instead (valgrind): slower, but exactly repeatable.
 ``--ack-each`` acks every delivery with its own basic.ack (S2 and S3's shape).
+``--autoack`` consumes with no-ack and sends no acks (S1's shape).
 ``--confirm`` puts the publisher's channel in confirm mode (one coalesced basic.ack per
 batch); ``--persistent`` publishes with delivery_mode 2 to a broker with a data directory
 (the message store's path: records, group commit, records never written because their
@@ -46,6 +47,7 @@ from warren.config import Settings
 
 BATCH = 500  # messages per data_received: what one socket read might carry
 ACK_EACH = False  # --ack-each
+AUTOACK = False  # --autoack
 PERSISTENT = False  # --persistent
 
 
@@ -81,8 +83,11 @@ def handshake(confirm: bool = False) -> bytes:
     out += _m(commands.Connection.Open(virtual_host="/"), 0)
     out += _m(commands.Channel.Open())
     out += _m(commands.Queue.Declare(queue="q", durable=True))
-    out += _m(commands.Basic.Qos(prefetch_count=BATCH * 2))
-    out += _m(commands.Basic.Consume(queue="q", consumer_tag="c"))
+    if AUTOACK:
+        out += _m(commands.Basic.Consume(queue="q", consumer_tag="c", no_ack=True))
+    else:
+        out += _m(commands.Basic.Qos(prefetch_count=BATCH * 2))
+        out += _m(commands.Basic.Consume(queue="q", consumer_tag="c"))
     if confirm:
         out += _m(commands.Confirm.Select())
     return out
@@ -138,6 +143,10 @@ async def run(messages: int, traced: bool, trace_dir: str, confirm: bool = False
     wall, loop, process = time.perf_counter(), time.thread_time(), time.process_time()
     for _ in range(messages // BATCH):
         conn.data_received(batch)
+        if AUTOACK:  # delivered and settled as they are published
+            while conn.protocol.buffered or queue.ready_count:
+                await asyncio.sleep(0)
+            continue
         # the loop's turns: a publishing connection handles a share of its frames per turn
         while queue.unacked_count < BATCH:
             await asyncio.sleep(0)
@@ -170,6 +179,7 @@ def instructions(mode: str, messages: int, confirm: bool) -> int:
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
              __file__, "--only", mode, "--messages", str(messages)]
             + (["--confirm"] if confirm else []) + (["--ack-each"] if ACK_EACH else [])
+            + (["--autoack"] if AUTOACK else [])
             + (["--persistent"] if PERSISTENT else []),
             check=True, capture_output=True,
         )  # fmt: skip
@@ -201,14 +211,16 @@ def main() -> int:
     )
     parser.add_argument("--confirm", action="store_true", help="publish in confirm mode")
     parser.add_argument("--ack-each", action="store_true", help="one basic.ack per delivery")
+    parser.add_argument("--autoack", action="store_true", help="consume with no-ack (S1)")
     parser.add_argument(
         "--persistent", action="store_true", help="persistent messages, with a message store"
     )
     parser.add_argument("--modes", default="off,on", help="with --callgrind: off, on or both")
     parser.add_argument("--only", choices=("off", "on"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    global ACK_EACH, PERSISTENT
+    global ACK_EACH, AUTOACK, PERSISTENT
     ACK_EACH = args.ack_each
+    AUTOACK = args.autoack
     PERSISTENT = args.persistent
     configure_logging("error", "plaintext", False)
     if args.callgrind:
