@@ -14,15 +14,12 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import signal
-import struct
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pyspark import SparkConf, StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -30,6 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BooleanType, DataType, IntegerType, LongType, StringType
 
 from warren.broker.tracing import format as trace_format
+from warren.pipeline import jvm
 from warren.pipeline.schema import DEAD_LETTER_REASONS, READ_SCHEMA
 
 if TYPE_CHECKING:
@@ -112,238 +110,6 @@ def codegen_settings(size: int | None) -> dict[str, str]:
 
 SHORT_RUN_BYTES = 64 << 20  # of trace files: up to about a million events
 
-# A dynamic class-data sharing archive's first four bytes (little-endian); the JVM writes
-# the header last, so a file that starts with them is complete
-ARCHIVE_MAGIC = 0xF00BABA8.to_bytes(4, "little")
-# part of the archive's key: a new one when the job comes to use other classes (the JVM
-# loads a class the archive lacks as usual, at the usual cost)
-ARCHIVE_VERSION = "2"
-
-
-def _archive_key() -> str | None:
-    """What the driver JVM's class archive depends on: the java it runs and Spark's jars
-    (the JVM refuses an archive made with others, silently, so a new key makes a new one)."""
-    import hashlib
-
-    import pyspark
-
-    java_home = os.environ.get("JAVA_HOME")
-    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
-    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
-    if java is None or not os.path.isdir(jars):
-        return None
-    java = os.path.realpath(java)
-    parts = [java, str(os.stat(java).st_mtime_ns), jars, str(os.stat(jars).st_mtime_ns)]
-    parts += [pyspark.__version__, ARCHIVE_VERSION]
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
-
-
-def _archive_complete(path: str) -> bool:
-    with open(path, "rb") as f:
-        return f.read(4) == ARCHIVE_MAGIC
-
-
-def _archive_abandoned(path: str) -> bool:
-    """An unfinished archive whose run has ended and whose JVM has not written for ten
-    minutes (writing takes well under one): killed while it wrote, or before."""
-    pid = int(path.rsplit(".", 2)[-2])
-    try:
-        os.kill(pid, 0)
-        return False  # the run is still going: its JVM writes at the end
-    except ProcessLookupError:
-        pass
-    except PermissionError:
-        return False
-    return time.time() - os.path.getmtime(path) > 600
-
-
-def class_archive_options() -> str:
-    """JVM options that load Spark's classes from a class-data sharing archive (AppCDS),
-    made by the first embedded run on this machine and kept in a cache directory.
-
-    Loading and verifying the thousands of classes a report uses costs the driver's JVM more
-    CPU than the report's work on a small trace; mapped from the archive they need
-    neither. The first run's JVM writes the archive as it exits (``ArchiveClassesAtExit``,
-    in the background after the report: Python does not wait for it) to a file of its own;
-    a later run takes that file once it is complete. ``WARREN_REPORT_CACHE`` names the
-    directory (default ``~/.cache/warren``); set to the empty string, no archive is used."""
-    cache = _cache_dir()
-    key = _archive_key() if cache else None
-    if key is None:
-        return ""
-    quiet = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # a refused archive is no error
-    final = os.path.join(cache, f"spark-{key}.jsa")
-    try:
-        os.makedirs(cache, exist_ok=True)
-        parts = [
-            os.path.join(cache, n)
-            for n in sorted(os.listdir(cache))
-            if n.startswith(f"spark-{key}.") and n.endswith(".part")
-        ]
-        if not os.path.exists(final):
-            complete = [p for p in parts if _archive_complete(p)]
-            if complete:
-                os.replace(complete[0], final)
-            elif any(not _archive_abandoned(p) for p in parts):
-                return ""  # another run's JVM is writing it
-        if os.path.exists(final):
-            for part in parts:  # what another run's JVM wrote, or left half-written
-                if os.path.exists(part) and (_archive_complete(part) or _archive_abandoned(part)):
-                    os.unlink(part)
-            return f"-XX:SharedArchiveFile={final} {quiet}"
-        for part in parts:
-            os.unlink(part)
-        # the JVM writes it under a name of this run's own, renamed by a later run when
-        # complete: no run maps a file that is still being written
-        part = os.path.join(cache, f"spark-{key}.{os.getpid()}.part")
-        os.close(os.open(part, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-    except OSError:
-        return ""
-    return f"-XX:ArchiveClassesAtExit={part} {quiet}"
-
-
-def _cache_dir() -> str:
-    """Where the driver's class archive and launch command are kept ('' for nowhere)."""
-    cache = os.environ.get("WARREN_REPORT_CACHE")
-    if cache is None:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-        cache = os.path.join(base, "warren")
-    return cache
-
-
-# what pyspark's scripts and Spark's launcher read: a change makes a new launch command
-_LAUNCH_ENV = ("SPARK_", "PYSPARK_", "HADOOP_", "YARN_", "JAVA_", "JDK_JAVA_OPTIONS", "CLASSPATH")
-# set for each launch by pyspark itself, not by its scripts
-_LAUNCH_OWN_ENV = ("_PYSPARK_DRIVER_CONN_INFO_PATH", "SPARK_CONNECT_MODE")
-
-
-def _launch_file(conf: SparkConf) -> str | None:
-    """The file that keeps the driver JVM's command line for this Spark, Java, environment
-    and configuration; None where it cannot be kept safely."""
-    import hashlib
-    import shlex
-
-    import pyspark
-    from pyspark.find_spark_home import _find_spark_home
-
-    cache = _cache_dir()
-    if not cache or not sys.platform.startswith("linux") or os.environ.get("SPARK_TESTING"):
-        return None
-    home = _find_spark_home()
-    conf_dir = os.environ.get("SPARK_CONF_DIR") or os.path.join(home, "conf")
-    if os.path.exists(os.path.join(conf_dir, "spark-env.sh")):
-        return None  # a script that may set anything on each launch
-    java_home = os.environ.get("JAVA_HOME")
-    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
-    if java is None:
-        return None
-    java = os.path.realpath(java)
-    parts = [home, pyspark.__version__, java, str(os.stat(java).st_mtime_ns)]
-    defaults = os.path.join(conf_dir, "spark-defaults.conf")
-    if os.path.exists(defaults):
-        parts += [defaults, str(os.stat(defaults).st_mtime_ns)]
-    parts += [f"{k}={v}" for k, v in conf.getAll()]
-    parts += shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", "pyspark-shell"))
-    parts += sorted(
-        f"{k}={v}"
-        for k, v in os.environ.items()
-        if k.startswith(_LAUNCH_ENV) and k not in _LAUNCH_OWN_ENV
-    )
-    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
-    return os.path.join(cache, f"launch-{key}.json")
-
-
-def start_gateway(conf: SparkConf) -> Any:
-    """The driver's JVM and pyspark's gateway to it, started without Spark's launcher.
-
-    pyspark starts the driver through ``bin/spark-submit``: shell scripts, a Python that
-    finds Spark's home, and a first JVM (``org.apache.spark.launcher.Main``) that only
-    builds the second one's command line. That line depends only on Spark, Java, the
-    environment the scripts read and the configuration, so the first launch on a machine
-    keeps it (read from ``/proc``, with the variables the scripts set) in the cache
-    directory, and a later one with the same inputs runs it directly. Anything unusual
-    (another OS, a ``spark-env.sh`` that may set anything, a JVM that does not start)
-    takes pyspark's way."""
-    import json
-    import subprocess
-
-    from pyspark import java_gateway
-
-    path = _launch_file(conf)
-    saved = None
-    if path is not None and os.path.exists(path):
-        try:
-            with open(path, encoding="utf-8") as f:
-                saved = json.load(f)
-        except (OSError, ValueError):
-            saved = None
-    if saved is not None:
-        scratch = tempfile.mkdtemp(prefix="warren-gateway-")
-        info = os.path.join(scratch, "info")
-        env = {**os.environ, **saved["env"]}
-        env["SPARK_CONNECT_MODE"] = "0"
-        env["_PYSPARK_DRIVER_CONN_INFO_PATH"] = info
-        try:
-            # stdin a pipe: the JVM exits when this process does, as with pyspark's launch
-            proc = subprocess.Popen(
-                saved["argv"],
-                stdin=subprocess.PIPE,
-                env=env,
-                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-            )
-            while proc.poll() is None and not os.path.isfile(info):
-                time.sleep(0.01)
-            if os.path.isfile(info):
-                with open(info, "rb") as f:  # as pyspark reads it: port, secret's length, secret
-                    port, length = struct.unpack("!ii", f.read(8))
-                    secret = f.read(length).decode()
-                # pyspark's own gateway (its imports, its thread pinning) on this JVM
-                os.environ["PYSPARK_GATEWAY_PORT"] = str(port)
-                os.environ["PYSPARK_GATEWAY_SECRET"] = secret
-                try:
-                    gateway = java_gateway.launch_gateway()  # type: ignore[no-untyped-call]
-                finally:
-                    del os.environ["PYSPARK_GATEWAY_PORT"], os.environ["PYSPARK_GATEWAY_SECRET"]
-                gateway.proc = proc
-                return gateway
-            os.unlink(str(path))  # the kept line no longer starts a JVM: pyspark's way, kept anew
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-    gateway = java_gateway.launch_gateway(conf)  # type: ignore[no-untyped-call]
-    if path is not None:
-        _keep_launch(path, gateway.proc.pid)
-    return gateway
-
-
-def _keep_launch(path: str, pid: int) -> None:
-    """The running driver JVM's command line and the variables pyspark's scripts added."""
-    import json
-
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            pairs = [e.decode().partition("=") for e in f.read().split(b"\0") if e]
-    except (OSError, UnicodeDecodeError):
-        return
-    if (
-        not argv
-        or os.path.basename(argv[0]) != "java"
-        or "org.apache.spark.deploy.SparkSubmit" not in argv
-    ):
-        return
-    added = {k: v for k, _, v in pairs if os.environ.get(k) != v and k not in _LAUNCH_OWN_ENV}
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        part = f"{path}.{os.getpid()}.part"
-        # the user's only: it holds the driver's environment (the variables the scripts set)
-        fd = os.open(part, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
-        with open(fd, "w", encoding="utf-8") as f:
-            json.dump({"argv": argv, "env": added}, f)
-        os.replace(part, path)
-    except OSError:
-        pass
-
 
 def spark_session(
     master: str | None = None,
@@ -389,10 +155,6 @@ def spark_session(
                 settings["spark.driver.extraJavaOptions"] = f"{options} {SHORT_HEAP}"
         # the Python workers decode the trace files: they need warren, as this one has it
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    if not submitted and SparkContext._gateway is None:  # this starts the driver's JVM
-        archive = class_archive_options()
-        options = settings.get("spark.driver.extraJavaOptions", "")
-        settings["spark.driver.extraJavaOptions"] = f"{options} {archive}".strip()
     for key, value in settings.items():
         builder = builder.config(key, value)
     builder = builder.config("spark.sql.session.timeZone", "UTC")
@@ -402,7 +164,7 @@ def spark_session(
         launch = SparkConf()
         for key, value in builder._options.items():
             launch.set(key, value)
-        SparkContext._ensure_initialized(gateway=start_gateway(launch))
+        SparkContext._ensure_initialized(gateway=jvm.start_gateway(launch, jvm.java_runtime()))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     if not (spark.sparkContext.master or "").startswith("local"):

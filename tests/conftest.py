@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-# warren-report's class archive (pipeline/job.py class_archive_options) in the user's cache,
+# warren-report's class caches (pipeline/jvm.py) in the user's cache,
 # also for the runs of pytester, which gives its inner runs a HOME of their own
 os.environ.setdefault(
     "WARREN_REPORT_CACHE",
