@@ -536,16 +536,17 @@ def copy_events(events: DataFrame, partitions: int | None = None) -> DataFrame:
     copy = Window.partitionBy("vhost", "msg", "queue").orderBy("ts", "n")
     upto = copy.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     delivered = ev == "delivered"
-    rows = (
-        by_message.withColumn("state", state)
-        .withColumn("prev", F.coalesce(F.lag("state").over(copy), F.lit("none")))
-        .withColumn("arrived_ts", F.last(F.when(ev == "routed", F.col("ts")), True).over(upto))
-        .withColumn("deliver_ts", F.last(F.when(delivered, F.col("ts")), True).over(upto))
-        .withColumn(
-            "by",  # the consumer of the copy's latest delivery
-            F.last(F.when(delivered, F.coalesce("consumer", F.lit(GET))), True).over(upto),
-        )
-        .withColumn("by_conn", F.last(F.when(delivered, F.col("conn")), True).over(upto))
+    # one select, so one Window operator computes them all in one pass over the sorted
+    # rows (a projection between windows would keep them apart: five passes)
+    rows = by_message.select(
+        "*",
+        state.alias("state"),
+        F.coalesce(F.lag(state).over(copy), F.lit("none")).alias("prev"),
+        F.last(F.when(ev == "routed", F.col("ts")), True).over(upto).alias("arrived_ts"),
+        F.last(F.when(delivered, F.col("ts")), True).over(upto).alias("deliver_ts"),
+        # the consumer of the copy's latest delivery
+        F.last(F.when(delivered, F.coalesce("consumer", F.lit(GET))), True).over(upto).alias("by"),
+        F.last(F.when(delivered, F.col("conn")), True).over(upto).alias("by_conn"),
     )
     return rows
 
@@ -973,8 +974,13 @@ def analyse(
     partitions: int | None = None,
 ) -> Tables:
     """All tables; ``events`` is what :func:`load_events` returns."""
-    # the parsed trace is read three times: keep it on local disk, off the JVM heap
-    events = events.persist(StorageLevel.DISK_ONLY)
+    # no adaptive re-planning: a cached table planned adaptively does not tell its
+    # partitioning, so each table made from ``rows`` (partitioned by message) would shuffle
+    # it again, twice, and sort it (a runtime setting; small traces' sessions have it off)
+    events.sparkSession.conf.set("spark.sql.adaptive.enabled", "false")
+    # the parsed trace is read three times: load_events keeps JSON lines parsed on local
+    # disk; Parquet is read again, only the columns each read needs, for less CPU than a
+    # cache of every column costs (54 s of 579 for 10,483,565 events)
     rows = copy_events(events, partitions).persist(StorageLevel.MEMORY_AND_DISK)
     samples = latency_samples(rows).persist(StorageLevel.MEMORY_AND_DISK)
     per_copy = copies(rows).persist(StorageLevel.MEMORY_AND_DISK)
