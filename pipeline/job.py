@@ -228,17 +228,20 @@ def _decode(item: tuple[str, bytes]) -> Iterator[str]:
         yield f'{{"n":{n},{line[1:]}'
 
 
-LOCAL_DECODE_BYTES = 64 << 20  # of trace files: decoded by the driver below this
+# of trace files: below this the driver writes the tables itself (write(here=True)), and
+# a trace pyarrow cannot parse is decoded to JSON lines for Spark's reader
+LOCAL_DECODE_BYTES = 64 << 20
 _scratch: list[str] = []  # directories of decoded traces, removed by cleanup()
 _spans: dict[str, tuple[int, int]] = {}  # trace -> first and last ts, seen while decoding
-_decoded: set[str] = set()  # traces decoded here
+_decoded: set[str] = set()  # traces decoded here below LOCAL_DECODE_BYTES
 
 
 def _decode_here(spark: SparkSession, trace: str) -> tuple[str, str] | None:
-    """A small local trace in local mode, decoded here into a scratch directory; or None.
-    The JVM then reads plain files: no Python worker starts, which costs seconds on a busy
-    machine, against well under a second of decoding. Returns the directory and the
-    format of its files: Parquet from ARROW_BYTES of trace, else JSON lines."""
+    """A local trace in local mode, decoded here into a scratch directory; or None.
+    The JVM then reads plain files: no Python worker decodes and pickles the events for
+    Spark's JSON reader to parse again. Returns the directory and the format of its files:
+    Parquet from ARROW_BYTES of trace (JSON lines below LOCAL_DECODE_BYTES if pyarrow
+    cannot parse them; None, so Spark's reader decides, above), else JSON lines."""
     if not (spark.sparkContext.master or "").startswith("local"):
         return None
     if os.path.isdir(trace):
@@ -249,13 +252,18 @@ def _decode_here(spark: SparkSession, trace: str) -> tuple[str, str] | None:
     else:
         return None  # hdfs://, s3a://: Spark reads it
     size = sum(os.path.getsize(f) for f in files)
-    if not files or size >= LOCAL_DECODE_BYTES:
+    if not files:
         return None
     scratch = tempfile.mkdtemp(prefix="warren-report-")
     _scratch.append(scratch)
     _spans.pop(trace, None)
-    if size >= ARROW_BYTES and _parquet_here(files, scratch, trace, spark):
+    small = size < LOCAL_DECODE_BYTES
+    if size >= ARROW_BYTES and _parquet_here(files, scratch, trace, spark, small):
+        if small:
+            _decoded.add(trace)
         return scratch, "parquet"
+    if not small:
+        return None
     first, last = None, None
     for i, name in enumerate(files):
         with open(name, "rb") as f:
@@ -277,6 +285,9 @@ def _decode_here(spark: SparkSession, trace: str) -> tuple[str, str] | None:
 # lines with pyarrow and writes them as Parquet: Spark's JSON reader took 5 s of CPU for
 # 104,789 events, pyarrow takes 0.6 s and Spark's columnar Parquet reader little more
 ARROW_BYTES = 4 << 20
+# rows of a Parquet row group in a big trace's scratch files: Spark splits a file between
+# tasks at row groups only (about 40 MB each, uncompressed)
+ROW_GROUP = 1 << 18
 
 
 def _arrow_type(kind: DataType) -> pa.DataType:
@@ -295,51 +306,108 @@ def _arrow_type(kind: DataType) -> pa.DataType:
     raise TypeError(f"no Arrow type for {kind}")
 
 
-def _parquet_here(files: list[str], scratch: str, trace: str, spark: SparkSession) -> bool:
-    """The decoded lines of ``files`` as Parquet files in ``scratch``, parsed by pyarrow
-    with the schema Spark reads them with, one file per core; False (and no file) if
-    pyarrow cannot parse them all, so Spark's JSON reader and its rules apply."""
-    try:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-        import pyarrow.json as pj
-        import pyarrow.parquet as pq
-    except ImportError:
-        return False
-    text = []
-    for name in files:
-        with open(name, "rb") as f:
-            data = f.read()
+def _arrow_file(name: str) -> pa.Table | None:
+    """One trace file's events as Arrow, with the schema Spark reads them with and each
+    line's place ("n", as _decode gives it); None if pyarrow cannot parse them all."""
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    schema = pa.schema([pa.field(f.name, _arrow_type(f.dataType)) for f in READ_SCHEMA.fields])
+    options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    with open(name, "rb") as f:
+        data = f.read()
+    parsed = None
+    if trace_format.file_number(data) == 0 and data[:1] == b"{" and data.endswith(b"}\n"):
+        # a file of JSON lines as the generator or a decode writes it: parsed as it is, the
+        # line's number its "n" if every line is one row (no blank line, none cut short)
+        try:
+            parsed = pj.read_json(pa.py_buffer(data), parse_options=options)
+        except (pa.ArrowException, ValueError):
+            parsed = None
+        if parsed is not None and parsed.num_rows == data.count(b"\n"):
+            parsed = parsed.set_column(
+                schema.get_field_index("n"), "n", pa.array(range(parsed.num_rows), pa.int64())
+            )
+        else:
+            parsed = None
+    if parsed is None:
+        text = []
         for line in _decode((name, data)):
             # a line cut short by a live broker: Spark's JSON reader makes it a row of
             # nulls, which load_events drops
             if line.rstrip().endswith("}"):
                 text.append(line if line.endswith("\n") else line + "\n")
-    schema = pa.schema([pa.field(f.name, _arrow_type(f.dataType)) for f in READ_SCHEMA.fields])
-    options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
-    try:
-        parsed = pj.read_json(pa.py_buffer("".join(text).encode()), parse_options=options)
-    except (pa.ArrowException, ValueError):
-        return False  # not as the broker writes it: Spark's reader decides
+        del data
+        try:
+            parsed = pj.read_json(pa.py_buffer("".join(text).encode()), parse_options=options)
+        except (pa.ArrowException, ValueError):
+            return None  # not as the broker writes it: Spark's reader decides
     rows = parsed.num_rows
-    table = pa.table(
+    return pa.table(
         [
             parsed[f.name] if f.name in parsed.column_names else pa.nulls(rows, f.type)
             for f in schema
         ],
         schema=schema,
     )
-    kept = table.filter(pc.and_(pc.is_valid(table["ev"]), pc.is_valid(table["ts"])))
-    if kept.num_rows:
-        span = pc.min_max(kept["ts"])
-        _spans[trace] = (span["min"].as_py(), span["max"].as_py())
-    # one file per core: Spark reads a file's row group in one task
-    parts = max(1, spark.sparkContext.defaultParallelism)
-    step = -(-rows // parts) or 1
-    for i in range(0, max(rows, 1), step):
-        path = os.path.join(scratch, f"{i // step}.parquet")
-        pq.write_table(table.slice(i, step), path, compression="none")
-    _decoded.add(trace)
+
+
+def _parquet_here(
+    files: list[str], scratch: str, trace: str, spark: SparkSession, small: bool = True
+) -> bool:
+    """The events of ``files`` as Parquet files in ``scratch``, parsed by pyarrow with the
+    schema Spark reads them with: a small trace as one file per core, a big one file by
+    file (two at a time, in bounded memory) with a row group per ROW_GROUP events. False
+    (and no file) if pyarrow cannot parse them all, so Spark's JSON reader and its rules
+    apply."""
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+    except ImportError:
+        return False
+    spans: list[tuple[int, int]] = []
+
+    def span(table: pa.Table) -> None:
+        kept = table.filter(pc.and_(pc.is_valid(table["ev"]), pc.is_valid(table["ts"])))
+        if kept.num_rows:
+            low_high = pc.min_max(kept["ts"])
+            spans.append((low_high["min"].as_py(), low_high["max"].as_py()))
+
+    if small:
+        tables = [_arrow_file(name) for name in files]
+        if any(t is None for t in tables):
+            return False
+        table = pa.concat_tables([t for t in tables if t is not None])
+        span(table)
+        rows = table.num_rows
+        # one file per core: Spark reads a file's row group in one task
+        parts = max(1, spark.sparkContext.defaultParallelism)
+        step = -(-rows // parts) or 1
+        for i in range(0, max(rows, 1), step):
+            path = os.path.join(scratch, f"{i // step}.parquet")
+            pq.write_table(table.slice(i, step), path, compression="none")
+    else:
+
+        def convert(i: int) -> bool:
+            table = _arrow_file(files[i])
+            if table is None:
+                return False
+            span(table)
+            path = os.path.join(scratch, f"{i}.parquet")
+            pq.write_table(table, path, compression="none", row_group_size=ROW_GROUP)
+            return True
+
+        # pyarrow parses and writes without the GIL: two files at a time keep two cores
+        # busy where one file's parse does not
+        with ThreadPoolExecutor(2, thread_name_prefix="warren-parse") as pool:
+            done = list(pool.map(convert, range(len(files))))
+        if not all(done):
+            for name in os.listdir(scratch):
+                os.unlink(os.path.join(scratch, name))
+            return False
+    if spans:
+        _spans[trace] = (min(s[0] for s in spans), max(s[1] for s in spans))
     return True
 
 
@@ -468,16 +536,17 @@ def copy_events(events: DataFrame, partitions: int | None = None) -> DataFrame:
     copy = Window.partitionBy("vhost", "msg", "queue").orderBy("ts", "n")
     upto = copy.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     delivered = ev == "delivered"
-    rows = (
-        by_message.withColumn("state", state)
-        .withColumn("prev", F.coalesce(F.lag("state").over(copy), F.lit("none")))
-        .withColumn("arrived_ts", F.last(F.when(ev == "routed", F.col("ts")), True).over(upto))
-        .withColumn("deliver_ts", F.last(F.when(delivered, F.col("ts")), True).over(upto))
-        .withColumn(
-            "by",  # the consumer of the copy's latest delivery
-            F.last(F.when(delivered, F.coalesce("consumer", F.lit(GET))), True).over(upto),
-        )
-        .withColumn("by_conn", F.last(F.when(delivered, F.col("conn")), True).over(upto))
+    # one select, so one Window operator computes them all in one pass over the sorted
+    # rows (a projection between windows would keep them apart: five passes)
+    rows = by_message.select(
+        "*",
+        state.alias("state"),
+        F.coalesce(F.lag(state).over(copy), F.lit("none")).alias("prev"),
+        F.last(F.when(ev == "routed", F.col("ts")), True).over(upto).alias("arrived_ts"),
+        F.last(F.when(delivered, F.col("ts")), True).over(upto).alias("deliver_ts"),
+        # the consumer of the copy's latest delivery
+        F.last(F.when(delivered, F.coalesce("consumer", F.lit(GET))), True).over(upto).alias("by"),
+        F.last(F.when(delivered, F.col("conn")), True).over(upto).alias("by_conn"),
     )
     return rows
 
@@ -905,8 +974,13 @@ def analyse(
     partitions: int | None = None,
 ) -> Tables:
     """All tables; ``events`` is what :func:`load_events` returns."""
-    # the parsed trace is read three times: keep it on local disk, off the JVM heap
-    events = events.persist(StorageLevel.DISK_ONLY)
+    # no adaptive re-planning: a cached table planned adaptively does not tell its
+    # partitioning, so each table made from ``rows`` (partitioned by message) would shuffle
+    # it again, twice, and sort it (a runtime setting; small traces' sessions have it off)
+    events.sparkSession.conf.set("spark.sql.adaptive.enabled", "false")
+    # the parsed trace is read three times: load_events keeps JSON lines parsed on local
+    # disk; Parquet is read again, only the columns each read needs, for less CPU than a
+    # cache of every column costs (54 s of 579 for 10,483,565 events)
     rows = copy_events(events, partitions).persist(StorageLevel.MEMORY_AND_DISK)
     samples = latency_samples(rows).persist(StorageLevel.MEMORY_AND_DISK)
     per_copy = copies(rows).persist(StorageLevel.MEMORY_AND_DISK)

@@ -450,6 +450,48 @@ def test_pyarrow_reads_the_events_spark_reads(
     assert len(mixed) == len(by_spark) + 1
 
 
+def test_a_big_trace_is_parsed_file_by_file(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From LOCAL_DECODE_BYTES of trace the driver parses each file with pyarrow into a
+    Parquet file of its own (the lines' numbers as "n"): the same events as Spark's JSON
+    reader on Python workers' decoding, a file with a line cut short parsed line by line;
+    the tables are written by Spark, and a line pyarrow cannot take leaves the trace to
+    Spark's reader."""
+    from warren.pipeline import job
+
+    trace = tmp_path / "trace"
+    generate.generate(str(trace), 300, seed=5, per_file=500)
+    last = sorted(trace.glob("warren-trace-*"))[-1]
+    with last.open("a") as f:
+        f.write('{"ts":1767225600000001,"ev":"delivered","vhost":"/","queue":"or')
+
+    def read() -> tuple[list[str], list[tuple[Any, ...]], bool]:
+        events = job.load_events(spark, str(trace))
+        rows = sorted(tuple(r) for r in events.collect())
+        names = sorted(os.listdir(job._scratch[-1]))
+        here = job.small(str(trace), str(tmp_path / "out"))
+        job.cleanup()
+        return names, rows, here
+
+    monkeypatch.setattr(job, "LOCAL_DECODE_BYTES", 0)
+    monkeypatch.setattr(job, "ARROW_BYTES", 1 << 40)  # pyarrow never: Spark's reader
+    names, by_spark, _ = read()
+    assert names == []
+    monkeypatch.setattr(job, "ARROW_BYTES", 0)
+    names, by_pyarrow, here = read()
+    files = len(list(trace.glob("warren-trace-*")))
+    assert files > 2 and names == sorted(f"{i}.parquet" for i in range(files))
+    assert not here
+    assert by_pyarrow == by_spark
+    assert len(by_spark) == sum(len(f.read_text().splitlines()) for f in trace.iterdir()) - 1
+    with last.open("a") as f:  # a number where a string belongs: Spark's reader decides
+        f.write('\n{"ts":1767225600000002,"ev":"published","vhost":"/","rk":5}\n')
+    names, mixed, _ = read()
+    assert names == []
+    assert len(mixed) == len(by_spark) + 1
+
+
 def test_render_and_queue_diagnosis(
     spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
