@@ -164,7 +164,11 @@ def spark_session(
         launch = SparkConf()
         for key, value in builder._options.items():
             launch.set(key, value)
-        SparkContext._ensure_initialized(gateway=jvm.start_gateway(launch, jvm.java_runtime()))
+        # the class cache on a short run only: on a long one its start-up saving is lost in
+        # the run, and Java 25's AOT cache made by a short run cost 10 to 60% more CPU
+        # (docs/tracing.md "Speed")
+        gateway = jvm.start_gateway(launch, jvm.java_runtime(), classes=short)
+        SparkContext._ensure_initialized(gateway=gateway)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     if not (spark.sparkContext.master or "").startswith("local"):

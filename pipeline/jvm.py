@@ -474,7 +474,7 @@ def driver_argv(argv: Sequence[str], runtime: Runtime | None, options: Sequence[
     return argv[:main] + list(options) + argv[main:]
 
 
-def start_gateway(conf: SparkConf, runtime: Runtime | None = None) -> Any:
+def start_gateway(conf: SparkConf, runtime: Runtime | None = None, classes: bool = True) -> Any:
     """The driver's JVM and pyspark's gateway to it.
 
     pyspark starts the driver through ``bin/spark-submit``: shell scripts, a Python that
@@ -485,7 +485,8 @@ def start_gateway(conf: SparkConf, runtime: Runtime | None = None) -> Any:
     directly. A runtime without ``jdk.incubator.vector`` gets its first line from Spark's
     launcher run here, without the ``--add-modules`` that would stop it; others from
     pyspark's launch (read from ``/proc``, with the variables the scripts set). The class
-    cache's options are added to the line on each start, not kept. Anything unusual
+    cache's options are added to the line on each start, not kept (``classes``: a short
+    run's; a long run's JVM goes without, see docs/tracing.md "Speed"). Anything unusual
     (another OS, a ``spark-env.sh`` that may set anything, a JVM that does not start)
     takes pyspark's way."""
     path = launch_file(conf, runtime)
@@ -513,7 +514,7 @@ def start_gateway(conf: SparkConf, runtime: Runtime | None = None) -> Any:
         if saved is None:
             continue
         argv = driver_argv(saved["argv"], runtime, [])
-        argv = driver_argv(argv, runtime, class_cache_options(runtime, argv))
+        argv = driver_argv(argv, runtime, class_cache_options(runtime, argv) if classes else [])
         gateway = _run_driver(argv, saved["env"])
         if gateway is not None:
             if fresh and path is not None:
@@ -521,7 +522,7 @@ def start_gateway(conf: SparkConf, runtime: Runtime | None = None) -> Any:
             return gateway
         if path is not None and os.path.exists(path):
             os.unlink(path)  # the kept line no longer starts a JVM: made anew
-    return _pyspark_launch(conf, runtime, path)
+    return _pyspark_launch(conf, runtime, path, classes)
 
 
 def _run_driver(argv: list[str], added: dict[str, str]) -> Any:
@@ -561,13 +562,15 @@ def _run_driver(argv: list[str], added: dict[str, str]) -> Any:
     return gateway
 
 
-def _pyspark_launch(conf: SparkConf, runtime: Runtime | None, path: str | None) -> Any:
+def _pyspark_launch(
+    conf: SparkConf, runtime: Runtime | None, path: str | None, classes: bool = True
+) -> Any:
     """pyspark's own launch (``bin/spark-submit``), with the class cache's options in
     the driver's Java options and ``runtime`` as ``JAVA_HOME``; keeps the command line
     (without those options) in ``path``."""
     from pyspark import java_gateway
 
-    options = class_cache_options(runtime)
+    options = class_cache_options(runtime) if classes else []
     if options:
         extra = conf.get("spark.driver.extraJavaOptions", "") or ""
         conf.set("spark.driver.extraJavaOptions", f"{extra} {' '.join(options)}".strip())

