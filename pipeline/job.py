@@ -166,7 +166,7 @@ def spark_session(
             launch.set(key, value)
         # the class cache on a short run only: on a long one its start-up saving is lost in
         # the run, and Java 25's AOT cache made by a short run cost 10 to 60% more CPU
-        # (docs/tracing.md "Speed")
+        # (docs/tracing.md "Scale")
         gateway = jvm.start_gateway(launch, jvm.java_runtime(), classes=short)
         SparkContext._ensure_initialized(gateway=gateway)
     spark = builder.getOrCreate()

@@ -486,7 +486,7 @@ def start_gateway(conf: SparkConf, runtime: Runtime | None = None, classes: bool
     launcher run here, without the ``--add-modules`` that would stop it; others from
     pyspark's launch (read from ``/proc``, with the variables the scripts set). The class
     cache's options are added to the line on each start, not kept (``classes``: a short
-    run's; a long run's JVM goes without, see docs/tracing.md "Speed"). Anything unusual
+    run's; a long run's JVM goes without, see docs/tracing.md "Scale"). Anything unusual
     (another OS, a ``spark-env.sh`` that may set anything, a JVM that does not start)
     takes pyspark's way."""
     path = launch_file(conf, runtime)
