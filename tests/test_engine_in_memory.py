@@ -196,13 +196,19 @@ def test_a_publisher_gets_its_share_of_a_turn_then_waits_for_the_next(
     assert client.transport.reading
 
 
-def test_a_stream_of_deliveries_is_written_once_for_the_publishers_turns(
-    engine: MemoryBroker,
-) -> None:
+def _publisher_and_consumer(engine: MemoryBroker) -> tuple[MemoryClient, MemoryClient]:
+    """Two connections with channel 1 open, and the queue "q"."""
     publisher, consumer = engine.connect(), engine.connect()
     publisher.channel_open(1)
     declare(publisher, "q")
     consumer.channel_open(1)
+    return publisher, consumer
+
+
+def test_a_stream_of_deliveries_is_written_once_for_the_publishers_turns(
+    engine: MemoryBroker,
+) -> None:
+    publisher, consumer = _publisher_and_consumer(engine)
     method = make(commands.Basic.Consume, queue="q", consumer_tag="c", no_ack=True)
     assert isinstance(consumer.call(1, method), commands.Basic.ConsumeOk)
     publisher.publish(1, "", "q", b"first")
@@ -220,10 +226,7 @@ def test_a_stream_of_deliveries_is_written_once_for_the_publishers_turns(
 def test_a_consumer_with_a_full_prefetch_window_is_written_at_once_during_a_backlog(
     engine: MemoryBroker,
 ) -> None:
-    publisher, consumer = engine.connect(), engine.connect()
-    publisher.channel_open(1)
-    declare(publisher, "q")
-    consumer.channel_open(1)
+    publisher, consumer = _publisher_and_consumer(engine)
     assert isinstance(
         consumer.call(1, make(commands.Basic.Qos, prefetch_count=10)), commands.Basic.QosOk
     )
