@@ -205,6 +205,16 @@ def _parts(cache: str, prefix: str, suffix: str) -> list[str]:
     ]
 
 
+def _take_complete(final: str, parts: Sequence[str], magic: bytes) -> bool:
+    """Whether ``final`` exists, after renaming to it the first complete one of ``parts``
+    (files runs' JVMs wrote under names of their own) if it did not."""
+    if not os.path.exists(final):
+        complete = [p for p in parts if _complete(p, magic)]
+        if complete:
+            os.replace(complete[0], final)
+    return os.path.exists(final)
+
+
 def class_cache_options(runtime: Runtime | None, argv: Sequence[str] | None = None) -> list[str]:
     """The driver JVM's options for its class cache: an AOT cache from Java 25 on, an
     AppCDS archive before. ``argv``: the JVM's command line when known (an AOT cache is
@@ -236,12 +246,10 @@ def class_archive_options(runtime: Runtime | None = None) -> list[str]:
         os.makedirs(cache, exist_ok=True)
         parts = _parts(cache, f"spark-{key}.", ".part")
         parts = [p for p in parts if not p.endswith((".aot.part", ".aotconf.part"))]
-        if not os.path.exists(final):
-            complete = [p for p in parts if _complete(p, ARCHIVE_MAGIC)]
-            if complete:
-                os.replace(complete[0], final)
-            elif any(not _abandoned(p) for p in parts):
-                return []  # another run's JVM is writing it
+        if not _take_complete(final, parts, ARCHIVE_MAGIC) and any(
+            not _abandoned(p) for p in parts
+        ):
+            return []  # another run's JVM is writing it
         if os.path.exists(final):
             for part in parts:  # what another run's JVM wrote, or left half-written
                 if os.path.exists(part) and (_complete(part, ARCHIVE_MAGIC) or _abandoned(part)):
@@ -278,10 +286,7 @@ def aot_cache_options(runtime: Runtime, argv: Sequence[str] | None = None) -> li
         os.makedirs(cache, exist_ok=True)
         configs = _parts(cache, f"spark-{key}.", ".aotconf.part")
         made = _parts(cache, f"spark-{key}.", ".aot.part")
-        if not os.path.exists(final):
-            complete = [p for p in made if _complete(p, AOT_CACHE_MAGIC)]
-            if complete:
-                os.replace(complete[0], final)
+        _take_complete(final, made, AOT_CACHE_MAGIC)
         if os.path.exists(final):
             for part in configs + made:  # done with, or left half-written
                 if os.path.exists(part) and (
