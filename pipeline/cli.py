@@ -326,6 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     partitions = args.partitions or auto_partitions(args.trace)
     size = trace_bytes(args.trace)
     short = size is not None and size < job.SHORT_RUN_BYTES
+    embedded = "PYSPARK_GATEWAY_PORT" not in os.environ  # not started by spark-submit
+    if size is not None and embedded and (args.master or "local").startswith("local"):
+        # a local session's default parallelism is its shuffle partitions (spark_session)
+        job.decode_early(args.trace, partitions)
     spark = job.spark_session(
         args.master, args.driver_memory, partitions, short=short, trace_size=size
     )

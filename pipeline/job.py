@@ -17,7 +17,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Collection, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -240,14 +240,36 @@ _spans: dict[str, tuple[int, int]] = {}  # trace -> first and last ts, seen whil
 _decoded: set[str] = set()  # traces decoded here below LOCAL_DECODE_BYTES
 
 
+_early: dict[str, Future[tuple[str, str] | None]] = {}  # trace -> decode_early's decode
+
+
+def decode_early(trace: str, parallelism: int) -> None:
+    """Start decoding a local trace for a local-mode session that is yet to start, in a
+    thread: the decode (pyarrow, without Python's lock) runs while the JVM starts, and
+    :func:`load_events` takes its result. ``parallelism``: the session's default one."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="warren-decode")
+    _early[trace] = pool.submit(_decode_local, trace, parallelism)
+    pool.shutdown(wait=False)
+
+
 def _decode_here(spark: SparkSession, trace: str) -> tuple[str, str] | None:
     """A local trace in local mode, decoded here into a scratch directory; or None.
     The JVM then reads plain files: no Python worker decodes and pickles the events for
     Spark's JSON reader to parse again. Returns the directory and the format of its files:
     Parquet from ARROW_BYTES of trace (JSON lines below LOCAL_DECODE_BYTES if pyarrow
     cannot parse them; None, so Spark's reader decides, above), else JSON lines."""
+    early = _early.pop(trace, None)
     if not (spark.sparkContext.master or "").startswith("local"):
+        if early is not None:
+            early.result()  # its scratch directory goes with cleanup()
         return None
+    if early is not None:
+        return early.result()
+    return _decode_local(trace, spark.sparkContext.defaultParallelism)
+
+
+def _decode_local(trace: str, parallelism: int) -> tuple[str, str] | None:
+    """_decode_here's decode, for a session of default ``parallelism``."""
     if os.path.isdir(trace):
         names = sorted(n for n in os.listdir(trace) if n.startswith("warren-trace-"))
         files = [os.path.join(trace, n) for n in names]
@@ -262,7 +284,7 @@ def _decode_here(spark: SparkSession, trace: str) -> tuple[str, str] | None:
     _scratch.append(scratch)
     _spans.pop(trace, None)
     small = size < LOCAL_DECODE_BYTES
-    if size >= ARROW_BYTES and _parquet_here(files, scratch, trace, spark, small):
+    if size >= ARROW_BYTES and _parquet_here(files, scratch, trace, parallelism, small):
         if small:
             _decoded.add(trace)
         return scratch, "parquet"
@@ -357,7 +379,7 @@ def _arrow_file(name: str) -> pa.Table | None:
 
 
 def _parquet_here(
-    files: list[str], scratch: str, trace: str, spark: SparkSession, small: bool = True
+    files: list[str], scratch: str, trace: str, parallelism: int, small: bool = True
 ) -> bool:
     """The events of ``files`` as Parquet files in ``scratch``, parsed by pyarrow with the
     schema Spark reads them with: a small trace as one file per core, a big one file by
@@ -386,7 +408,7 @@ def _parquet_here(
         span(table)
         rows = table.num_rows
         # one file per core: Spark reads a file's row group in one task
-        parts = max(1, spark.sparkContext.defaultParallelism)
+        parts = max(1, parallelism)
         step = -(-rows // parts) or 1
         for i in range(0, max(rows, 1), step):
             path = os.path.join(scratch, f"{i // step}.parquet")
