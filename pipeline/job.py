@@ -538,14 +538,18 @@ def copy_events(events: DataFrame, partitions: int | None = None) -> DataFrame:
     ev = F.col("ev")
     columns = ["vhost", "msg", "ts", "n", "ev", "consumer", "conn", "redelivered", "requeue", "why"]
     columns += ["reason", "exchange", "rk", "size", "mid", "cid", "mandatory"]
-    arrivals = events.filter((ev == "routed") & (F.size("queues") > 0)).select(
-        *columns, F.explode("queues").alias("queue")
+    routed = ev == "routed"
+    arrival = routed & F.coalesce(F.size("queues") > 0, F.lit(False))
+    # a publish that reached no queue; a dead-lettered copy that reached none is dropped
+    unrouted = routed & F.coalesce((F.size("queues") == 0) & ~F.col("dead_letter"), F.lit(False))
+    # one pass over the events (a union of three filters read the trace three times)
+    every = events.filter(ev.isin("published", *COPY_EVENTS) | arrival | unrouted).select(
+        *[
+            F.when(unrouted, F.lit("unrouted")).otherwise(ev).alias(c) if c == "ev" else c
+            for c in columns
+        ],
+        F.explode(F.when(arrival, F.col("queues")).otherwise(F.array("queue"))).alias("queue"),
     )
-    unrouted = events.filter(
-        (ev == "routed") & (F.size("queues") == 0) & ~F.col("dead_letter")
-    ).select(*[F.lit("unrouted").alias(c) if c == "ev" else F.col(c) for c in columns], "queue")
-    others = events.filter(ev.isin("published", *COPY_EVENTS)).select(*columns, "queue")
-    every = arrivals.unionByName(unrouted).unionByName(others)
     by_message = (
         every.repartition(partitions, "vhost", "msg")
         if partitions
@@ -682,7 +686,9 @@ def consumers(rows: DataFrame, samples: DataFrame) -> DataFrame:
         .filter(F.col("consumer").isNotNull())
         .groupBy("vhost", "queue", "consumer")
         .agg(
-            F.first("by_conn", True).alias("conn"),
+            # the least of its connections: collect_set makes this a hash aggregation
+            # (a first() of a string one that sorts the rows)
+            F.array_min(F.collect_set("by_conn")).alias("conn"),
             _count(ev == "delivered").alias("deliveries"),
             _count((ev == "delivered") & F.col("redelivered")).alias("redeliveries"),
             _count(ev == "acked").alias("acks"),
@@ -993,6 +999,11 @@ def summary(events: DataFrame, msgs: DataFrame, bucket_seconds: float) -> DataFr
     return totals.crossJoin(outcomes).withColumn("bucket_seconds", F.lit(float(bucket_seconds)))
 
 
+# the cached tables in plain columns: compressing them (choosing an encoding per column
+# and batch, then encoding and decoding) took a fifth of the executors' CPU
+JOB_SETTINGS = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
+
+
 def analyse(
     events: DataFrame,
     bucket_seconds: float | None = None,
@@ -1004,11 +1015,15 @@ def analyse(
     # partitioning, so each table made from ``rows`` (partitioned by message) would shuffle
     # it again, twice, and sort it (a runtime setting; small traces' sessions have it off)
     events.sparkSession.conf.set("spark.sql.adaptive.enabled", "false")
+    for key, value in JOB_SETTINGS.items():
+        events.sparkSession.conf.set(key, value)
     # the parsed trace is read three times: load_events keeps JSON lines parsed on local
     # disk; Parquet is read again, only the columns each read needs, for less CPU than a
     # cache of every column costs (54 s of 579 for 10,483,565 events)
     rows = copy_events(events, partitions).persist(StorageLevel.MEMORY_AND_DISK)
-    samples = latency_samples(rows).persist(StorageLevel.MEMORY_AND_DISK)
+    # not cached: three reads of a few of the rows' columns cost less than a cache of
+    # millions of samples
+    samples = latency_samples(rows)
     per_copy = copies(rows).persist(StorageLevel.MEMORY_AND_DISK)
     msgs = messages(per_copy).persist(StorageLevel.MEMORY_AND_DISK)
     if bucket_seconds is None:
