@@ -1017,9 +1017,9 @@ def analyse(
     events.sparkSession.conf.set("spark.sql.adaptive.enabled", "false")
     for key, value in JOB_SETTINGS.items():
         events.sparkSession.conf.set(key, value)
-    # the parsed trace is read three times: load_events keeps JSON lines parsed on local
-    # disk; Parquet is read again, only the columns each read needs, for less CPU than a
-    # cache of every column costs (54 s of 579 for 10,483,565 events)
+    # the parsed trace is read by three tables: load_events keeps JSON lines parsed on
+    # local disk; Parquet is read again, only the columns each read needs, for less CPU
+    # than a cache of every column costs (54 s of 579 for 10,483,565 events)
     rows = copy_events(events, partitions).persist(StorageLevel.MEMORY_AND_DISK)
     # not cached: three reads of a few of the rows' columns cost less than a cache of
     # millions of samples
