@@ -270,13 +270,14 @@ def aot_cache_options(runtime: Runtime, argv: Sequence[str] | None = None) -> li
     """JVM options that map Spark's classes, loaded, linked and with the profiles of
     their methods, from an AOT cache (Java 25 on: JEP 483, 514, 515).
 
-    In three steps, each a run's: the first run's JVM records what it loads and runs
-    (``-XX:AOTMode=record``) into an AOT configuration file of its own as it exits; a
-    later run finds that file complete and starts a JVM in the background that assembles
-    the cache from it (``-XX:AOTMode=create``, with the options of this run's command
-    line ``argv``; without it, a later run does) into another file of its own; runs after
-    that take the cache once it is complete (``-XX:AOTCache``). Neither step writes to
-    the terminal; a JVM that refuses the cache runs without it, silently."""
+    In two steps: the first run's JVM records what it loads and runs
+    (``-XX:AOTMode=record``) into an AOT configuration file of its own as it exits; then
+    the process that run leaves behind (_assemble_after_exit), or failing it a later run,
+    finds that file complete and starts a JVM in the background that assembles the cache
+    from it (``-XX:AOTMode=create``, with the options of the command line ``argv``;
+    without it, a later run does) into another file of its own; runs after that take the
+    cache once it is complete (``-XX:AOTCache``). Neither step writes to the terminal; a
+    JVM that refuses the cache runs without it, silently."""
     cache = cache_dir()
     key = archive_key(runtime.java) if cache else None
     if key is None:
@@ -325,6 +326,48 @@ _CACHE_FLAGS = (
     "-XX:SharedArchiveFile=",
     "-XX:ArchiveClassesAtExit=",
 )
+
+
+def _assemble_after_exit(pid: int) -> None:
+    """Leaves behind this run a small process that waits for its recording JVM ``pid`` to
+    exit (the JVM writes the AOT configuration as it does, after the report) and then
+    starts the cache's assembly: the next run maps the cache rather than starting it."""
+    code = "import sys; from warren.pipeline import jvm; jvm.assemble_when_gone(int(sys.argv[1]))"
+    with contextlib.suppress(OSError):
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(pid)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=lambda: os.nice(10),
+        )
+
+
+def assemble_when_gone(pid: int) -> None:
+    """_assemble_after_exit's process: the JVM's command line while it runs, then, once it
+    has exited and its AOT configuration is complete, aot_cache_options' second step."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
+    except (OSError, UnicodeDecodeError):
+        return
+    if SPARK_SUBMIT not in argv or "-XX:AOTMode=record" not in argv:
+        return
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.5)
+    java = os.path.realpath(argv[0])
+    cache = cache_dir()
+    key = archive_key(java) if cache else None
+    if key is None:
+        return
+    configs = _parts(cache, f"spark-{key}.", ".aotconf.part")
+    if any(_complete(p, AOT_CONFIG_MAGIC) for p in configs):
+        aot_cache_options(Runtime(java, None, AOT_VERSION, None), argv)
 
 
 def _assemble(argv: Sequence[str], config: str, part: str) -> None:
@@ -524,6 +567,8 @@ def start_gateway(conf: SparkConf, runtime: Runtime | None = None, classes: bool
         if gateway is not None:
             if fresh and path is not None:
                 _write_launch(path, saved)
+            if "-XX:AOTMode=record" in argv:
+                _assemble_after_exit(gateway.proc.pid)
             return gateway
         if path is not None and os.path.exists(path):
             os.unlink(path)  # the kept line no longer starts a JVM: made anew
@@ -591,6 +636,8 @@ def _pyspark_launch(
             os.environ["JAVA_HOME"] = before
     if path is not None:
         _keep_launch(path, gateway.proc.pid, options)
+    if "-XX:AOTMode=record" in options:
+        _assemble_after_exit(gateway.proc.pid)  # the scripts exec the JVM: its pid
     return gateway
 
 
