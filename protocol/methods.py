@@ -414,16 +414,9 @@ def delivery_head(
     write_i64_be(w, tag)
     w.append(1 if redelivered else 0)
     w.write(prefix.mid)
-    if not body_frame:
-        write_i32_be(w, 12 + len(properties))
-        w.write(b"\x00\x3c\x00\x00")  # class 60, weight 0
-        write_i64_be(w, body_size)
-        w.write(properties)
-        w.append(0xCE)
-        return w.getvalue()
     # the same properties object (the reader hands on the previous header's when its octets
     # repeat) and size as the consumer's previous delivery: its content header kept whole
-    if properties is prefix.header_for and body_size == prefix.header_size:
+    if body_frame and properties is prefix.header_for and body_size == prefix.header_size:
         header = prefix.header
         if not len(header):
             header = prefix.header = (
@@ -432,13 +425,16 @@ def delivery_head(
             )  # fmt: skip
         w.write(header)
     else:
-        prefix.header_for = properties
-        prefix.header_size = body_size
-        prefix.header = b""
         write_i32_be(w, 12 + len(properties))
         w.write(b"\x00\x3c\x00\x00")  # class 60, weight 0
         write_i64_be(w, body_size)
         w.write(properties)
+        if not body_frame:
+            w.append(0xCE)
+            return w.getvalue()
+        prefix.header_for = properties
+        prefix.header_size = body_size
+        prefix.header = b""
         w.write(prefix.body_head)
         write_i32_be(w, body_size)
     if len(body) != 0:  # compiled, a bytes' truth is a generic call; its length is not
