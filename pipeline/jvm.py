@@ -347,12 +347,8 @@ def _assemble_after_exit(pid: int) -> None:
 def assemble_when_gone(pid: int) -> None:
     """_assemble_after_exit's process: the JVM's command line while it runs, then, once it
     has exited and its AOT configuration is complete, aot_cache_options' second step."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
-    except (OSError, UnicodeDecodeError):
-        return
-    if SPARK_SUBMIT not in argv or "-XX:AOTMode=record" not in argv:
+    argv = _cmdline(pid)
+    if argv is None or SPARK_SUBMIT not in argv or "-XX:AOTMode=record" not in argv:
         return
     while True:
         try:
@@ -644,9 +640,8 @@ def _pyspark_launch(
 def _keep_launch(path: str, pid: int, options: Sequence[str]) -> None:
     """The running driver JVM's command line, less the class cache's ``options``, and
     the variables pyspark's scripts added."""
+    argv = _cmdline(pid)
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
         with open(f"/proc/{pid}/environ", "rb") as f:
             pairs = [e.decode().partition("=") for e in f.read().split(b"\0") if e]
     except (OSError, UnicodeDecodeError):
@@ -662,6 +657,15 @@ def _keep_launch(path: str, pid: int, options: Sequence[str]) -> None:
         if os.environ.get(k) != v and k not in _LAUNCH_OWN_ENV and k != "PWD"
     }
     _write_launch(path, {"argv": argv, "env": added})
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    """A running process's command line, from ``/proc``; None if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode() for a in f.read().split(b"\0")[:-1]]
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def _without(arg: str, options: Sequence[str]) -> str:
